@@ -1,0 +1,74 @@
+"""Make torchvision importable next to the CPU build of torch.
+
+PyPI only ships a CUDA build of torchvision 0.28.0. Next to torch 2.13.0+cpu its
+compiled extension (``torchvision/_C.so``) cannot load, and ``import torchvision``
+then dies in ``_meta_registrations.py`` with ``operator torchvision::nms does not
+exist``. open_clip, avalanche and parts of transformers import torchvision, so
+editkit would be unusable.
+
+The fix: before torchvision is first imported, try to load its extension
+ourselves; only if that fails, declare the schemas of the two operators that
+torchvision's Python code registers fake kernels for (``nms`` and ``qnms``).
+Transforms, datasets and models then import; calling ``nms`` itself would still
+fail (it has no kernel), which editkit never does.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import logging
+import os
+import sys
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_SCHEMAS = (
+    "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+)
+_library: torch.library.Library | None = None  # kept alive: dropping it unregisters the schemas
+
+
+def _extension_loads(package_dir: str) -> bool:
+    libs = glob.glob(os.path.join(package_dir, "_C*.so")) + glob.glob(os.path.join(package_dir, "_C*.pyd"))
+    if not libs:
+        return False
+    try:
+        torch.ops.load_library(libs[0])
+    except OSError:
+        return False
+    return True
+
+
+def ensure_torchvision_importable() -> bool:
+    """Declare torchvision's op schemas if its compiled ops cannot load.
+
+    Returns True when the shim was installed, False when it was not needed
+    (torchvision absent, already imported, or its extension loads fine).
+    """
+    global _library
+    if _library is not None or "torchvision" in sys.modules:
+        return False
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    if _extension_loads(spec.submodule_search_locations[0]):
+        return False
+    if _op_exists("torchvision::nms"):  # someone declared the schemas already
+        return False
+    _library = torch.library.Library("torchvision", "DEF")
+    for schema in _SCHEMAS:
+        _library.define(schema)
+    log.debug("torchvision's compiled ops did not load; declared nms/qnms schemas so it imports")
+    return True
+
+
+def _op_exists(qualname: str) -> bool:
+    try:
+        torch._C._get_schema(qualname, "")
+    except RuntimeError:
+        return False
+    return True
