@@ -1,0 +1,121 @@
+"""First-order Taylor models of a backbone around theta_0.
+
+The paper fine-tunes f_lin(x; theta) = f(x; theta_0) + J_theta0 f(x) . (theta - theta_0)
+instead of f itself: task vectors of linearized models add and negate cleanly.
+``torch.func.jvp`` computes the primal f(x; theta_0) and the tangent J . tau in one
+forward pass (forward-mode AD), so a linearized forward costs about two plain ones.
+
+Trainable state is theta itself (initialised to theta_0), as in the official code,
+so AdamW's weight decay acts on theta exactly as it does in non-linear fine-tuning;
+the task vector is ``theta - theta_0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Mapping
+
+import torch
+from torch import nn
+from torch.func import functional_call, jvp
+
+
+@contextlib.contextmanager
+def forward_ad_safe_attention() -> Iterator[None]:
+    """Route attention through kernels that support forward-mode AD.
+
+    On CPU the flash SDPA kernel and ``nn.MultiheadAttention``'s fused fast path
+    have no jvp rule; the MATH SDPA backend and the slow MHA path do.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+def _frozen_copy(module: nn.Module) -> nn.Module:
+    module.eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return module
+
+
+class _TaskModel(nn.Module):
+    """Shared state of both parameterisations: theta_0 (frozen) and theta (trainable).
+
+    theta is stored in a ParameterList because parameter names contain dots.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = _frozen_copy(module)
+        named = [(n, p) for n, p in module.named_parameters()]
+        self.names = [n for n, _ in named]
+        self.theta0 = {n: p.detach() for n, p in named}
+        self.theta = nn.ParameterList([nn.Parameter(p.detach().clone()) for _, p in named])
+        self.buffers0 = {n: b.detach() for n, b in module.named_buffers()}
+
+    def train(self, mode: bool = True) -> "_TaskModel":
+        """BatchNorm statistics and dropout belong to theta_0: the wrapped module stays in eval mode."""
+        super().train(mode)
+        self.module.eval()
+        return self
+
+    def task_vector(self) -> dict[str, torch.Tensor]:
+        return {n: (p.detach() - self.theta0[n]).clone() for n, p in zip(self.names, self.theta)}
+
+    def load_task_vector(self, tau: Mapping[str, torch.Tensor]) -> None:
+        """Set theta = theta_0 + tau (names missing from tau keep theta_0)."""
+        unknown = set(tau) - set(self.names)
+        if unknown:
+            raise KeyError(f"task vector has parameters the backbone lacks: {sorted(unknown)[:5]}")
+        with torch.no_grad():
+            for n, p in zip(self.names, self.theta):
+                p.copy_(self.theta0[n] + tau[n].to(p.dtype) if n in tau else self.theta0[n])
+
+    def _call(self, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.module, ({**params, **self.buffers0}), (x,))
+
+
+class NonLinearModel(_TaskModel):
+    """f(x; theta): ordinary fine-tuning, expressed with the same theta/theta_0 state."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._call(dict(zip(self.names, self.theta)), x)
+
+
+class LinearizedModel(_TaskModel):
+    """f_lin(x; theta) = f(x; theta_0) + J_theta0 f(x) . (theta - theta_0)."""
+
+    def primal_and_tangent(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(f(x; theta_0), J_theta0 f(x) . tau) from one jvp; gradients flow into theta via tau."""
+        tau = tuple(p - self.theta0[n] for n, p in zip(self.names, self.theta))
+        theta0 = tuple(self.theta0[n] for n in self.names)
+
+        def f(*params: torch.Tensor) -> torch.Tensor:
+            return self._call(dict(zip(self.names, params)), x)
+
+        with forward_ad_safe_attention():
+            return jvp(f, theta0, tau)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        primal, tangent = self.primal_and_tangent(x)
+        return primal + tangent
+
+    def tangent(self, x: torch.Tensor) -> torch.Tensor:
+        """J_theta0 f(x) . tau alone: the quantity the tauJp penalty measures."""
+        return self.primal_and_tangent(x)[1]
+
+
+def build_task_model(module: nn.Module, mode: str) -> _TaskModel:
+    """``nonlinear`` fine-tunes f itself; ``linear`` and ``taujp`` fine-tune f_lin."""
+    if mode == "nonlinear":
+        return NonLinearModel(module)
+    if mode in ("linear", "taujp"):
+        return LinearizedModel(module)
+    raise ValueError(f"unknown mode {mode!r}: expected nonlinear, linear or taujp")
