@@ -1,0 +1,516 @@
+"""Where image-classification data comes from: on-disk formats as (PIL image, label) splits.
+
+Every source exposes ``splits() -> {"train": ImageSplit, "test": ImageSplit}`` whose
+items are ``(PIL.Image, int)`` (decoded lazily, one image per ``__getitem__``) and
+``class_names()`` (the names the source itself gives its labels, or None). Formats:
+
+``ParquetSource``
+    The Hugging Face parquet layout (what ``datasets.push_to_hub`` writes and what
+    FusionBench's ``tanganke/<name>`` copies use): ``data/train-*.parquet``,
+    ``data/test-*.parquet`` (also ``<split>-*.parquet``, ``<split>/*.parquet`` or
+    ``*-<split>.parquet``, optionally below a config sub-directory such as
+    ``cropped_digits/``), an image column (struct ``{bytes, path}``) and an integer
+    label column. Class names come from the ``huggingface`` schema metadata
+    (``ClassLabel`` names) when present. Read with pyarrow; image bytes stay in Arrow
+    memory (no per-image Python objects) until an item is asked for.
+``ImageFolderSource``
+    ``root/train/<class>/*.png|jpg``, ``root/test/<class>/*`` (``val/`` accepted when
+    there is no ``test/``), read the way torchvision's ``ImageFolder`` reads it (its
+    ``make_dataset`` and RGB ``default_loader``); the test split uses the train split's
+    class order, so a class missing from test cannot shift labels.
+``MnistIdxSource``
+    MNIST idx files (torchvision's layout ``root/MNIST/raw/`` or the four files in
+    one directory; ``.gz`` or not).
+``SvhnMatSource``
+    SVHN's ``train_32x32.mat`` / ``test_32x32.mat`` (torchvision's layout; label 10 -> 0).
+
+:func:`hub_snapshot` finds a dataset repository in the local Hugging Face hub cache
+(never touching the network unless ``download=True``); :func:`detect_source` tells
+which format a directory holds. Nothing here knows about particular datasets: the
+vision8 registry (``editkit.data.vision8``) maps names to places and formats.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import logging
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from editkit.errors import MissingResourceError
+
+log = logging.getLogger(__name__)
+
+DATA_ENV = "EDITKIT_DATA"
+SPLITS = ("train", "test")
+IMAGE_COLUMNS = ("image", "img", "images", "pixel_values")
+LABEL_COLUMNS = ("label", "labels", "fine_label", "target", "class")
+TEST_DIR_NAMES = ("test", "val", "validation")
+
+
+def data_root(root: str | os.PathLike | None = None) -> Path | None:
+    """The data root: ``root`` if given, else ``$EDITKIT_DATA``, else None."""
+    if root:
+        return Path(root).expanduser()
+    env = os.environ.get(DATA_ENV)
+    return Path(env).expanduser() if env else None
+
+
+class ImageSplit(Dataset):
+    """One split: ``(PIL.Image, int)`` items, labels up front in ``targets`` (int64 array).
+
+    ``get_image(i)`` decodes image ``i``; ``source`` says where the split lives.
+    """
+
+    def __init__(self, targets: np.ndarray, get_image: Callable[[int], Any], *, source: str) -> None:
+        self.targets = np.asarray(targets, dtype=np.int64)
+        self._get_image = get_image
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        index = int(index)
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._get_image(index), int(self.targets[index])
+
+    def __repr__(self) -> str:
+        return f"ImageSplit({len(self)} images from {self.source})"
+
+
+class DataSource(ABC):
+    """A dataset on disk in one format. ``splits()`` loads lazily and caches."""
+
+    kind: str = "?"
+
+    def __init__(self, location: Path) -> None:
+        self.location = Path(location)
+        self._splits: dict[str, ImageSplit] | None = None
+
+    def splits(self) -> dict[str, ImageSplit]:
+        """``{"train": ImageSplit, "test": ImageSplit}``, loaded on first call."""
+        if self._splits is None:
+            self._splits = self._load()
+        return self._splits
+
+    def class_names(self) -> list[str] | None:
+        """Label names as the source stores them (index = label), or None if it has none."""
+        return None
+
+    def describe(self) -> str:
+        return f"{self.kind} data at {self.location}"
+
+    @abstractmethod
+    def _load(self) -> dict[str, ImageSplit]: ...
+
+
+# --------------------------------------------------------------------------- parquet
+
+
+def parquet_files(root: Path, split: str, subdir: str | None = None) -> list[Path]:
+    """The parquet files of ``split`` under ``root`` in the Hugging Face layouts (sorted)."""
+    bases = ([root / subdir, root / subdir / "data"] if subdir else []) + [root / "data", root]
+    patterns = (f"{split}-*.parquet", f"{split}.parquet", f"{split}/*.parquet", f"*-{split}.parquet", f"*-{split}-*.parquet")
+    for base in bases:
+        if not base.is_dir():
+            continue
+        for pattern in patterns:
+            found = sorted(p for p in base.glob(pattern) if p.is_file())
+            if found:
+                return found
+    return []
+
+
+def _hf_label_names(metadata: dict[bytes, bytes] | None, label_column: str) -> list[str] | None:
+    """ClassLabel names of ``label_column`` from the ``huggingface`` schema metadata."""
+    if not metadata or b"huggingface" not in metadata:
+        return None
+    try:
+        info = json.loads(metadata[b"huggingface"].decode())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    features = (info.get("info") or {}).get("features") or info.get("features") or {}
+    feature = features.get(label_column) or {}
+    names = feature.get("names")
+    if isinstance(names, list) and all(isinstance(n, str) for n in names):
+        return names
+    return None
+
+
+class _ChunkedBinary:
+    """Random access into a (possibly multi-chunk, > 2 GiB) Arrow binary column."""
+
+    def __init__(self, chunks: list[Any]) -> None:
+        self.chunks = [c for c in chunks if len(c)]
+        self.starts = np.cumsum([0] + [len(c) for c in self.chunks])
+
+    def __getitem__(self, index: int) -> Any:
+        chunk = int(np.searchsorted(self.starts, index, side="right") - 1)
+        return self.chunks[chunk][index - int(self.starts[chunk])].as_py()
+
+
+class _ParquetImages:
+    """Decodes row ``i`` of a parquet image column (embedded bytes, else a relative path)."""
+
+    def __init__(self, data: _ChunkedBinary, paths: _ChunkedBinary | None, base: Path) -> None:
+        self.data, self.paths, self.base = data, paths, base
+
+    def __call__(self, index: int) -> Any:
+        from PIL import Image
+
+        raw = self.data[index]
+        if raw is None and self.paths is not None and self.paths[index]:
+            return Image.open(self.base / self.paths[index])
+        return Image.open(io.BytesIO(raw))
+
+
+class _ArrayImages:
+    """Image ``i`` of a uint8 array ``(N, H, W[, C])`` as a PIL image."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __call__(self, index: int) -> Any:
+        from PIL import Image
+
+        return Image.fromarray(self.array[index])
+
+
+class _FileImages:
+    """Image ``i`` of a list of files, read with ``loader`` (torchvision's RGB PIL loader)."""
+
+    def __init__(self, paths: list[str], loader: Callable[[str], Any]) -> None:
+        self.paths, self.loader = paths, loader
+
+    def __call__(self, index: int) -> Any:
+        return self.loader(self.paths[index])
+
+
+class ParquetSource(DataSource):
+    """A Hugging Face parquet copy of an image dataset (see the module docstring)."""
+
+    kind = "parquet"
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        subdir: str | None = None,
+        image_column: str | None = None,
+        label_column: str | None = None,
+        origin: str | None = None,
+    ) -> None:
+        super().__init__(Path(root))
+        self.subdir = subdir
+        self.image_column = image_column
+        self.label_column = label_column
+        self.origin = origin
+        self.files = {split: parquet_files(self.location, split, subdir) for split in SPLITS}
+        missing = [split for split, files in self.files.items() if not files]
+        if missing:
+            raise MissingResourceError(
+                f"no {' / '.join(missing)} parquet files under {self.location}"
+                f"{f'/{subdir}' if subdir else ''} (expected data/<split>-*.parquet)"
+            )
+        self._names: list[str] | None = None
+        self._columns: tuple[str, str] | None = None
+
+    @staticmethod
+    def detect(root: Path, subdir: str | None = None) -> bool:
+        return all(parquet_files(Path(root), split, subdir) for split in SPLITS)
+
+    def describe(self) -> str:
+        where = self.origin or str(self.location)
+        return f"parquet ({where})"
+
+    def _resolve_columns(self) -> tuple[str, str]:
+        if self._columns is not None:
+            return self._columns
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = pq.read_schema(self.files["train"][0])
+        names = schema.names
+        image = self.image_column or next((c for c in IMAGE_COLUMNS if c in names), None)
+        if image is None:
+            image = next(
+                (f.name for f in schema if pa.types.is_struct(f.type) and f.type.get_field_index("bytes") >= 0), None
+            )
+        label = self.label_column or next((c for c in LABEL_COLUMNS if c in names), None)
+        if label is None:
+            label = next((f.name for f in schema if pa.types.is_integer(f.type)), None)
+        if image is None or label is None or image not in names or label not in names:
+            raise MissingResourceError(
+                f"parquet files under {self.location} have columns {names}: need an image column "
+                f"(struct with bytes, e.g. 'image') and an integer label column (e.g. 'label')"
+            )
+        self._columns = (image, label)
+        self._names = _hf_label_names(schema.metadata, label)
+        return self._columns
+
+    def class_names(self) -> list[str] | None:
+        self._resolve_columns()
+        return self._names
+
+    def _load_split(self, split: str) -> ImageSplit:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        image_col, label_col = self._resolve_columns()
+        files = self.files[split]
+        tables = [pq.read_table(f, columns=[image_col, label_col], memory_map=True) for f in files]
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        labels = table.column(label_col).to_numpy()
+        images = table.column(image_col)
+        if pa.types.is_struct(images.type):
+            data = _ChunkedBinary([c.field("bytes") for c in images.chunks])
+            paths = (
+                _ChunkedBinary([c.field("path") for c in images.chunks])
+                if images.type.get_field_index("path") >= 0 else None
+            )
+        else:
+            data, paths = _ChunkedBinary(list(images.chunks)), None
+        get_image = _ParquetImages(data, paths, files[0].parent)
+        log.debug("read %d %s rows from %d parquet file(s) under %s", len(labels), split, len(files), self.location)
+        return ImageSplit(labels, get_image, source=f"{self.describe()} {split}")
+
+    def _load(self) -> dict[str, ImageSplit]:
+        return {split: self._load_split(split) for split in SPLITS}
+
+
+# --------------------------------------------------------------------------- image folders
+
+
+def _find_test_dir(root: Path) -> Path | None:
+    for name in TEST_DIR_NAMES:
+        if (root / name).is_dir():
+            return root / name
+    return None
+
+
+class ImageFolderSource(DataSource):
+    """``root/train/<class>/*`` and ``root/test/<class>/*`` (torchvision ``ImageFolder``)."""
+
+    kind = "imagefolder"
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        super().__init__(Path(root))
+        missing = []
+        if not (self.location / "train").is_dir():
+            missing.append("train/")
+        if _find_test_dir(self.location) is None:
+            missing.append("test/ (or val/)")
+        if missing:
+            raise MissingResourceError(f"image folder {self.location} lacks {' and '.join(missing)}")
+        self._classes: list[str] | None = None
+
+    @staticmethod
+    def detect(root: Path) -> bool:
+        root = Path(root)
+        train = root / "train"
+        return train.is_dir() and _find_test_dir(root) is not None and any(p.is_dir() for p in train.iterdir())
+
+    def class_names(self) -> list[str]:
+        if self._classes is None:
+            self._classes = sorted(p.name for p in (self.location / "train").iterdir() if p.is_dir())
+        return self._classes
+
+    def _load(self) -> dict[str, ImageSplit]:
+        from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader, make_dataset
+
+        classes = self.class_names()
+        mapping = {name: i for i, name in enumerate(classes)}
+        out = {}
+        test_dir = _find_test_dir(self.location)
+        for split, directory in (("train", self.location / "train"), ("test", test_dir)):
+            # the train split's class order for both splits, so labels agree
+            samples = make_dataset(str(directory), mapping, extensions=IMG_EXTENSIONS, allow_empty=True)
+            if not samples:
+                raise MissingResourceError(f"image folder {directory} holds no images")
+            out[split] = ImageSplit(
+                np.asarray([label for _, label in samples]),
+                _FileImages([path for path, _ in samples], default_loader),
+                source=f"image folder {directory}",
+            )
+        if test_dir.name != "test":
+            log.info("%s has no test/ directory: using %s/ as the test split", self.location, test_dir.name)
+        return out
+
+
+# --------------------------------------------------------------------------- MNIST idx
+
+MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An idx file (``.gz`` or plain) as a uint8 numpy array of its declared shape."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
+        data = fh.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
+        raise MissingResourceError(f"{path} is not an unsigned-byte idx file")
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def _idx_file(directory: Path, stem: str) -> Path | None:
+    for name in (stem, stem + ".gz"):
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
+class MnistIdxSource(DataSource):
+    """MNIST idx files: ``root/MNIST/raw/``, ``root/raw/`` or directly in ``root``."""
+
+    kind = "mnist-idx"
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        super().__init__(Path(root))
+        directory = self.find_dir(self.location)
+        if directory is None:
+            wanted = ", ".join(stem for pair in MNIST_FILES.values() for stem in pair)
+            raise MissingResourceError(f"no MNIST idx files ({wanted}, optionally .gz) in {self.location}[/MNIST]/raw")
+        self.raw_dir = directory
+
+    @staticmethod
+    def find_dir(root: Path) -> Path | None:
+        for directory in (root / "MNIST" / "raw", root / "raw", root):
+            if all(_idx_file(directory, stem) for pair in MNIST_FILES.values() for stem in pair):
+                return directory
+        return None
+
+    @staticmethod
+    def detect(root: Path) -> bool:
+        return MnistIdxSource.find_dir(Path(root)) is not None
+
+    def class_names(self) -> list[str]:
+        return [str(i) for i in range(10)]
+
+    def _load(self) -> dict[str, ImageSplit]:
+        out = {}
+        for split, (images_stem, labels_stem) in MNIST_FILES.items():
+            images = read_idx(_idx_file(self.raw_dir, images_stem))
+            labels = read_idx(_idx_file(self.raw_dir, labels_stem)).astype(np.int64)
+            if len(images) != len(labels):
+                raise MissingResourceError(f"MNIST {split} in {self.raw_dir}: {len(images)} images but {len(labels)} labels")
+            out[split] = ImageSplit(labels, _ArrayImages(images), source=f"MNIST idx {self.raw_dir} {split}")
+        return out
+
+
+# --------------------------------------------------------------------------- SVHN .mat
+
+
+class SvhnMatSource(DataSource):
+    """SVHN cropped digits ``train_32x32.mat`` / ``test_32x32.mat`` (label 10 means digit 0)."""
+
+    kind = "svhn-mat"
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        super().__init__(Path(root))
+        missing = [f"{s}_32x32.mat" for s in SPLITS if not (self.location / f"{s}_32x32.mat").is_file()]
+        if missing:
+            raise MissingResourceError(f"no {' / '.join(missing)} in {self.location}")
+
+    @staticmethod
+    def detect(root: Path) -> bool:
+        return all((Path(root) / f"{s}_32x32.mat").is_file() for s in SPLITS)
+
+    def class_names(self) -> list[str]:
+        return [str(i) for i in range(10)]
+
+    def _load(self) -> dict[str, ImageSplit]:
+        from scipy.io import loadmat
+
+        out = {}
+        for split in SPLITS:
+            mat = loadmat(str(self.location / f"{split}_32x32.mat"))
+            images = np.ascontiguousarray(np.transpose(mat["X"], (3, 0, 1, 2)))
+            labels = mat["y"].astype(np.int64).reshape(-1)
+            labels[labels == 10] = 0
+            out[split] = ImageSplit(labels, _ArrayImages(images), source=f"SVHN .mat {self.location} {split}")
+        return out
+
+
+# --------------------------------------------------------------------------- discovery
+
+FORMATS: dict[str, type[DataSource]] = {
+    "parquet": ParquetSource,
+    "imagefolder": ImageFolderSource,
+    "mnist-idx": MnistIdxSource,
+    "svhn-mat": SvhnMatSource,
+}
+
+
+def detect_source(
+    directory: str | os.PathLike, *, formats: tuple[str, ...] = tuple(FORMATS), subdir: str | None = None
+) -> DataSource | None:
+    """The first of ``formats`` whose files ``directory`` holds complete (train and test), else None."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    for name in formats:
+        if name == "parquet":
+            if ParquetSource.detect(directory, subdir):
+                return ParquetSource(directory, subdir=subdir)
+        elif FORMATS[name].detect(directory):
+            return FORMATS[name](directory)
+    return None
+
+
+def hub_cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The Hugging Face hub cache searched for dataset repositories (``cache_dir`` or HF's default)."""
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def hub_snapshot(
+    repo_id: str,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    revision: str | None = None,
+    download: bool = False,
+    allow_patterns: list[str] | None = None,
+) -> Path | None:
+    """The local snapshot directory of dataset ``repo_id`` in the hub cache, or None.
+
+    Looks only at the local cache (``local_files_only=True``). With ``download`` and
+    when not offline, a missing repository is fetched (only ``allow_patterns``).
+    """
+    from huggingface_hub import snapshot_download
+
+    kwargs: dict[str, Any] = dict(repo_type="dataset", cache_dir=str(hub_cache_root(cache_dir)), revision=revision)
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True, **kwargs))
+    except Exception as exc:  # LocalEntryNotFoundError and friends
+        log.debug("%s not in the hub cache: %s", repo_id, exc)
+    if not download:
+        return None
+    from editkit.backbones.clip import _hf_endpoint, host_reachable, offline_mode
+
+    if offline_mode() or not host_reachable(_hf_endpoint()):
+        return None
+    log.info("downloading dataset %s from the Hugging Face hub", repo_id)
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=allow_patterns, **kwargs))
+    except Exception as exc:
+        log.warning("download of %s failed: %s", repo_id, exc)
+        return None
