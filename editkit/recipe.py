@@ -29,8 +29,8 @@ class Recipe:
     squared: penalise ||J tau||^2 instead of ||J tau|| (the official code uses the norm).
     scope: ``seen`` = penalty sources are tasks earlier in the stream (incremental);
         ``all`` = every other task of the scenario (joint setting).
-    generic: name of an always-available unlabeled source (or None); it regularises
-        the first task of a stream, which has no earlier task.
+    generic: also penalise on the scenario's always-available unlabeled source (if it
+        has one); it regularises the first task of a stream, which has no earlier task.
     """
 
     mode: str = "taujp"
@@ -46,7 +46,7 @@ class Recipe:
     scope: str = "seen"
     reg_batch: int | None = None
     squared: bool = False
-    generic: str | None = None
+    generic: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -12,6 +12,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -26,12 +27,15 @@ class Backbone:
     feature_dim: D.
     preprocess: turns one raw example (PIL image / numpy array) into the input tensor
         the module expects; datasets apply it.
+    batch_preprocess: optional vectorised version for a uint8 array of images
+        ``(N,H,W)`` / ``(N,H,W,3)``; without it images go one by one through PIL.
     """
 
     name: str
     module: nn.Module
     feature_dim: int
     preprocess: Callable = field(repr=False, default=lambda x: x)
+    batch_preprocess: Callable[[np.ndarray], torch.Tensor] | None = field(repr=False, default=None)
 
     def __post_init__(self) -> None:
         self.module.eval()
@@ -41,8 +45,16 @@ class Backbone:
         return state_fingerprint(self.module.state_dict())
 
     @torch.no_grad()
-    def features(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.module(inputs)
+    def features(self, inputs: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
+        return torch.cat([self.module(inputs[i : i + batch_size]) for i in range(0, len(inputs), batch_size)])
+
+    def preprocess_arrays(self, images: np.ndarray) -> torch.Tensor:
+        """Input tensors for a uint8 array of images."""
+        if self.batch_preprocess is not None:
+            return self.batch_preprocess(images)
+        from PIL import Image
+
+        return torch.stack([self.preprocess(Image.fromarray(image)) for image in images])
 
 
 def state_fingerprint(state: dict[str, torch.Tensor]) -> str:

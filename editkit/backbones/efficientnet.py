@@ -84,5 +84,6 @@ def build(image_size: int = 32, pretrained: bool = True) -> Backbone:
         name=f"efficientnet-lite0@{image_size}" + ("" if pretrained else "/random"),
         module=module,
         feature_dim=FEATURE_DIM,
-        preprocess=lambda images: image_batch_to_tensor(np.asarray(images), image_size),
+        preprocess=lambda image: image_batch_to_tensor(np.asarray(image)[None], image_size)[0],
+        batch_preprocess=lambda images: image_batch_to_tensor(images, image_size),
     )

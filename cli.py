@@ -1,0 +1,227 @@
+"""The ``editkit`` command: a thin Typer layer over the Python API.
+
+Every command's logic lives in the library (``editkit.stream``, ``editkit.edit``,
+``editkit.bank``); this file parses options, draws rich output and turns
+``EditkitError`` into one red line and a non-zero exit. Heavy imports happen
+inside commands so ``editkit --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Callable, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Continual model editing: linearized fine-tuning "
+                  "with tauJp, a persistent task-vector bank, task arithmetic.")
+bank_app = typer.Typer(no_args_is_help=True, help="Inspect and maintain a task-vector bank.")
+app.add_typer(bank_app, name="bank")
+
+DEFAULT_BANK = Path("banks/offline-vision-taujp")
+BankOption = typer.Option(DEFAULT_BANK, "--bank", help="Bank directory.")
+
+
+def friendly_errors(fn: Callable) -> Callable:
+    """Expected failures (EditkitError) become one red line and exit code 1, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from editkit.console import err_console
+        from editkit.errors import EditkitError
+
+        try:
+            return fn(*args, **kwargs)
+        except EditkitError as exc:
+            err_console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+@app.callback()
+def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log library messages.")) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+@app.command()
+@friendly_errors
+def stream(
+    scenario: str = typer.Option("offline-vision", help="Scenario name (see `editkit scenarios`) or a .toml file."),
+    mode: Optional[str] = typer.Option(None, help="taujp | linear | nonlinear (default: the scenario's)."),
+    schedule: Optional[str] = typer.Option(None, help="tauJp schedule: cyclic | strict."),
+    scope: Optional[str] = typer.Option(None, help="Penalty sources: seen (incremental) | all (joint)."),
+    lam: Optional[float] = typer.Option(None, help="tauJp weight lambda."),
+    steps: Optional[int] = typer.Option(None, help="Optimizer steps per task."),
+    generic: Optional[bool] = typer.Option(None, "--generic/--no-generic", help="Use the scenario's generic unlabeled source."),
+    bank: Optional[Path] = typer.Option(None, help="Bank directory (default banks/<scenario>-<mode>)."),
+    run_dir: Optional[Path] = typer.Option(None, help="Run directory for report.json and plots (default runs/<scenario>-<mode>)."),
+    resume: bool = typer.Option(False, help="Continue from the last banked experience."),
+    seed: Optional[int] = typer.Option(None, help="Random seed."),
+) -> None:
+    """Fine-tune each task of a scenario in turn, bank its vector, evaluate the merged model at alpha = 1."""
+    from editkit.console import RichProgress, console, step_table
+    from editkit.stream import run_scenario
+
+    progress = RichProgress()
+    singles: dict[str, float] = {}
+
+    def show(step: dict) -> None:
+        singles[step["task"]] = step["single_task"]
+        console.print(step_table(step, singles))
+
+    result, report = run_scenario(scenario, bank=bank, run_dir=run_dir, resume=resume, progress=progress, on_step=show,
+                                  mode=mode, schedule=schedule, scope=scope, lam=lam, steps=steps, generic=generic, seed=seed)
+    final = report["final"]
+    console.print(
+        f"[bold]final merged model (alpha = 1.0, {report['mode']}, scope {report['recipe']['scope']}):[/bold] "
+        f"absolute {100 * final['absolute']:.1f}  normalized {100 * final['normalized']:.1f}  "
+        f"({result.seconds:.0f} s)"
+    )
+    console.print(f"bank: {report['bank']}   report: {Path(report['plots'][0]).parent / 'report.json'}")
+
+
+@app.command()
+@friendly_errors
+def add(
+    names: Optional[list[str]] = typer.Argument(None, help="Vectors to add (default: --all)."),
+    all_: bool = typer.Option(False, "--all", help="Add every vector in the bank."),
+    alpha: float = typer.Option(1.0, help="Scaling coefficient for each vector."),
+    bank: Path = BankOption,
+    out: Optional[Path] = typer.Option(None, help="Save the summed task vector as safetensors."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
+) -> None:
+    """theta_0 + alpha * sum(tau): accuracy on each added vector's task."""
+    from editkit.console import RichProgress, accuracy_table, console
+    from editkit.edit import add as add_vectors
+    from editkit.edit import open_bank
+    from editkit.errors import ConfigError
+
+    store = open_bank(bank)
+    if all_ and names:
+        raise ConfigError("give vector names or --all, not both")
+    selection = store.names() if all_ or not names else names
+    result = add_vectors(store, selection, alpha, progress=RichProgress())
+    r = result.report
+    console.print(accuracy_table(f"add {', '.join(selection)} (alpha {alpha}, {r['mode']})", r["per_task"],
+                                 single=r["single_task"], summary={"absolute": r["absolute"], "normalized": r["normalized"]}))
+    _save_outputs(result, out, json_path)
+
+
+@app.command()
+@friendly_errors
+def negate(
+    name: str = typer.Argument(..., help="Vector to negate."),
+    alpha: float = typer.Option(1.0, help="Scaling coefficient: theta_0 - alpha * tau."),
+    bank: Path = BankOption,
+    out: Optional[Path] = typer.Option(None, help="Save the negated task vector as safetensors."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
+) -> None:
+    """theta_0 - alpha * tau: forget a task; target accuracy (lower is better) and control accuracy."""
+    from editkit.console import RichProgress, accuracy_table, console
+    from editkit.edit import negate as negate_vector
+    from editkit.edit import open_bank
+
+    result = negate_vector(open_bank(bank), name, alpha, progress=RichProgress())
+    r = result.report
+    summary = {k: r[k] for k in ("target", "control", "control_pretrained") if k in r}
+    console.print(accuracy_table(f"negate {name} (alpha {alpha}, {r['mode']})", r["per_task"], pretrained=r["pretrained"],
+                                 summary=summary))
+    _save_outputs(result, out, json_path)
+
+
+def _save_outputs(result, out: Optional[Path], json_path: Optional[Path]) -> None:
+    from safetensors.torch import save_file
+
+    from editkit.console import console
+    from editkit.report import write_json
+
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in result.vector.tensors.items()}, str(out),
+                  metadata={"mode": result.mode, "coefficients": str(result.coefficients)})
+        console.print(f"task vector written to {out}")
+    if json_path is not None:
+        write_json(json_path, result.report)
+        console.print(f"numbers written to {json_path}")
+
+
+@app.command()
+@friendly_errors
+def scenarios() -> None:
+    """List the known scenarios."""
+    from rich.table import Table
+
+    from editkit.console import console
+    from editkit.scenario import known_scenarios, load_scenario
+
+    table = Table(title="scenarios")
+    for column in ("name", "tasks", "backbone", "description"):
+        table.add_column(column)
+    for name, path in known_scenarios().items():
+        spec = load_scenario(path)
+        table.add_row(name, ", ".join(spec.task_names), str(spec.backbone.get("family")), spec.description)
+    console.print(table)
+
+
+@bank_app.command("list")
+@friendly_errors
+def bank_list(bank: Path = BankOption) -> None:
+    """One row per vector: name, task, mode, step, single-task accuracy, created."""
+    from rich.table import Table
+
+    from editkit.console import console, pct
+    from editkit.edit import open_bank
+
+    store = open_bank(bank)
+    table = Table(title=f"{bank}  (base {str(store.base)[:19]}…)")
+    for column in ("name", "task", "mode", "scenario", "step", "single-task", "created"):
+        table.add_column(column)
+    for e in store.entries():
+        table.add_row(e.name, e.task, e.mode, str(e.scenario), str(e.step), pct(e.metrics.get("single_task")), e.created)
+    console.print(table)
+
+
+@bank_app.command("show")
+@friendly_errors
+def bank_show(name: str, bank: Path = BankOption) -> None:
+    """Everything the manifest records about one vector."""
+    import json
+
+    from editkit.console import console
+    from editkit.edit import open_bank
+
+    console.print_json(json.dumps(open_bank(bank).get(name).to_json()))
+
+
+@bank_app.command("remove")
+@friendly_errors
+def bank_remove(name: str, bank: Path = BankOption) -> None:
+    """Remove one vector (manifest first, then its file)."""
+    from editkit.console import console
+    from editkit.edit import open_bank
+
+    open_bank(bank).remove(name)
+    console.print(f"removed {name} from {bank}")
+
+
+@bank_app.command("verify")
+@friendly_errors
+def bank_verify(bank: Path = BankOption) -> None:
+    """Check every file's checksum and the manifest; exit 1 if anything is wrong."""
+    from editkit.console import console, err_console
+    from editkit.edit import open_bank
+
+    store = open_bank(bank)
+    problems = store.verify()
+    for problem in problems:
+        err_console.print(f"[red]problem:[/red] {problem}", highlight=False)
+    if problems:
+        raise typer.Exit(1)
+    console.print(f"[green]ok[/green]: {len(store)} vectors verified in {bank}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,64 @@
+"""Avalanche interop: editkit tasks as an Avalanche benchmark, and back.
+
+Streams are Avalanche benchmarks, so any Avalanche benchmark can be fed to
+``editkit.stream`` and editkit scenarios can be used by Avalanche strategies.
+Avalanche is imported here only (it takes seconds to import).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from torch.utils.data import Dataset
+
+from .tasks import TaskData
+
+
+def benchmark_from_tasks(tasks: Sequence[TaskData]):
+    """train / valid / test streams with one experience per task; task label = index."""
+    from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets
+    from avalanche.benchmarks.scenarios.task_aware import with_task_labels
+    from avalanche.benchmarks.utils.classification_dataset import _make_taskaware_classification_dataset
+
+    def wrap(split: str) -> list:
+        return [_make_taskaware_classification_dataset(getattr(t, split), task_labels=i) for i, t in enumerate(tasks)]
+
+    return with_task_labels(benchmark_from_datasets(train=wrap("train"), valid=wrap("val"), test=wrap("test")))
+
+
+@dataclass
+class Experience:
+    """What the stream runner needs from one Avalanche experience."""
+
+    index: int
+    name: str
+    task_label: int
+    train: Dataset
+    test: Dataset
+    val: Dataset | None
+    num_classes: int
+
+
+def experiences(benchmark, names: Sequence[str] | None = None) -> list[Experience]:
+    """Read a benchmark's train/test (and valid, if any) streams into ``Experience`` records."""
+    train, test = list(benchmark.train_stream), list(benchmark.test_stream)
+    if len(train) != len(test):
+        raise ValueError(f"train_stream has {len(train)} experiences but test_stream has {len(test)}")
+    valid = list(getattr(benchmark, "valid_stream", [])) or [None] * len(train)
+    names = list(names) if names is not None else [f"task{i}" for i in range(len(train))]
+    out = []
+    for i, (tr, te, va) in enumerate(zip(train, test, valid)):
+        targets = list(tr.dataset.targets) + list(te.dataset.targets)
+        out.append(
+            Experience(
+                index=i,
+                name=names[i],
+                task_label=getattr(tr, "task_label", i),
+                train=tr.dataset,
+                test=te.dataset,
+                val=va.dataset if va is not None else None,
+                num_classes=int(max(targets)) + 1,
+            )
+        )
+    return out
