@@ -54,11 +54,18 @@ class _TaskModel(nn.Module):
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self.module = _frozen_copy(module)
-        named = [(n, p) for n, p in module.named_parameters()]
+        named = list(module.named_parameters())
         self.names = [n for n, _ in named]
-        self.theta0 = {n: p.detach() for n, p in named}
         self.theta = nn.ParameterList([nn.Parameter(p.detach().clone()) for _, p in named])
-        self.buffers0 = {n: b.detach() for n, b in module.named_buffers()}
+
+    @property
+    def theta0(self) -> dict[str, torch.Tensor]:
+        """Read from the wrapped module each time, so ``.to(device)`` / ``.double()`` move it too."""
+        return {n: p.detach() for n, p in self.module.named_parameters()}
+
+    @property
+    def buffers0(self) -> dict[str, torch.Tensor]:
+        return dict(self.module.named_buffers())
 
     def train(self, mode: bool = True) -> "_TaskModel":
         """BatchNorm statistics and dropout belong to theta_0: the wrapped module stays in eval mode."""
@@ -67,16 +74,18 @@ class _TaskModel(nn.Module):
         return self
 
     def task_vector(self) -> dict[str, torch.Tensor]:
-        return {n: (p.detach() - self.theta0[n]).clone() for n, p in zip(self.names, self.theta)}
+        theta0 = self.theta0
+        return {n: (p.detach() - theta0[n]).clone() for n, p in zip(self.names, self.theta)}
 
     def load_task_vector(self, tau: Mapping[str, torch.Tensor]) -> None:
         """Set theta = theta_0 + tau (names missing from tau keep theta_0)."""
         unknown = set(tau) - set(self.names)
         if unknown:
             raise KeyError(f"task vector has parameters the backbone lacks: {sorted(unknown)[:5]}")
+        theta0 = self.theta0
         with torch.no_grad():
             for n, p in zip(self.names, self.theta):
-                p.copy_(self.theta0[n] + tau[n].to(p.dtype) if n in tau else self.theta0[n])
+                p.copy_(theta0[n] + tau[n].to(p) if n in tau else theta0[n])
 
     def _call(self, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return functional_call(self.module, ({**params, **self.buffers0}), (x,))
@@ -94,8 +103,9 @@ class LinearizedModel(_TaskModel):
 
     def primal_and_tangent(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(f(x; theta_0), J_theta0 f(x) . tau) from one jvp; gradients flow into theta via tau."""
-        tau = tuple(p - self.theta0[n] for n, p in zip(self.names, self.theta))
-        theta0 = tuple(self.theta0[n] for n in self.names)
+        theta0_map = self.theta0
+        tau = tuple(p - theta0_map[n] for n, p in zip(self.names, self.theta))
+        theta0 = tuple(theta0_map[n] for n in self.names)
 
         def f(*params: torch.Tensor) -> torch.Tensor:
             return self._call(dict(zip(self.names, params)), x)

@@ -72,7 +72,10 @@ class StepComputer:
         self.head = head
         self.regularizer = regularizer if regularizer is not None and regularizer.active else None
 
-    def loss(self, x: torch.Tensor, y: torch.Tensor, reg_batches: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(
+        self, x: torch.Tensor, y: torch.Tensor, reg_batches: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+        """(cross-entropy, lambda * penalty or None, scalar stats) for one micro-batch."""
         if reg_batches and self.regularizer is not None and isinstance(self.model, LinearizedModel):
             primal, tangent = self.model.primal_and_tangent(torch.cat([x, *reg_batches]))
             n = len(x)
@@ -84,7 +87,7 @@ class StepComputer:
             reg = None
         ce = F.cross_entropy(self.head(features), y)
         stats = {"ce": ce.item(), "penalty": reg.item() / self.regularizer.lam if reg is not None else 0.0}
-        return (ce if reg is None else ce + reg), stats
+        return ce, reg, stats
 
 
 def fine_tune(
@@ -99,7 +102,8 @@ def fine_tune(
     """Fine-tune ``module`` (theta_0, left untouched) on ``train`` with ``head`` fixed.
 
     Returns tau = theta_ft - theta_0 over the module's parameters. The regularizer is
-    used only in ``taujp`` mode.
+    used only in ``taujp`` mode. The module's values never change, but it is switched
+    to eval mode with gradients off (it is theta_0, shared by every task model).
     """
     torch.manual_seed(recipe.seed)
     model = build_task_model(module, recipe.mode)
@@ -117,14 +121,16 @@ def fine_tune(
         totals = {"ce": 0.0, "penalty": 0.0}
         for micro in range(recipe.accumulation):
             x, y = next(batches)
-            loss, stats = computer.loss(x, y, reg_batches if micro == 0 else [])
-            (loss / recipe.accumulation).backward()
+            ce, reg, stats = computer.loss(x, y, reg_batches if micro == 0 else [])
+            # CE is averaged over micro-batches; the penalty is computed once per step at full weight.
+            (ce / recipe.accumulation + (reg if reg is not None else 0.0)).backward()
             totals["ce"] += stats["ce"] / recipe.accumulation
             totals["penalty"] += stats["penalty"]
         grad_norm = nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], recipe.grad_clip)
+        lr = schedule.get_last_lr()[0]
         optimizer.step()
         schedule.step()
-        record = {**totals, "grad_norm": float(grad_norm), "lr": schedule.get_last_lr()[0]}
+        record = {**totals, "grad_norm": float(grad_norm), "lr": lr}
         history.append(record)
         if on_step is not None:
             on_step(step, record)

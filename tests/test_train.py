@@ -240,7 +240,8 @@ def test_concatenated_loss_equals_separate_terms(squared):
     assert len(reg_batches) == 2
 
     computer = StepComputer(model, head, reg)
-    loss, stats = computer.loss(x, y, reg_batches)
+    ce_term, reg_term, stats = computer.loss(x, y, reg_batches)
+    loss = ce_term + reg_term
     grads = torch.autograd.grad(loss, list(model.theta))
 
     ce = F.cross_entropy(head(model(x)), y)
@@ -264,7 +265,8 @@ def test_step_computer_without_regularizer_is_plain_ce():
     model = NonLinearModel(copy.deepcopy(module))
     head = fixed_head()
     x, y = TRAIN_X[:6], TRAIN_Y[:6]
-    loss, stats = StepComputer(model, head, regularizer(lam=0.0)).loss(x, y, [])
+    loss, reg_term, stats = StepComputer(model, head, regularizer(lam=0.0)).loss(x, y, [])
+    assert reg_term is None
     torch.testing.assert_close(loss, F.cross_entropy(head(module(x)), y))
     assert stats["penalty"] == 0.0
 
