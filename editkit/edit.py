@@ -15,7 +15,7 @@ from .bank import Bank
 from .errors import BankError, IncompatibleVectorsError
 from .evaluate import EvalTask, addition_summary, evaluate_vector, negation_summary
 from .progress import NullProgress, Progress
-from .scenario import BuiltScenario, build_scenario, load_scenario
+from .scenario import BuiltScenario, ScenarioSpec, build_scenario, known_scenarios, load_scenario
 
 
 @dataclass
@@ -40,12 +40,20 @@ def scenario_of(bank: Bank, names: Sequence[str], progress: Progress) -> BuiltSc
     if len(scenarios) != 1 or None in scenarios:
         raise BankError(f"vectors {list(names)} come from different or unknown scenarios {sorted(map(str, scenarios))}")
     seed = int(entries[0].recipe.get("seed", 0))
-    built = build_scenario(load_scenario(scenarios.pop()), seed=seed, progress=progress)
+    built = build_scenario(_find_scenario(scenarios.pop(), entries[0].metrics.get("scenario_file")), seed=seed,
+                           progress=progress)
     if built.backbone.fingerprint() != bank.base:
         raise IncompatibleVectorsError(
             f"bank {bank.root} was built on another base model than scenario {built.spec.name!r}'s {built.backbone.name}"
         )
     return built
+
+
+def _find_scenario(name: str, recorded_file: str | None) -> ScenarioSpec:
+    """By name among the known scenarios, else the file the stream recorded in the bank."""
+    if name in known_scenarios() or not recorded_file or not Path(recorded_file).is_file():
+        return load_scenario(name)
+    return load_scenario(recorded_file)
 
 
 def _evaluate(built: BuiltScenario, vector: TaskVector | None, mode: str, tasks: Sequence[str], progress: Progress,

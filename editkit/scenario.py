@@ -178,16 +178,20 @@ def _efficientnet(image_size: int = 32, pretrained: bool = True) -> Backbone:
 
 @register_task_source("packaged")
 def _packaged_task(name: str, backbone: Backbone, options: dict[str, Any]) -> TaskData:
+    """A dataset shipped inside pip/Debian packages; ``train_size`` / ``test_size`` keep a prefix (the
+    splits are already in seeded random order), for quick reduced runs."""
     from .data.packaged import load_packaged
 
     dataset = load_packaged(options["dataset"])
+    train, test = dataset.train, dataset.test
+    n_train, n_test = options.get("train_size", len(train)), options.get("test_size", len(test))
     return tensor_task(
         name,
         dataset.classes,
-        backbone.preprocess_arrays(dataset.train.images),
-        torch.from_numpy(dataset.train.labels),
-        backbone.preprocess_arrays(dataset.test.images),
-        torch.from_numpy(dataset.test.labels),
+        backbone.preprocess_arrays(train.images[:n_train]),
+        torch.from_numpy(train.labels[:n_train]),
+        backbone.preprocess_arrays(test.images[:n_test]),
+        torch.from_numpy(test.labels[:n_test]),
     )
 
 

@@ -70,6 +70,7 @@ class StreamRunner:
         generic: UnlabeledSource | None,
         progress: Progress,
         eval_batch_size: int = 256,
+        scenario_file: str | None = None,
     ) -> None:
         self.exps = list(exps)
         self.backbone = backbone
@@ -80,6 +81,7 @@ class StreamRunner:
         self.generic = generic
         self.progress = progress
         self.eval_batch_size = eval_batch_size
+        self.scenario_file = scenario_file
         self.base = backbone.fingerprint()
         self._sources: dict[int, UnlabeledSource] = {}
 
@@ -123,7 +125,8 @@ class StreamRunner:
         single = self.evaluate(result.task_vector, [t], f"{exp.name}: single-task")[exp.name]
         pretrained = self.evaluate(None, [t], f"{exp.name}: pretrained")[exp.name]
         metrics = {"step": t, "task": exp.name, "pretrained": pretrained, "single_task": single,
-                   "train_seconds": result.seconds, "seconds_per_step": result.seconds_per_step}
+                   "train_seconds": result.seconds, "seconds_per_step": result.seconds_per_step,
+                   "scenario_file": self.scenario_file}
         self.bank.append(exp.name, result.task_vector, task=exp.name, mode=self.recipe.mode, base=self.base,
                          scenario=self.scenario, step=t, recipe=self.recipe.to_dict(), metrics=metrics)
         return metrics
@@ -189,8 +192,12 @@ def run_stream(
     resume: bool = False,
     progress: Progress | None = None,
     on_step: StepCallback | None = None,
+    scenario_file: str | None = None,
 ) -> StreamResult:
-    """Fine-tune, bank and evaluate each experience in order (see module docstring)."""
+    """Fine-tune, bank and evaluate each experience in order (see module docstring).
+
+    ``scenario_file`` is recorded in the bank so ``add`` / ``negate`` can rebuild the tasks later.
+    """
     names = [e.name for e in exps]
     if len(set(names)) != len(names):
         raise ConfigError(f"experience names must be unique, got {names}")
@@ -199,7 +206,7 @@ def run_stream(
         raise ConfigError(f"no head for task(s) {missing}")
     bank = bank if isinstance(bank, Bank) else Bank(bank)
     runner = StreamRunner(exps, backbone, heads, recipe, bank, scenario=scenario, generic=generic,
-                          progress=progress or NullProgress())
+                          progress=progress or NullProgress(), scenario_file=scenario_file)
     return runner.run(resume=resume, on_step=on_step)
 
 
@@ -266,7 +273,8 @@ def run_scenario(
     built = build_scenario(spec, seed=recipe.seed, progress=progress)
     exps = experiences(built.benchmark(), built.task_names)
     result = run_stream(exps, built.backbone, built.heads, recipe, bank_dir, scenario=spec.name, generic=built.generic,
-                        resume=resume, progress=progress, on_step=on_step)
+                        resume=resume, progress=progress, on_step=on_step,
+                        scenario_file=str(spec.path.resolve()) if spec.path else None)
     plot = plot_stream(result, out_dir / "stream.png")
     report = stream_report(result, backbone=built.backbone.name, bank=bank_dir, extra={"plots": [str(plot)]})
     write_json(out_dir / "report.json", report)
