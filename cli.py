@@ -217,7 +217,7 @@ def bank_verify(bank: Path = BankOption) -> None:
     store = open_bank(bank)
     problems = store.verify()
     for problem in problems:
-        err_console.print(f"[red]problem:[/red] {problem}", highlight=False)
+        err_console.print(f"[red]problem:[/red] {problem}", highlight=False, soft_wrap=True)
     if problems:
         raise typer.Exit(1)
     console.print(f"[green]ok[/green]: {len(store)} vectors verified in {bank}")
