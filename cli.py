@@ -88,7 +88,7 @@ def stream(
 def add(
     names: Optional[list[str]] = typer.Argument(None, help="Vectors to add (default: --all)."),
     all_: bool = typer.Option(False, "--all", help="Add every vector in the bank."),
-    alpha: float = typer.Option(1.0, help="Scaling coefficient for each vector."),
+    alpha: str = typer.Option("1.0", help="Scaling coefficient: one for all vectors, or one per vector ('0.5,1,0.8')."),
     bank: Path = BankOption,
     out: Optional[Path] = typer.Option(None, help="Save the summed task vector as safetensors."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
@@ -103,7 +103,11 @@ def add(
     if all_ and names:
         raise ConfigError("give vector names or --all, not both")
     selection = store.names() if all_ or not names else names
-    result = add_vectors(store, selection, alpha, progress=RichProgress())
+    try:
+        alphas = [float(a) for a in alpha.split(",")]
+    except ValueError:
+        raise ConfigError(f"--alpha must be a number or comma-separated numbers, got {alpha!r}") from None
+    result = add_vectors(store, selection, alphas[0] if len(alphas) == 1 else alphas, progress=RichProgress())
     r = result.report
     console.print(accuracy_table(f"add {', '.join(selection)} (alpha {alpha}, {r['mode']})", r["per_task"],
                                  single=r["single_task"], summary={"absolute": r["absolute"], "normalized": r["normalized"]}))

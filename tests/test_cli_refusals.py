@@ -96,3 +96,8 @@ def test_appending_a_vector_of_another_base_is_refused(bank_dir):
     with pytest.raises(IncompatibleVectorsError):
         Bank(bank_dir).append("x", {"layer.weight": torch.zeros(3, 2)}, task="x", mode="taujp", base="sha256:" + "cd" * 32)
     assert snapshot(bank_dir) == before
+
+
+def test_alpha_list_must_match_names(bank_dir):
+    refused(["add", "mnist", "digits", "--alpha", "0.5,1,2"], bank_dir, "3 alphas for 2 vectors")
+    refused(["add", "mnist", "--alpha", "x"], bank_dir, "--alpha must be a number")

@@ -123,16 +123,16 @@ def test_resume_trains_only_what_is_missing(tmp_path, seen_run, scenario):
 def test_add_reports_sum_and_writes_vector(tmp_path, seen_run):
     root, _ = seen_run
     out, json_path = tmp_path / "sum.safetensors", tmp_path / "add.json"
-    result = invoke("add", "mnist", "digits", "--bank", root / "bank", "--out", out, "--json", json_path)
+    result = invoke("add", "mnist", "digits", "--alpha", "0.5,2", "--bank", root / "bank", "--out", out, "--json", json_path)
     assert result.exit_code == 0, result.output
     bank = Bank(root / "bank")
     saved = load_file(out)
     mnist, digits = bank.load("mnist"), bank.load("digits")
     for key, value in saved.items():
-        torch.testing.assert_close(value, mnist[key] + digits[key])
+        torch.testing.assert_close(value, 0.5 * mnist[key] + 2 * digits[key])
     numbers = json.loads(json_path.read_text())
     assert set(numbers["per_task"]) == {"mnist", "digits"}
-    assert numbers["coefficients"] == {"mnist": 1.0, "digits": 1.0}
+    assert numbers["coefficients"] == {"mnist": 0.5, "digits": 2.0}
     assert re.search(r"absolute\s+\d+\.\d", result.output)
 
 
