@@ -54,17 +54,50 @@ def stream(
     schedule: Optional[str] = typer.Option(None, help="tauJp schedule: cyclic | strict."),
     scope: Optional[str] = typer.Option(None, help="Penalty sources: seen (incremental) | all (joint)."),
     lam: Optional[float] = typer.Option(None, help="tauJp weight lambda."),
-    steps: Optional[int] = typer.Option(None, help="Optimizer steps per task."),
+    steps: Optional[int] = typer.Option(None, help="Optimizer steps per task (replaces the scenario's epochs)."),
+    epochs: Optional[float] = typer.Option(None, help="Epochs per task, turned into steps from each train split's size "
+                                           "(replaces the scenario's steps and per-task epochs)."),
+    batch_size: Optional[int] = typer.Option(None, help="Global micro-batch (split over torchrun processes)."),
+    accumulation: Optional[int] = typer.Option(None, help="Micro-batches per optimizer step (examples per step = "
+                                               "batch-size x accumulation)."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate (AdamW)."),
+    weight_decay: Optional[float] = typer.Option(None, help="AdamW weight decay."),
+    warmup: Optional[float] = typer.Option(None, help="Warmup: a fraction of the steps if < 1, else a number of steps."),
+    grad_clip: Optional[float] = typer.Option(None, help="Gradient-norm clip."),
+    reg_batch: Optional[int] = typer.Option(None, help="Unlabeled examples per penalty source per step."),
+    squared: Optional[bool] = typer.Option(None, "--squared/--no-squared", help="Penalise ||J tau||^2 instead of ||J tau||."),
     generic: Optional[bool] = typer.Option(None, "--generic/--no-generic", help="Use the scenario's generic unlabeled source."),
+    model: Optional[str] = typer.Option(None, help="Backbone model (CLIP: an open_clip name such as ViT-B-32, ViT-B-16, "
+                                        "ViT-L-14, or a config .json)."),
+    pretrained: Optional[str] = typer.Option(None, help="Backbone weights (CLIP: an open_clip tag such as openai, a "
+                                             "checkpoint file or directory, or 'random')."),
+    clip_cache: Optional[Path] = typer.Option(None, help="Cache directory for CLIP weights (default $EDITKIT_CLIP_CACHE, "
+                                              "else open_clip's / Hugging Face's)."),
+    data_root: Optional[Path] = typer.Option(None, help="Directory holding the datasets (default $EDITKIT_DATA); see "
+                                             "docs/vision8.md for the layouts."),
+    device: Optional[str] = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when available; under torchrun "
+                                         "the local rank's GPU)."),
+    precision: Optional[str] = typer.Option(None, help="auto | bf16 | fp32 (auto: bf16 autocast on CUDA)."),
+    workers: Optional[int] = typer.Option(None, help="DataLoader workers per process (default: 0 on CPU, up to 8 on GPU)."),
+    check: bool = typer.Option(False, "--check", help="Only check that weights and data are available, then exit."),
     bank: Optional[Path] = typer.Option(None, help="Bank directory (default banks/<scenario>-<mode>)."),
     run_dir: Optional[Path] = typer.Option(None, help="Run directory for report.json and plots (default runs/<scenario>-<mode>)."),
     resume: bool = typer.Option(False, help="Continue from the last banked experience."),
     seed: Optional[int] = typer.Option(None, help="Random seed."),
 ) -> None:
-    """Fine-tune each task of a scenario in turn, bank its vector, evaluate the merged model at alpha = 1."""
+    """Fine-tune each task of a scenario in turn, bank its vector, evaluate the merged model at alpha = 1.
+
+    Data-parallel on N GPUs: torchrun --nproc_per_node N -m editkit stream ... (rank 0 writes the bank and reports).
+    """
     from editkit.console import RichProgress, console, step_table
     from editkit.stream import run_scenario
 
+    backbone_overrides = {"model": model, "pretrained": pretrained,
+                          "cache_dir": str(clip_cache) if clip_cache is not None else None}
+    task_overrides = {"data_root": str(data_root) if data_root is not None else None}
+    if check:
+        _check_scenario(scenario, backbone_overrides, task_overrides)
+        return
     progress = RichProgress()
     singles: dict[str, float] = {}
 
@@ -72,8 +105,14 @@ def stream(
         singles[step["task"]] = step["single_task"]
         console.print(step_table(step, singles))
 
-    result, report = run_scenario(scenario, bank=bank, run_dir=run_dir, resume=resume, progress=progress, on_step=show,
-                                  mode=mode, schedule=schedule, scope=scope, lam=lam, steps=steps, generic=generic, seed=seed)
+    result, report = run_scenario(
+        scenario, bank=bank, run_dir=run_dir, resume=resume, progress=progress, on_step=show,
+        backbone_overrides=backbone_overrides, task_overrides=task_overrides, device=device, precision=precision,
+        workers=workers, mode=mode, schedule=schedule, scope=scope, lam=lam, steps=steps, epochs=epochs,
+        batch_size=batch_size, accumulation=accumulation, lr=lr, weight_decay=weight_decay, warmup=warmup,
+        grad_clip=grad_clip, reg_batch=reg_batch, squared=squared, generic=generic, seed=seed)
+    if report is None:  # a torchrun process other than rank 0
+        return
     final = report["final"]
     console.print(
         f"[bold]final merged model (alpha = 1.0, {report['mode']}, scope {report['recipe']['scope']}):[/bold] "
@@ -81,6 +120,19 @@ def stream(
         f"({result.seconds:.0f} s)"
     )
     console.print(f"bank: {report['bank']}   report: {Path(report['plots'][0]).parent / 'report.json'}")
+
+
+def _check_scenario(scenario: str, backbone_overrides: dict, task_overrides: dict) -> None:
+    from editkit.console import console
+    from editkit.errors import MissingResourceError
+    from editkit.scenario import check_scenario, load_scenario
+    from editkit.stream import missing_message
+
+    spec = load_scenario(scenario)
+    problems = check_scenario(spec, backbone_overrides=backbone_overrides, task_overrides=task_overrides)
+    if problems:
+        raise MissingResourceError(missing_message(spec.name, problems))
+    console.print(f"[green]ok[/green]: weights and data of scenario {spec.name} ({len(spec.tasks)} tasks) are available")
 
 
 @app.command()
@@ -119,20 +171,44 @@ def add(
 def negate(
     name: str = typer.Argument(..., help="Vector to negate."),
     alpha: float = typer.Option(1.0, help="Scaling coefficient: theta_0 - alpha * tau."),
+    tune_alpha: bool = typer.Option(False, "--tune-alpha", help="Choose alpha on validation (grid 0, 0.05, ..., 1): "
+                                    "lowest target accuracy keeping control >= --min-control x pretrained control."),
+    min_control: float = typer.Option(0.95, help="With --tune-alpha: control accuracy to keep, as a fraction of the "
+                                      "pretrained model's."),
+    control: str = typer.Option("auto", help="Control set: auto (ImageNet validation when the scenario asks for it and "
+                                "a local copy is found, else the other tasks) | tasks | imagenet."),
+    control_data: Optional[Path] = typer.Option(None, help="Local ImageNet validation copy (default $EDITKIT_IMAGENET, "
+                                                "else <data root>/imagenet)."),
+    data_root: Optional[Path] = typer.Option(None, help="Data root (default: what the stream was given, else $EDITKIT_DATA)."),
+    model: Optional[str] = typer.Option(None, help="Backbone model (default: what the stream used)."),
+    pretrained: Optional[str] = typer.Option(None, help="Backbone weights (default: what the stream used)."),
+    device: Optional[str] = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when available)."),
+    precision: Optional[str] = typer.Option(None, help="auto | bf16 | fp32 (auto: bf16 autocast on CUDA)."),
+    workers: Optional[int] = typer.Option(None, help="DataLoader workers (default: 0 on CPU, up to 8 on GPU)."),
     bank: Path = BankOption,
     out: Optional[Path] = typer.Option(None, help="Save the negated task vector as safetensors."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
 ) -> None:
     """theta_0 - alpha * tau: forget a task; target accuracy (lower is better) and control accuracy."""
     from editkit.console import RichProgress, accuracy_table, console
+    from editkit.distributed import setup
     from editkit.edit import negate as negate_vector
     from editkit.edit import open_bank
 
-    result = negate_vector(open_bank(bank), name, alpha, progress=RichProgress())
+    store = open_bank(bank)
+    runtime = setup(device, precision, workers) if any(v is not None for v in (device, precision, workers)) else None
+    result = negate_vector(store, name, alpha, progress=RichProgress(), control=control, control_data=control_data,
+                           tune_alpha=tune_alpha, min_control=min_control,
+                           backbone_overrides={"model": model, "pretrained": pretrained},
+                           task_overrides={"data_root": str(data_root) if data_root is not None else None},
+                           runtime=runtime)
     r = result.report
     summary = {k: r[k] for k in ("target", "control", "control_pretrained") if k in r}
-    console.print(accuracy_table(f"negate {name} (alpha {alpha}, {r['mode']})", r["per_task"], pretrained=r["pretrained"],
-                                 summary=summary))
+    used = r.get("alpha", alpha)
+    title = f"negate {name} (alpha {used:g}{', tuned on validation' if tune_alpha else ''}, {r['mode']})"
+    console.print(accuracy_table(title, r["per_task"], pretrained=r["pretrained"], summary=summary))
+    if "control_set" in r:
+        console.print(f"control set: {r['control_set']}")
     _save_outputs(result, out, json_path)
 
 

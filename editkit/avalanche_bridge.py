@@ -15,6 +15,13 @@ from torch.utils.data import Dataset
 from .tasks import TaskData
 
 
+def import_avalanche() -> None:
+    """Import the avalanche modules editkit uses (seconds; done lazily, or early under torchrun)."""
+    from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets  # noqa: F401
+    from avalanche.benchmarks.scenarios.task_aware import with_task_labels  # noqa: F401
+    from avalanche.benchmarks.utils.classification_dataset import _make_taskaware_classification_dataset  # noqa: F401
+
+
 def benchmark_from_tasks(tasks: Sequence[TaskData]):
     """train / valid / test streams with one experience per task; task label = index."""
     from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets

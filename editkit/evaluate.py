@@ -7,7 +7,10 @@
   tasks, compared with theta_0's control accuracy.
 
 Linear and tauJp vectors are evaluated in the linearized model (one jvp per
-forward); non-linear vectors in f(x; theta_0 + tau).
+forward); non-linear vectors in f(x; theta_0 + tau). With a
+:class:`~editkit.distributed.Runtime` evaluation runs on its device (bf16 autocast
+on CUDA) and, under torchrun, each process scores a slice of each split and the
+counts are summed.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
+from .distributed import Runtime, default_runtime
 from .linearize import build_task_model
 from .progress import NullProgress, Progress
 
@@ -34,14 +38,23 @@ class EvalTask:
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, head: nn.Module, dataset: Dataset, *, batch_size: int = 256, progress_task=None) -> float:
-    correct = total = 0
-    for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-        x, y = batch[0], batch[1]
-        correct += (head(model(x)).argmax(dim=1) == y).sum().item()
-        total += len(y)
+def accuracy(model: nn.Module, head: nn.Module, dataset: Dataset, *, batch_size: int = 256, progress_task=None,
+             runtime: Runtime | None = None) -> float:
+    runtime = runtime or Runtime()
+    if runtime.distributed:
+        dataset = Subset(dataset, range(runtime.rank, len(dataset), runtime.world_size))
+    device, cuda = runtime.device, runtime.device.type == "cuda"
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=runtime.workers, pin_memory=cuda)
+    counts = torch.zeros(2, dtype=torch.int64, device=device)
+    for batch in loader:
+        x, y = batch[0].to(device, non_blocking=cuda), batch[1].to(device, non_blocking=cuda)
+        with runtime.autocast():
+            features = model(x)
+        counts[0] += (head(features.float()).argmax(dim=1) == y).sum()
+        counts[1] += len(y)
         if progress_task is not None:
             progress_task.advance(1)
+    correct, total = runtime.all_reduce_sum(counts).tolist()
     return correct / max(1, total)
 
 
@@ -54,14 +67,18 @@ def evaluate_vector(
     batch_size: int = 256,
     progress: Progress | None = None,
     description: str = "evaluating",
+    runtime: Runtime | None = None,
 ) -> dict[str, float]:
     """Accuracy on each task of theta_0 + tau (in ``mode``'s model), keyed by task name."""
-    model = build_task_model(module, mode)
+    runtime = runtime or default_runtime(module)
+    model = build_task_model(module, mode).to(runtime.device)
     model.load_task_vector(tau or {})
     model.eval()
-    batches = sum(-(-len(t.dataset) // batch_size) for t in tasks)
+    share = runtime.world_size
+    batches = sum(-(-(-(-len(t.dataset) // share)) // batch_size) for t in tasks)
     with (progress or NullProgress()).task(description, total=batches) as bar:
-        return {t.name: accuracy(model, t.head, t.dataset, batch_size=batch_size, progress_task=bar) for t in tasks}
+        return {t.name: accuracy(model, t.head.to(runtime.device), t.dataset, batch_size=batch_size, progress_task=bar,
+                                 runtime=runtime) for t in tasks}
 
 
 def addition_summary(per_task: Mapping[str, float], single_task: Mapping[str, float]) -> dict[str, float]:

@@ -6,10 +6,25 @@ unlabeled source, an ordered list of tasks (each a data source) and a recipe.
 and the data, fits or builds the heads, and exposes the tasks as an Avalanche
 benchmark (``train_stream`` / ``valid_stream`` / ``test_stream``, one experience
 per task, task label = position in the stream).
+
+Optional parts of a scenario file:
+
+- ``[data]``: options every task's source receives (``data_root``, ``augment``...);
+  a ``[[tasks]]`` entry's own keys win.
+- per-task recipe values: ``epochs`` / ``steps`` keys of a ``[[tasks]]`` entry, or
+  an inline ``recipe = {...}`` table in it (see :func:`task_recipes` for precedence).
+- ``[control]``: the negation control set (``kind = "imagenet"``; see ``editkit.edit``).
+
+Backbone families and task sources are registries (``register_backbone`` /
+``register_task_source``); each entry may register a ``check`` that says, without
+loading anything large, what is missing (:func:`check_scenario`), so a run stops
+before training when weights or data are absent.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import os
 import tomllib
@@ -22,7 +37,7 @@ from torch import nn
 
 from . import recipe as recipe_mod
 from .backbones.base import Backbone
-from .errors import ConfigError
+from .errors import ConfigError, MissingResourceError
 from .heads import fit_probe
 from .progress import NullProgress, Progress
 from .recipe import Recipe
@@ -35,11 +50,23 @@ SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 SCENARIO_PATH_ENV = "EDITKIT_SCENARIOS"
 
 
+TASK_RECIPE_KEYS = ("epochs", "steps")
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     name: str
     source: str  # "<kind>:<dataset>", e.g. "packaged:mnist"
     options: dict[str, Any] = field(default_factory=dict)
+    recipe: dict[str, Any] = field(default_factory=dict)  # per-task recipe overrides
+
+    @property
+    def kind(self) -> str:
+        return self.source.split(":", 1)[0]
+
+    @property
+    def dataset(self) -> str:
+        return self.source.split(":", 1)[1]
 
 
 @dataclass(frozen=True)
@@ -54,6 +81,8 @@ class ScenarioSpec:
     recipe: Recipe
     generic: dict[str, Any] | None = None
     path: Path | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    control: dict[str, Any] | None = None
 
     @property
     def task_names(self) -> list[str]:
@@ -109,14 +138,30 @@ def parse_scenario(data: dict[str, Any], path: Path | None = None) -> ScenarioSp
         recipe=recipe_mod.from_mapping(data.get("recipe", {})),
         generic=dict(data["generic"]) if "generic" in data else None,
         path=path,
+        data=dict(data.get("data", {})),
+        control=dict(data["control"]) if "control" in data else None,
     )
 
 
 def _task_spec(table: dict[str, Any], where: object) -> TaskSpec:
     if "name" not in table or "source" not in table or ":" not in table["source"]:
         raise ConfigError(f"{where}: each [[tasks]] entry needs a name and a source 'kind:dataset', got {table}")
-    options = {k: v for k, v in table.items() if k not in ("name", "source")}
-    return TaskSpec(table["name"], table["source"], options)
+    recipe = dict(table.get("recipe", {}))
+    recipe.update({k: table[k] for k in TASK_RECIPE_KEYS if k in table})
+    recipe_mod.from_mapping(recipe)  # refuse unknown fields / bad values now, by name
+    options = {k: v for k, v in table.items() if k not in ("name", "source", "recipe", *TASK_RECIPE_KEYS)}
+    return TaskSpec(table["name"], table["source"], options, recipe)
+
+
+def task_recipes(spec: ScenarioSpec, **overrides: Any) -> dict[str, Recipe]:
+    """Each task's recipe: the scenario's ``[recipe]``, then the task's own values, then ``overrides``.
+
+    Later levels win field by field; a level that gives ``steps`` without ``epochs``
+    clears an ``epochs`` from below (so ``--steps 5`` beats per-task epochs, and
+    ``--epochs 2`` beats both). ``None`` overrides mean "keep".
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return {t.name: spec.recipe.with_overrides(**t.recipe).with_overrides(**given) for t in spec.tasks}
 
 
 # --- building ---------------------------------------------------------------------------------
@@ -151,19 +196,35 @@ class BuiltScenario:
 
 BACKBONES: dict[str, Callable[..., Backbone]] = {}
 TASK_SOURCES: dict[str, Callable[[str, Backbone, dict[str, Any]], TaskData]] = {}
+#: family -> check(**backbone options) -> list of missing pieces (one line each)
+BACKBONE_CHECKS: dict[str, Callable[..., list[str]]] = {}
+#: kind -> check(task name, options) -> list of missing pieces (one line each)
+TASK_SOURCE_CHECKS: dict[str, Callable[[str, dict[str, Any]], list[str]]] = {}
 
 
-def register_backbone(family: str):
+def register_backbone(family: str, *, check: Callable[..., list[str]] | None = None):
+    """Register a backbone builder ``fn(**options) -> Backbone`` (options: the scenario's
+    ``[backbone]`` table minus ``family``, plus CLI overrides). ``check(**options)``
+    lists what is missing offline without loading anything large."""
+
     def wrap(fn):
         BACKBONES[family] = fn
+        if check is not None:
+            BACKBONE_CHECKS[family] = check
         return fn
 
     return wrap
 
 
-def register_task_source(kind: str):
+def register_task_source(kind: str, *, check: Callable[[str, dict[str, Any]], list[str]] | None = None):
+    """Register a task loader ``fn(name, backbone, options) -> TaskData`` for sources ``kind:dataset``
+    (``options["dataset"]`` is the part after the colon). ``check(name, options)`` lists
+    what is missing."""
+
     def wrap(fn):
         TASK_SOURCES[kind] = fn
+        if check is not None:
+            TASK_SOURCE_CHECKS[kind] = check
         return fn
 
     return wrap
@@ -195,19 +256,128 @@ def _packaged_task(name: str, backbone: Backbone, options: dict[str, Any]) -> Ta
     )
 
 
-def build_backbone(spec: ScenarioSpec) -> Backbone:
+def _clip_check(model: str = "ViT-B-32", pretrained: str | None = "openai", cache_dir: str | None = None,
+                **_: Any) -> list[str]:
+    from .backbones.clip import check_weights
+
+    problem = check_weights(model, pretrained, cache_dir=cache_dir)
+    return [problem] if problem else []
+
+
+@register_backbone("clip", check=_clip_check)
+def _clip(
+    model: str = "ViT-B-32",
+    pretrained: str | None = "openai",
+    cache_dir: str | None = None,
+    quick_gelu: bool | None = None,
+    device: str | None = None,
+    seed: int = 0,
+) -> Backbone:
+    """open_clip CLIP (see ``editkit.backbones.clip.build_clip``), built on the CPU then moved to ``device``.
+
+    ``pretrained = "random"``: random weights drawn from ``seed`` (the same in every
+    process and every run, so banks, resumes and torchrun ranks agree on theta_0).
+    """
+    from .backbones.clip import RANDOM_TAGS, build_clip
+
+    with torch.random.fork_rng(devices=[]):
+        if pretrained is None or str(pretrained).strip().lower() in RANDOM_TAGS:
+            torch.manual_seed(seed)
+        backbone = build_clip(model, pretrained, cache_dir=cache_dir, quick_gelu=quick_gelu)
+    if device and device != "cpu":
+        backbone.clip_model.to(device)
+    return backbone
+
+
+def _vision8_options(options: dict[str, Any]) -> dict[str, Any]:
+    known = {"dataset", "data_root", "augment", "hub_cache_dir", "download"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"vision8 task options {unknown} are unknown; known: {sorted(known)}")
+    return options
+
+
+def _vision8_check(name: str, options: dict[str, Any]) -> list[str]:
+    from .data.vision8 import locate
+
+    options = _vision8_options(options)
+    try:
+        locate(options["dataset"], data_root=options.get("data_root"), hub_cache_dir=options.get("hub_cache_dir"),
+               download=bool(options.get("download", False)))
+    except MissingResourceError as exc:
+        return [str(exc)]
+    return []
+
+
+@register_task_source("vision8", check=_vision8_check)
+def _vision8_task(name: str, backbone: Backbone, options: dict[str, Any]) -> TaskData:
+    """One of the eight CLIP datasets (``vision8:Cars`` ...), preprocessed lazily per image.
+
+    Options: ``data_root`` (else ``$EDITKIT_DATA``), ``augment`` (open_clip's train-time
+    transform for the train split; default true, as the paper), ``hub_cache_dir``,
+    ``download`` (fetch the parquet copy from the hub when reachable; default false).
+    """
+    from .data.vision8 import load_task as load_vision8
+
+    options = _vision8_options(options)
+    task = load_vision8(options["dataset"], backbone, data_root=options.get("data_root"),
+                        augment=bool(options.get("augment", True)), hub_cache_dir=options.get("hub_cache_dir"),
+                        download=bool(options.get("download", False)))
+    return dataclasses.replace(task, name=name)
+
+
+def backbone_options(spec: ScenarioSpec, overrides: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """(family, builder options): the scenario's ``[backbone]`` table with ``overrides`` (None = keep) applied."""
     options = dict(spec.backbone)
     family = options.pop("family", None)
     if family not in BACKBONES:
         raise ConfigError(f"scenario {spec.name!r}: unknown backbone family {family!r}; known: {', '.join(sorted(BACKBONES))}")
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    accepted = inspect.signature(BACKBONES[family]).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    unknown = sorted(k for k in given if k not in accepted and not takes_any)
+    if unknown:
+        raise ConfigError(f"backbone family {family!r} has no option(s) {unknown} (it takes {', '.join(accepted)})")
+    return family, {**options, **given}
+
+
+def build_backbone(spec: ScenarioSpec, overrides: dict[str, Any] | None = None) -> Backbone:
+    family, options = backbone_options(spec, overrides)
     return BACKBONES[family](**options)
 
 
-def load_task(task: TaskSpec, backbone: Backbone) -> TaskData:
+def task_options(spec: ScenarioSpec, task: TaskSpec, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Options a task's source receives: ``[data]`` defaults, the task's own keys, then ``overrides``."""
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    return {**spec.data, **task.options, **given, "dataset": task.dataset}
+
+
+def load_task(task: TaskSpec, backbone: Backbone, options: dict[str, Any] | None = None) -> TaskData:
     kind, dataset = task.source.split(":", 1)
     if kind not in TASK_SOURCES:
         raise ConfigError(f"task {task.name!r}: unknown source kind {kind!r}; known: {', '.join(sorted(TASK_SOURCES))}")
-    return TASK_SOURCES[kind](task.name, backbone, {"dataset": dataset, **task.options})
+    return TASK_SOURCES[kind](task.name, backbone, options if options is not None else {"dataset": dataset, **task.options})
+
+
+def check_scenario(spec: ScenarioSpec, *, backbone_overrides: dict[str, Any] | None = None,
+                   task_overrides: dict[str, Any] | None = None) -> list[str]:
+    """One line per missing piece (weights, each task's data); empty when the scenario can be built.
+
+    Uses the registered checks only: families and sources without one (packaged
+    data, EfficientNet from pip) are taken as present. Downloads nothing.
+    """
+    family, options = backbone_options(spec, backbone_overrides)
+    problems: list[str] = []
+    if family in BACKBONE_CHECKS:
+        problems += BACKBONE_CHECKS[family](**options)
+    for task in spec.tasks:
+        check = TASK_SOURCE_CHECKS.get(task.kind)
+        if check is None:
+            if task.kind not in TASK_SOURCES:
+                problems.append(f"task {task.name!r}: unknown source kind {task.kind!r}; known: {', '.join(sorted(TASK_SOURCES))}")
+            continue
+        problems += check(task.name, task_options(spec, task, task_overrides))
+    return problems
 
 
 def probe_head(backbone: Backbone, task: TaskData, *, shots: int, seed: int) -> nn.Module:
@@ -230,7 +400,8 @@ def build_heads(spec: ScenarioSpec, backbone: Backbone, tasks: list[TaskData], s
     if kind == "zero-shot":
         from .backbones.clip import zero_shot_head_for_task
 
-        return {t.name: zero_shot_head_for_task(backbone, t) for t in tasks}
+        datasets = {t.name: t.dataset for t in spec.tasks}
+        return {t.name: zero_shot_head_for_task(backbone, t, dataset=datasets.get(t.name)) for t in tasks}
     raise ConfigError(f"scenario {spec.name!r}: unknown head kind {kind!r} (probe or zero-shot)")
 
 
@@ -246,15 +417,26 @@ def build_generic(spec: ScenarioSpec, backbone: Backbone, seed: int) -> Unlabele
     return UnlabeledSource("generic", backbone.preprocess_arrays(images), seed=seed)
 
 
-def build_scenario(spec: ScenarioSpec, *, seed: int = 0, progress: Progress | None = None) -> BuiltScenario:
-    """Load backbone, every task's data, heads and the generic source."""
+def build_scenario(
+    spec: ScenarioSpec,
+    *,
+    seed: int = 0,
+    progress: Progress | None = None,
+    backbone_overrides: dict[str, Any] | None = None,
+    task_overrides: dict[str, Any] | None = None,
+) -> BuiltScenario:
+    """Load backbone, every task's data, heads and the generic source.
+
+    backbone_overrides / task_overrides: values replacing the scenario file's
+    ``[backbone]`` options / every task's source options (``None`` values = keep).
+    """
     progress = progress or NullProgress()
     with progress.task(f"loading {spec.name}", total=len(spec.tasks) + 2) as bar:
-        backbone = build_backbone(spec)
+        backbone = build_backbone(spec, backbone_overrides)
         bar.advance()
         tasks = []
         for task in spec.tasks:
-            tasks.append(load_task(task, backbone))
+            tasks.append(load_task(task, backbone, task_options(spec, task, task_overrides)))
             bar.advance()
         heads = build_heads(spec, backbone, tasks, seed)
         generic = build_generic(spec, backbone, seed)

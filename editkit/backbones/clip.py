@@ -748,3 +748,41 @@ def zero_shot_head(
                 os.unlink(tmp)
         log.info("zero-shot head %s (%d classes x %d templates) cached at %s", dataset, len(classnames), len(templates), path)
     return head
+
+
+GENERIC_TEMPLATES: tuple[str, ...] = ("a photo of a {}.",)
+
+
+def zero_shot_head_for_task(
+    backbone: ClipBackbone,
+    task: Any,
+    *,
+    dataset: str | None = None,
+    templates: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> ZeroShotHead:
+    """The frozen zero-shot head of a loaded task (``TaskData``: ``name`` and ``classes``).
+
+    Templates: ``templates`` if given, else the vision8 registry's for ``dataset``
+    (default: the task's name) when it names a vision8 dataset, else the generic
+    ``"a photo of a {}."``. Keyword arguments go to :func:`zero_shot_head`
+    (``cache``, ``cache_root``).
+    """
+    if not isinstance(backbone, ClipBackbone):
+        raise ConfigError(f"zero-shot heads need a CLIP backbone, got {getattr(backbone, 'name', backbone)!r}")
+    key = dataset or task.name
+    if templates is None:
+        from editkit.data.vision8 import get_dataset
+
+        try:
+            entry = get_dataset(key)
+            templates, key = entry.templates, entry.name
+        except ConfigError:
+            if key.lower() == "imagenet":
+                from editkit.data.clip_templates import imagenet_templates
+
+                templates = imagenet_templates()
+            else:
+                log.info("no prompt templates registered for %r: using %r", key, GENERIC_TEMPLATES[0])
+                templates = GENERIC_TEMPLATES
+    return zero_shot_head(backbone, list(task.classes), list(templates), dataset=key, **kwargs)

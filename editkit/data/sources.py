@@ -78,12 +78,20 @@ class ImageSplit(Dataset):
         return len(self.targets)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
+        index = self._check(index)
+        return self._get_image(index), int(self.targets[index])
+
+    def image(self, index: int) -> Any:
+        """Image ``index`` alone (its label is not read)."""
+        return self._get_image(self._check(index))
+
+    def _check(self, index: int) -> int:
         index = int(index)
         if index < 0:
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError(index)
-        return self._get_image(index), int(self.targets[index])
+        return index
 
     def __repr__(self) -> str:
         return f"ImageSplit({len(self)} images from {self.source})"
@@ -210,13 +218,15 @@ class ParquetSource(DataSource):
         image_column: str | None = None,
         label_column: str | None = None,
         origin: str | None = None,
+        split_names: tuple[str, ...] = SPLITS,
     ) -> None:
         super().__init__(Path(root))
         self.subdir = subdir
         self.image_column = image_column
         self.label_column = label_column
         self.origin = origin
-        self.files = {split: parquet_files(self.location, split, subdir) for split in SPLITS}
+        self.split_names = tuple(split_names)
+        self.files = {split: parquet_files(self.location, split, subdir) for split in self.split_names}
         missing = [split for split, files in self.files.items() if not files]
         if missing:
             raise MissingResourceError(
@@ -227,8 +237,8 @@ class ParquetSource(DataSource):
         self._columns: tuple[str, str] | None = None
 
     @staticmethod
-    def detect(root: Path, subdir: str | None = None) -> bool:
-        return all(parquet_files(Path(root), split, subdir) for split in SPLITS)
+    def detect(root: Path, subdir: str | None = None, split_names: tuple[str, ...] = SPLITS) -> bool:
+        return all(parquet_files(Path(root), split, subdir) for split in split_names)
 
     def describe(self) -> str:
         where = self.origin or str(self.location)
@@ -240,7 +250,7 @@ class ParquetSource(DataSource):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        schema = pq.read_schema(self.files["train"][0])
+        schema = pq.read_schema(self.files[self.split_names[0]][0])
         names = schema.names
         image = self.image_column or next((c for c in IMAGE_COLUMNS if c in names), None)
         if image is None:
@@ -286,7 +296,7 @@ class ParquetSource(DataSource):
         return ImageSplit(labels, get_image, source=f"{self.describe()} {split}")
 
     def _load(self) -> dict[str, ImageSplit]:
-        return {split: self._load_split(split) for split in SPLITS}
+        return {split: self._load_split(split) for split in self.split_names}
 
 
 # --------------------------------------------------------------------------- image folders

@@ -211,13 +211,13 @@ def locate(
 
     dir_list = "{" + ",".join(entry.dirs) + "}"
     searched = (
-        f"under {root}/{dir_list}" if root is not None
-        else f"in no data root (neither --data-root nor {DATA_ENV} is set)"
+        f"nothing under {root}/{dir_list}" if root is not None
+        else f"no data root is set (neither --data-root nor {DATA_ENV})"
     )
     repos = " / ".join(r.repo_id for r in entry.hub)
     detail = f" ({'; '.join(problems)})" if problems else ""
     raise MissingResourceError(
-        f"dataset {entry.name} not found: nothing {searched}, and {repos} not in the Hugging Face cache "
+        f"dataset {entry.name} not found: {searched}, and {repos} not in the Hugging Face cache "
         f"{hub_root}{detail}. Provide it with --data-root DIR (or {DATA_ENV}=DIR) where DIR/{entry.dirs[0]} "
         f"holds {_layout_hint(entry)}; or fetch the parquet copy where there is internet "
         f"(huggingface-cli download {entry.hub[0].repo_id} --repo-type dataset) and point HF_HOME at that cache"
@@ -290,18 +290,32 @@ class TransformedSubset(Dataset):
         image, label = self.base[int(self.indices[index])]
         return (self.transform(image) if self.transform is not None else image), label
 
+    def input(self, index: int) -> Any:
+        """The transformed image of item ``index`` without its label (for unlabeled views)."""
+        image = self.base.image(int(self.indices[index]))
+        return self.transform(image) if self.transform is not None else image
+
 
 class UnlabeledView(Dataset):
-    """Inputs only (no labels) of a labelled dataset: what the tauJp penalty may see."""
+    """Inputs only (no labels) of a labelled dataset: what the tauJp penalty may see.
+
+    Reads through the dataset's ``input(i)`` when it has one (``TransformedSubset``),
+    so not even the label lookup happens.
+    """
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
+        method = getattr(dataset, "input", None)
+        self._get = method if callable(method) else (lambda i: dataset[i][0])
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
-        return self.dataset[index][0]
+        return self._get(index)
+
+    def input(self, index: int) -> Any:
+        return self._get(index)
 
 
 def load_task(

@@ -1,0 +1,181 @@
+"""Data-parallel training on CPU (gloo, 2 processes) banks what one process banks.
+
+Also: the batch sampler reproduces the single-process order exactly, shards
+partition each global batch, lazy penalty sources draw the eager batches, and
+bf16 autocast goes through the jvp.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, RandomSampler
+
+from editkit.avalanche_bridge import Experience
+from editkit.backbones.base import Backbone
+from editkit.bank import Bank
+from editkit.distributed import GlobalBatchSampler, Runtime, shard_bounds
+from editkit.heads import LinearHead
+from editkit.recipe import Recipe
+from editkit.stream import run_stream
+from editkit.taujp import LazyUnlabeledSource, Regularizer, UnlabeledSource, unlabeled_source
+from editkit.tasks import TensorTaskDataset
+from editkit.train import fine_tune, labelled_batches
+
+# --------------------------------------------------------------------------- sampling
+
+
+def old_labelled_batches(dataset, batch_size, seed):
+    """The single-process loader as it was before data parallelism (reference)."""
+    sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=len(dataset) >= batch_size)
+    while True:
+        for batch in loader:
+            yield batch[0], batch[1]
+
+
+@pytest.mark.parametrize("n,batch", [(23, 5), (20, 5), (3, 8)])
+def test_single_process_batches_are_unchanged(n, batch):
+    data = TensorTaskDataset(torch.arange(n, dtype=torch.float32).unsqueeze(1), torch.arange(n) % 3)
+    new, old = labelled_batches(data, batch, seed=7), old_labelled_batches(data, batch, seed=7)
+    for _ in range(4 * max(1, n // batch) + 3):  # several epochs
+        (x1, y1), (x0, y0) = next(new), next(old)
+        assert torch.equal(x1, x0) and torch.equal(y1, y0)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_shards_partition_every_global_batch(world):
+    n, batch = 29, 7
+    single = GlobalBatchSampler(n, batch, seed=3)
+    ranks = [GlobalBatchSampler(n, batch, seed=3, rank=r, world_size=world) for r in range(world)]
+    for epoch in (2, 0, 1):  # any order: set_epoch is a pure function of the epoch
+        single.set_epoch(epoch)
+        for sampler in ranks:
+            sampler.set_epoch(epoch)
+        for whole, *parts in zip(single, *ranks):
+            assert sum(parts, []) == whole
+    assert [shard_bounds(7, r, 3) for r in range(3)] == [(0, 3), (3, 5), (5, 7)]
+    weights = [s.shard_fraction for s in ranks]
+    assert sum(weights) == pytest.approx(world)
+
+
+def test_lazy_source_draws_the_eager_batches_and_never_labels():
+    x = torch.randn(11, 3, generator=torch.Generator().manual_seed(0))
+    loaded: list[int] = []
+
+    class InputsOnly(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(x)
+
+        def input(self, i):
+            loaded.append(i)
+            return x[i]
+
+        def __getitem__(self, i):
+            raise AssertionError("labelled items must not be read")
+
+    eager, lazy = UnlabeledSource("e", x, seed=4), LazyUnlabeledSource("l", InputsOnly(), seed=4)
+    for size in (4, 4, 5, 9):
+        assert torch.equal(eager.next_batch(size), lazy.next_batch(size))
+    assert len(loaded) == 22  # exactly the sampled items, nothing else
+    # a rank's slice is the matching part of the global batch
+    full = UnlabeledSource("f", x, seed=9).next_batch(5)
+    parts = [LazyUnlabeledSource("p", InputsOnly(), seed=9).next_batch(5, shard=(r, 2)) for r in range(2)]
+    assert torch.equal(torch.cat(parts), full)
+    assert isinstance(unlabeled_source("t", TensorTaskDataset(x, torch.zeros(11))), UnlabeledSource)
+    assert unlabeled_source("l", InputsOnly()).lazy
+
+
+def test_bf16_autocast_runs_through_the_jvp():
+    module, head, train, other = _problem()
+    reg = Regularizer([UnlabeledSource("o", other, seed=1)], lam=0.5, batch_size=4)
+    recipe = Recipe(mode="taujp", steps=2, batch_size=8, lr=1e-2, warmup=0)
+    result = fine_tune(module, head, train, recipe, reg, runtime=Runtime(precision="bf16"))
+    assert result.history[1]["penalty"] > 0
+    assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in result.task_vector.values())
+
+
+# --------------------------------------------------------------------------- 2 processes, gloo
+
+
+def _problem(seed: int = 0):
+    torch.manual_seed(seed)
+    module = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 8)).eval()
+    g = torch.Generator().manual_seed(seed)
+    head = LinearHead(torch.randn(3, 8, generator=g), torch.zeros(3))
+    x = torch.randn(45, 4, generator=g)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    other = torch.randn(30, 4, generator=g) + 1.5
+    return module, head, TensorTaskDataset(x, y), other
+
+
+def _stream_inputs():
+    module, head, train, other = _problem()
+    g = torch.Generator().manual_seed(1)
+    train2 = TensorTaskDataset(other, (other[:, 2] > 1.5).long())
+    exps = [Experience(0, "a", 0, train, train, None, 3), Experience(1, "b", 1, train2, train2, None, 3)]
+    backbone = Backbone("mlp", module, 8)
+    heads = {"a": head, "b": LinearHead(torch.randn(3, 8, generator=g), torch.zeros(3))}
+    # uneven shards on 2 processes (9 -> 5 + 4, reg 5 -> 3 + 2), two micro-batches per step
+    recipe = Recipe(mode="taujp", steps=6, batch_size=9, accumulation=2, lr=5e-2, warmup=2, weight_decay=0.1,
+                    reg_batch=5, generic=False)
+    return exps, backbone, heads, recipe
+
+
+def _ddp_worker(rank: int, world: int, port: int, bank_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    from editkit import distributed
+
+    runtime = distributed.setup("cpu", "fp32", 0)
+    try:
+        assert runtime.world_size == world and runtime.rank == rank
+        exps, backbone, heads, recipe = _stream_inputs()
+        run_stream(exps, backbone, heads, recipe, bank_dir, scenario="ddp", runtime=runtime)
+        if rank != 0:
+            assert Bank(bank_dir).names() == ["a", "b"]  # rank 0 wrote it before the barrier released us
+    finally:
+        distributed.teardown()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_gloo_processes_bank_the_single_process_vectors(tmp_path):
+    import torch.multiprocessing as mp
+
+    exps, backbone, heads, recipe = _stream_inputs()
+    single = run_stream(exps, backbone, heads, recipe, tmp_path / "single", scenario="ddp")
+    mp.start_processes(_ddp_worker, args=(2, _free_port(), str(tmp_path / "ddp")), nprocs=2, start_method="spawn")
+    one, two = Bank(tmp_path / "single"), Bank(tmp_path / "ddp")
+    assert two.names() == one.names() == ["a", "b"]
+    assert two.base == one.base
+    for name in one.names():
+        a, b = one.load(name), two.load(name)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key].abs().max() > 0
+            torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-6)
+        assert two.get(name).recipe == one.get(name).recipe
+        # evaluation was sharded over the two processes and summed: the same accuracies
+        assert two.get(name).metrics["single_task"] == pytest.approx(one.get(name).metrics["single_task"])
+        assert two.get(name).metrics["merged"]["per_task"] == pytest.approx(one.get(name).metrics["merged"]["per_task"])
+    assert [s["single_task"] for s in single.steps] == pytest.approx([two.get(n).metrics["single_task"] for n in "ab"])
+
+
+def test_more_processes_than_a_reg_batch_is_refused():
+    from editkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="reg_batch"):
+        Regularizer([UnlabeledSource("o", torch.zeros(4, 2))], batch_size=2, shard=(0, 4))
+    with pytest.raises(ConfigError, match="cannot be split"):
+        GlobalBatchSampler(10, 3, world_size=4)
