@@ -141,12 +141,17 @@ def add(
     names: Optional[list[str]] = typer.Argument(None, help="Vectors to add (default: --all)."),
     all_: bool = typer.Option(False, "--all", help="Add every vector in the bank."),
     alpha: str = typer.Option("1.0", help="Scaling coefficient: one for all vectors, or one per vector ('0.5,1,0.8')."),
+    data_root: Optional[Path] = typer.Option(None, help="Data root (default: what the stream was given, else $EDITKIT_DATA)."),
+    device: Optional[str] = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when available)."),
+    precision: Optional[str] = typer.Option(None, help="auto | bf16 | fp32 (auto: bf16 autocast on CUDA)."),
+    workers: Optional[int] = typer.Option(None, help="DataLoader workers (default: 0 on CPU, up to 8 on GPU)."),
     bank: Path = BankOption,
     out: Optional[Path] = typer.Option(None, help="Save the summed task vector as safetensors."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
 ) -> None:
     """theta_0 + alpha * sum(tau): accuracy on each added vector's task."""
     from editkit.console import RichProgress, accuracy_table, console
+    from editkit.distributed import setup
     from editkit.edit import add as add_vectors
     from editkit.edit import open_bank
     from editkit.errors import ConfigError
@@ -159,7 +164,9 @@ def add(
         alphas = [float(a) for a in alpha.split(",")]
     except ValueError:
         raise ConfigError(f"--alpha must be a number or comma-separated numbers, got {alpha!r}") from None
-    result = add_vectors(store, selection, alphas[0] if len(alphas) == 1 else alphas, progress=RichProgress())
+    result = add_vectors(store, selection, alphas[0] if len(alphas) == 1 else alphas, progress=RichProgress(),
+                         task_overrides={"data_root": str(data_root) if data_root is not None else None},
+                         runtime=setup(device, precision, workers))
     r = result.report
     console.print(accuracy_table(f"add {', '.join(selection)} (alpha {alpha}, {r['mode']})", r["per_task"],
                                  single=r["single_task"], summary={"absolute": r["absolute"], "normalized": r["normalized"]}))
@@ -196,7 +203,7 @@ def negate(
     from editkit.edit import open_bank
 
     store = open_bank(bank)
-    runtime = setup(device, precision, workers) if any(v is not None for v in (device, precision, workers)) else None
+    runtime = setup(device, precision, workers)
     result = negate_vector(store, name, alpha, progress=RichProgress(), control=control, control_data=control_data,
                            tune_alpha=tune_alpha, min_control=min_control,
                            backbone_overrides={"model": model, "pretrained": pretrained},

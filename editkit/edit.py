@@ -107,14 +107,17 @@ def _evaluate(built: BuiltScenario, vector: TaskVector | None, mode: str, tasks:
                            description=description, runtime=runtime)
 
 
-def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, *, progress: Progress | None = None) -> EditResult:
+def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, *, progress: Progress | None = None,
+        backbone_overrides: Mapping[str, Any] | None = None, task_overrides: Mapping[str, Any] | None = None,
+        runtime: Runtime | None = None) -> EditResult:
     """theta_0 + sum alpha_i tau_i, scored on the added vectors' tasks (absolute and normalized)."""
     progress = progress or NullProgress()
     coefficients = addition_coefficients(list(names), alpha)
     vector = combine(bank, coefficients)
-    built = scenario_of(bank, list(coefficients), progress)
+    built = scenario_of(bank, list(coefficients), progress, backbone_overrides=backbone_overrides,
+                        task_overrides=task_overrides, runtime=runtime)
     tasks = [bank.get(n).task for n in coefficients]
-    per_task = _evaluate(built, vector, vector.mode, tasks, progress, "evaluating sum")
+    per_task = _evaluate(built, vector, vector.mode, tasks, progress, "evaluating sum", runtime=runtime)
     single = {bank.get(n).task: bank.get(n).metrics.get("single_task") for n in coefficients}
     report = {"operation": "add", "scenario": built.spec.name, "mode": vector.mode, "coefficients": coefficients,
               "per_task": per_task, "single_task": single, **addition_summary(per_task, single)}

@@ -15,6 +15,7 @@ the report (see ``editkit.distributed``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -369,7 +370,11 @@ def run_scenario(
                                backbone_overrides=_with_device(spec, backbone_overrides, runtime),
                                task_overrides=task_overrides)
         built.backbone.module.to(runtime.device)
-        exps = experiences(built.benchmark(), built.task_names)
+        # The Avalanche benchmark defines the stream (order, task labels, class counts); batches come from
+        # the tasks' own datasets: the same (x, y) items without Avalanche's per-item wrapper, which costs
+        # about as much as decoding an image and would slow vision8's loaders.
+        exps = [dataclasses.replace(exp, train=task.train, test=task.test, val=task.val)
+                for exp, task in zip(experiences(built.benchmark(), built.task_names), built.tasks)]
         scenario_file = str(spec.path.resolve()) if spec.path else None
         build = {"backbone": _jsonable(backbone_overrides), "tasks": _jsonable(task_overrides)}
         result = run_stream(exps, built.backbone, built.heads, recipe, bank_dir, scenario=spec.name,
