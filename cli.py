@@ -310,5 +310,61 @@ def bank_verify(bank: Path = BankOption) -> None:
     console.print(f"[green]ok[/green]: {len(store)} vectors verified in {bank}")
 
 
+@app.command()
+@friendly_errors
+def bench(
+    scenario: str = typer.Option("offline-vision", help="Scenario name (see `editkit scenarios`) or a .toml file."),
+    modes: str = typer.Option("nonlinear,linear,taujp", help="Comma-separated modes to fine-tune and compare."),
+    methods: str = typer.Option("task-arithmetic,ties", help="Merging methods besides pretrained and single-task."),
+    bank_root: Path = typer.Option(Path("banks"), help="Banks live in <bank-root>/<scenario>-<mode>; complete ones "
+                                   "with the same recipe are reused, partial ones resumed."),
+    run_dir: Optional[Path] = typer.Option(None, help="Where report.json and the PNGs go (default runs/<scenario>-bench)."),
+    steps: Optional[int] = typer.Option(None, help="Optimizer steps per task (default: the scenario's)."),
+    grid: int = typer.Option(21, help="Coefficient grid: N points over [0, 1], searched on validation."),
+    negation_grid: int = typer.Option(11, help="Negation coefficient grid: N points over [0, 1] (coarser by default: "
+                                      "each point costs a pass over every validation split per task)."),
+    seed: Optional[int] = typer.Option(None, help="Random seed (default: the scenario's)."),
+    xi_pair: Optional[str] = typer.Option(None, help="Task pair 'a,b' for the disentanglement error (default: first two)."),
+    xi_samples: int = typer.Option(250, help="Test inputs per task for the disentanglement error."),
+    threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's)."),
+) -> None:
+    """The paper's tables and figures: task addition, negation, tauJp diagnostics, cost — for every mode."""
+    import time
+
+    from editkit.bench import (BenchConfig, addition_table, claim_line, cost_table, negation_table, run_bench,
+                               taujp_table, xi_table)
+    from editkit.console import RichProgress, console
+
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+    start = time.perf_counter()
+    config = BenchConfig(scenario=scenario, modes=modes, methods=methods, bank_root=bank_root, run_dir=run_dir,
+                         steps=steps, seed=seed, grid=grid, negation_grid=negation_grid, xi_pair=xi_pair, xi_samples=xi_samples)
+    result = run_bench(config, progress=RichProgress())
+    report = result.report
+    for build in (addition_table, negation_table, taujp_table, xi_table, cost_table):
+        table = build(report)
+        width = console.measure(table, options=console.options.update(max_width=1000)).maximum
+        if console.is_terminal or width <= console.width:
+            console.print(table)
+        else:  # a pipe or a file: keep every row on one line (a terminal wraps tables itself)
+            from rich.console import Console
+
+            Console(file=console.file, width=width, color_system=console.color_system).print(table)
+    corr = report["taujp"]["correlation"]
+    console.print(f"[bold]τJp ↔ normalized accuracy:[/bold] pearson r = "
+                  f"{'n/a' if corr['pearson'] is None else format(corr['pearson'], '.3f')}, spearman ρ = "
+                  f"{'n/a' if corr['spearman'] is None else format(corr['spearman'], '.3f')} over {corr['n']} task pairs × modes")
+    line = claim_line(report)
+    if line:
+        console.print(line, style="bold", markup=False)
+    trained = {m: len(c["trained_now"]) for m, c in report["cost"].items()}
+    console.print(f"vectors trained now: {', '.join(f'{m} {n}' for m, n in trained.items())}  "
+                  f"(others reused from {bank_root})   {time.perf_counter() - start:.0f} s")
+    console.print(f"report: {result.report_path}   plots: {', '.join(report['plots'].values())}")
+
+
 if __name__ == "__main__":
     app()

@@ -1,0 +1,1096 @@
+"""``editkit bench``: the paper's tables and figures for any scenario.
+
+For each mode (nonlinear, linear, taujp) the scenario's stream is run, or reused
+from the bank ``<bank-root>/<scenario>-<mode>`` when it already holds the
+vectors with the same recipe. Then, on the banked vectors:
+
+- **task addition** (paper Table 1): pretrained; task arithmetic per mode at
+  alpha = 1 and at alpha tuned on the *validation* splits (grid over [0, 1],
+  chosen by absolute validation accuracy); TIES-merging per mode (top-k = 20%,
+  lambda = 1 and tuned the same way); the single-task fine-tuned reference;
+- **negation**: theta_0 - alpha tau per task, at alpha = 1 and at the alpha
+  minimising validation target accuracy with validation control accuracy
+  >= 95% of theta_0's (grid of 11 points over [0, 1] by default, ``negation_grid``:
+  with non-linear vectors each point is a pass over every validation split for
+  every negated task, the largest cost of the bench);
+- **diagnostics**: the tauJp matrix per mode, its correlation with normalized
+  accuracy across task pairs and modes, the weight-disentanglement error xi on
+  a grid for one task pair;
+- **cost**: fine-tuning time, seconds per step, peak RSS, merging time.
+
+Everything lands in ``<run-dir>/report.json`` and PNGs, written only at the end
+(plots rendered into a temporary directory, moved into place, then the report
+written atomically), so a failed run leaves an earlier report untouched.
+
+Exactness and cost. For linear and tauJp vectors the model is
+f_lin(x; sum c_k tau_k) = f(x; theta_0) + sum c_k J tau_k(x): the tangent is
+linear in the coefficients. So theta_0's features and one tangent per vector
+per input (one jvp) give *every* coefficient, sum, negation and xi grid point
+exactly; no jvp is repeated across the grids. Non-linear vectors need a real
+forward per coefficient; the grids are evaluated on the (small) validation
+splits only, the test splits at the chosen coefficients, and xi on the first
+``xi_samples`` test inputs of the pair's tasks. Banked vectors are held in
+memory while they fit ``IN_MEMORY_LIMIT``; beyond it sums stream from the bank.
+
+Measured on offline-vision from empty banks (2-core machine shared with other
+jobs, load average 3-5, ``--threads 1``): 33.5 min wall, of which streams 18 min
+(3 x 400 training steps plus the stream's own evaluations), coefficient search +
+negation 11.3 min, diagnostics 2.9 min; with the banks already filled only the
+last two run. On a busy machine ``--threads 1`` is several times faster than
+torch's default of one thread per core (oversubscribed OpenMP threads spin).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import os
+import resource
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .bank import Bank, _short
+from .diagnostics import (
+    correlation,
+    disentanglement_error,
+    pair_interference,
+    tangent_features,
+    tangent_norms,
+)
+from .errors import BankError, ConfigError, IncompatibleVectorsError
+from .linearize import LinearizedModel, NonLinearModel
+from .merging import TIES_DEFAULT_K, ties_merge
+from .progress import NullProgress, Progress
+from .recipe import MODES, Recipe
+
+log = logging.getLogger(__name__)
+
+METHODS = ("task-arithmetic", "ties")
+METHOD_LABELS = {"pretrained": "pretrained", "task-arithmetic": "task arithmetic", "ties": "TIES-merging",
+                 "single-task": "single-task"}
+SPLITS = ("val", "test")
+DEFAULT_GRID = 21
+DEFAULT_NEGATION_GRID = 11  # 0, 0.1, ..., 1: non-linear negation costs tasks x grid forwards of every validation split
+DEFAULT_XI_GRID = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)
+DEFAULT_XI_SAMPLES = 250
+NEGATION_RETAIN = 0.95
+PLOT_FILES = {
+    "alpha_curves": "alpha_curves.png",
+    "incremental": "incremental.png",
+    "taujp_matrix": "taujp_matrix.png",
+    "taujp_correlation": "taujp_correlation.png",
+    "xi": "xi.png",
+    "negation": "negation.png",
+}
+RSS_METRIC = "bench_peak_rss_bytes"
+IN_MEMORY_LIMIT = 4 << 30  # bytes of banked vectors a mode keeps in memory; above it sums stream from the bank
+
+
+# --- configuration ----------------------------------------------------------------------------
+
+
+def parse_names(value: str | Sequence[str], known: Sequence[str], what: str) -> tuple[str, ...]:
+    """``"a,b"`` or ``["a", "b"]`` -> ``("a", "b")``, refusing unknown, repeated or no names."""
+    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else [str(n).strip() for n in value]
+    names = [n for n in names if n]
+    if not names:
+        raise ConfigError(f"no {what} given; choose from {', '.join(known)}")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"unknown {what} {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"a {what[:-1] if what.endswith('s') else what} is named twice in {names}")
+    return tuple(names)
+
+
+def alpha_grid(points: int) -> list[float]:
+    """``linspace(0, 1, points)`` as floats (the paper's grid for 21 points)."""
+    if points < 1:
+        raise ConfigError(f"the alpha grid is empty (--grid {points}); use at least 2 points, e.g. --grid 21")
+    if points < 2:
+        raise ConfigError("an alpha grid needs at least 2 points (0 and 1); e.g. --grid 21 or --grid 11")
+    return [float(a) for a in np.linspace(0.0, 1.0, points)]
+
+
+@dataclass
+class BenchConfig:
+    """What ``editkit bench`` runs.
+
+    ``grid``: points of the addition / TIES coefficient grid over [0, 1] (the paper's 21);
+    ``negation_grid``: points of the negation grid (11 by default: with non-linear vectors
+    each point costs a forward pass over every task's validation split per negated task).
+    Explicit ``alphas`` / ``negation_alphas`` override them.
+    """
+
+    scenario: str | Path = "offline-vision"
+    modes: Sequence[str] = MODES
+    methods: Sequence[str] = METHODS
+    bank_root: Path = Path("banks")
+    run_dir: Path | None = None
+    steps: int | None = None
+    seed: int | None = None
+    grid: int = DEFAULT_GRID
+    alphas: Sequence[float] | None = None
+    negation_grid: int = DEFAULT_NEGATION_GRID
+    negation_alphas: Sequence[float] | None = None
+    ties_k: float = TIES_DEFAULT_K
+    negation_retain: float = NEGATION_RETAIN
+    xi_pair: Sequence[str] | None = None
+    xi_grid: Sequence[float] = DEFAULT_XI_GRID
+    xi_samples: int = DEFAULT_XI_SAMPLES
+    batch_size: int = 256
+
+    def validated(self) -> "BenchConfig":
+        """A copy with names parsed and every value checked (raises ConfigError)."""
+        modes = parse_names(self.modes, MODES, "modes")
+        methods = parse_names(self.methods, METHODS, "methods")
+        if self.alphas is not None:
+            alphas = [float(a) for a in self.alphas]
+            if not alphas:
+                raise ConfigError("the alpha grid is empty; give at least one coefficient")
+            if any(not math.isfinite(a) for a in alphas):
+                raise ConfigError(f"alpha grid values must be finite, got {alphas}")
+        else:
+            alphas = alpha_grid(int(self.grid))
+        if self.negation_alphas is not None:
+            negation_alphas = [float(a) for a in self.negation_alphas]
+            if not negation_alphas or any(not math.isfinite(a) for a in negation_alphas):
+                raise ConfigError(f"the negation alpha grid must be non-empty and finite, got {negation_alphas}")
+        else:
+            negation_alphas = alpha_grid(int(self.negation_grid))
+        if not 0.0 < self.ties_k <= 1.0:
+            raise ConfigError(f"TIES top-k fraction must be in (0, 1], got {self.ties_k}")
+        if not 0.0 <= self.negation_retain <= 1.0:
+            raise ConfigError(f"negation control retention must be in [0, 1], got {self.negation_retain}")
+        if not list(self.xi_grid):
+            raise ConfigError("the xi grid is empty")
+        if self.xi_samples < 1 or self.batch_size < 1:
+            raise ConfigError("xi_samples and batch_size must be >= 1")
+        if self.steps is not None and self.steps < 1:
+            raise ConfigError(f"--steps must be >= 1, got {self.steps}")
+        pair = None
+        if self.xi_pair is not None:
+            pair = tuple(n.strip() for n in (self.xi_pair.split(",") if isinstance(self.xi_pair, str) else self.xi_pair))
+            if len(pair) != 2 or pair[0] == pair[1]:
+                raise ConfigError(f"--xi-pair needs two different task names 'a,b', got {self.xi_pair!r}")
+        return BenchConfig(
+            scenario=self.scenario, modes=modes, methods=methods, bank_root=Path(self.bank_root),
+            run_dir=Path(self.run_dir) if self.run_dir is not None else None, steps=self.steps, seed=self.seed,
+            grid=len(alphas), alphas=tuple(alphas), negation_grid=len(negation_alphas),
+            negation_alphas=tuple(negation_alphas), ties_k=float(self.ties_k), negation_retain=float(self.negation_retain),
+            xi_pair=pair, xi_grid=tuple(float(a) for a in self.xi_grid), xi_samples=int(self.xi_samples),
+            batch_size=int(self.batch_size),
+        )
+
+
+# --- coefficient search -----------------------------------------------------------------------
+
+
+def select_alpha(alphas: Sequence[float], scores: Sequence[float]) -> int:
+    """Index of the best score (the smallest alpha among equal bests)."""
+    if not alphas or len(alphas) != len(scores):
+        raise ConfigError("coefficient search needs one score per alpha on a non-empty grid")
+    return int(np.argmax(np.asarray(scores, dtype=float)))
+
+
+def search_alpha(alphas: Sequence[float], score: Callable[[float], float]) -> tuple[float, list[float]]:
+    """Evaluate ``score`` on the grid; (the arg-max alpha, every score)."""
+    scores = [float(score(a)) for a in alphas]
+    return float(alphas[select_alpha(alphas, scores)]), scores
+
+
+def select_negation_alpha(alphas: Sequence[float], targets: Sequence[float], controls: Sequence[float],
+                          control_0: float, retain: float = NEGATION_RETAIN) -> int | None:
+    """Index minimising target accuracy subject to control >= retain * control_0.
+
+    Ties go to the higher control accuracy, then to the smaller alpha. None when no
+    alpha keeps the control (alpha = 0 always does, when it is on the grid).
+    """
+    floor = retain * control_0 - 1e-12
+    feasible = [i for i in range(len(alphas)) if controls[i] >= floor]
+    if not feasible:
+        return None
+    return min(feasible, key=lambda i: (targets[i], -controls[i], alphas[i]))
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+
+def _maxrss_bytes() -> int:
+    """The process's lifetime peak RSS (``ru_maxrss`` is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if os.uname().sysname == "Darwin" else peak * 1024)
+
+
+class PeakRSS:
+    """Peak resident memory of this process over windows of time.
+
+    A background thread samples RSS (psutil) every ``interval`` seconds; when the
+    lifetime peak (``getrusage``) rises during a window, that exact value is used.
+    """
+
+    def __init__(self, interval: float = 0.05) -> None:
+        import psutil
+
+        self._process = psutil.Process()
+        self.interval = interval
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._window_peak = 0
+        self._window_maxrss = 0
+        self.start_rss = 0
+
+    def _rss(self) -> int:
+        return int(self._process.memory_info().rss)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            rss = self._rss()
+            with self._lock:
+                self._window_peak = max(self._window_peak, rss)
+
+    def __enter__(self) -> "PeakRSS":
+        self.start_rss = self._rss()
+        self._reset()
+        self._thread = threading.Thread(target=self._sample, name="peak-rss", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _reset(self) -> None:
+        with self._lock:
+            self._window_peak = self._rss()
+            self._window_maxrss = _maxrss_bytes()
+
+    def window(self) -> int:
+        """Peak RSS (bytes) since the previous call (or entry); starts a new window."""
+        maxrss = _maxrss_bytes()
+        with self._lock:
+            peak = max(self._window_peak, self._rss())
+            if maxrss > self._window_maxrss:
+                peak = max(peak, maxrss)
+        self._reset()
+        return int(peak)
+
+
+# --- data -------------------------------------------------------------------------------------
+
+
+def _tensors(dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    inputs, targets = getattr(dataset, "inputs", None), getattr(dataset, "targets", None)
+    if isinstance(inputs, torch.Tensor) and targets is not None:
+        return inputs, torch.as_tensor(targets).long()
+    items = [dataset[i] for i in range(len(dataset))]
+    return torch.stack([item[0] for item in items]), torch.as_tensor([int(item[1]) for item in items])
+
+
+@torch.no_grad()
+def _features(module: nn.Module, inputs: torch.Tensor, batch_size: int, bar=None) -> torch.Tensor:
+    out = []
+    for i in range(0, len(inputs), batch_size):
+        out.append(module(inputs[i : i + batch_size]))
+        if bar is not None:
+            bar.advance(1)
+    return torch.cat(out)
+
+
+class TaskSplits:
+    """Inputs, labels and theta_0's features of every task's validation and test splits.
+
+    The derived split ``xi`` is the first ``xi_samples`` test inputs of each task.
+    """
+
+    def __init__(self, module: nn.Module, tasks, *, batch_size: int, xi_samples: int, progress: Progress) -> None:
+        self.names = [t.name for t in tasks]
+        self.inputs: dict[str, dict[str, torch.Tensor]] = {s: {} for s in SPLITS}
+        self.labels: dict[str, dict[str, torch.Tensor]] = {s: {} for s in SPLITS}
+        for task in tasks:
+            for split in SPLITS:
+                self.inputs[split][task.name], self.labels[split][task.name] = _tensors(getattr(task, split))
+        empty = [f"{n} ({s})" for s in SPLITS for n in self.names if len(self.labels[s][n]) == 0]
+        if empty:
+            raise ConfigError(f"bench needs non-empty validation and test splits; empty: {', '.join(empty)}")
+        self.xi_samples = xi_samples
+        self.inputs["xi"] = {n: x[:xi_samples] for n, x in self.inputs["test"].items()}
+        self.labels["xi"] = {n: y[:xi_samples] for n, y in self.labels["test"].items()}
+        self.batch_size = batch_size
+        batches = sum(self.batches(s, n) for s in SPLITS for n in self.names)
+        self.f0: dict[str, dict[str, torch.Tensor]] = {s: {} for s in SPLITS}
+        with progress.task("theta_0 features", total=batches) as bar:
+            for split in SPLITS:
+                for name in self.names:
+                    self.f0[split][name] = _features(module, self.inputs[split][name], batch_size, bar)
+        self.f0["xi"] = {n: f[:xi_samples] for n, f in self.f0["test"].items()}
+
+    def batches(self, split: str, name: str) -> int:
+        return math.ceil(len(self.inputs[split][name]) / self.batch_size)
+
+    @torch.no_grad()
+    def pretrained_accuracies(self, heads: Mapping[str, nn.Module], split: str) -> dict[str, float]:
+        """theta_0's accuracy on each task's ``split`` under the task's head."""
+        return {n: float((heads[n](self.f0[split][n]).argmax(dim=1) == self.labels[split][n]).double().mean())
+                for n in self.names}
+
+
+# --- evaluation of one mode's vectors ---------------------------------------------------------
+
+Combo = Mapping[str, float]
+
+
+def _combo_key(combo: Combo) -> tuple[tuple[str, float], ...]:
+    return tuple(sorted((k, float(c)) for k, c in combo.items() if float(c) != 0.0))
+
+
+class ModeEvaluator:
+    """Predictions of theta_0 + sum_k c_k tau_k for one mode's vectors, memoised.
+
+    Vector keys are the bank's vector names (one per task) plus in-memory extras
+    (the TIES-merged vector). Linearized modes combine cached tangents (exact);
+    the non-linear mode runs the network at the combined parameters. Nothing here
+    opens a progress task: callers pass a ``bar`` to advance.
+    """
+
+    def __init__(self, mode: str, bank: Bank, vector_names: Mapping[str, str], data: TaskSplits,
+                 heads: Mapping[str, nn.Module], base: str, models: "_Models") -> None:
+        self.mode, self.bank, self.data, self.heads, self.base = mode, bank, data, heads, base
+        self.vector_names = dict(vector_names)  # task -> bank vector name
+        self.models = models
+        self.linearized = mode != "nonlinear"
+        self.extras: dict[str, dict[str, torch.Tensor]] = {}
+        self._loaded: dict[str, dict[str, torch.Tensor]] = {}
+        self._tangents: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+        self._memo: dict[tuple, torch.Tensor] = {}
+        self._last: tuple[tuple, dict[str, torch.Tensor]] | None = None
+
+    # vectors
+    def vector(self, key: str) -> dict[str, torch.Tensor]:
+        """A vector's tensors; banked ones are kept in memory after the first (checksummed) load
+        while all of them fit in ``IN_MEMORY_LIMIT`` bytes."""
+        if key in self.extras:
+            return self.extras[key]
+        if key in self._loaded:
+            return self._loaded[key]
+        tensors = self.bank.load(self.vector_names[key], base=self.base)
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        if size * len(self.vector_names) <= IN_MEMORY_LIMIT:
+            self._loaded[key] = tensors
+        return tensors
+
+    def add_vector(self, key: str, tensors: dict[str, torch.Tensor]) -> None:
+        if key in self.vector_names:
+            raise ValueError(f"vector key {key!r} is a task name")
+        self.extras[key] = tensors
+
+    def combined(self, combo: Combo) -> dict[str, torch.Tensor]:
+        """sum c_k tau_k: banked vectors through the bank's streamed merge, extras added in memory."""
+        key = _combo_key(combo)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        first = next((k for k, _ in key if k not in self.extras), None)
+        if first is not None and (self.vector(first) is self._loaded.get(first)):
+            in_memory = [k for k, _ in key]  # every banked vector fits in memory: sum there
+        else:
+            in_memory = [k for k, _ in key if k in self.extras]
+        banked = {self.vector_names[k]: c for k, c in key if k not in in_memory}
+        tau = self.bank.merge(banked, base=self.base) if banked else {}
+        for k, c in key:
+            if k in in_memory:
+                for name, t in self.vector(k).items():
+                    tau[name] = tau[name] + c * t if name in tau else c * t
+        self._last = (key, tau)
+        return tau
+
+    # tangents (linearized modes)
+    def tangent_batches(self, keys: Sequence[str], splits: Sequence[str] = SPLITS) -> int:
+        return sum(self.data.batches(s, n) for s in splits for n in self.data.names for k in keys
+                   if (k, s) not in self._tangents)
+
+    def compute_tangents(self, keys: Sequence[str], splits: Sequence[str] = SPLITS, bar=None) -> None:
+        """J tau_k on every task's inputs of ``splits`` (one jvp per input), cached."""
+        model = self.models.linearized
+        for k in keys:
+            todo = [s for s in splits if (k, s) not in self._tangents]
+            if not todo:
+                continue
+            model.load_task_vector(self.vector(k))
+            for split in todo:
+                self._tangents[(k, split)] = {
+                    n: tangent_features(model, self.data.inputs[split][n], batch_size=self.data.batch_size, bar=bar)
+                    for n in self.data.names
+                }
+
+    def tangents(self, key: str, split: str) -> dict[str, torch.Tensor]:
+        if split == "xi":
+            return {n: t[: self.data.xi_samples] for n, t in self.tangents(key, "test").items()}
+        if (key, split) not in self._tangents:
+            raise RuntimeError(f"tangents of {key!r} on {split} were not computed")  # a bug in the caller
+        return self._tangents[(key, split)]
+
+    def tangent_norm_means(self, key: str, split: str = "test", bar=None) -> dict[str, float]:
+        """Mean over each task's inputs of ||J tau_key(x)||; for non-linear vectors computed and dropped."""
+        if self.linearized:
+            tangents = self.tangents(key, split)
+            return {n: float(tangent_norms(t).double().mean()) for n, t in tangents.items()}
+        model = self.models.linearized
+        model.load_task_vector(self.vector(key))
+        out = {}
+        for n in self.data.names:
+            t = tangent_features(model, self.data.inputs[split][n], batch_size=self.data.batch_size, bar=bar)
+            out[n] = float(tangent_norms(t).double().mean())
+        return out
+
+    # predictions
+    @torch.no_grad()
+    def predictions(self, combo: Combo, split: str, tasks: Sequence[str]) -> dict[str, torch.Tensor]:
+        key = _combo_key(combo)
+        missing = [t for t in tasks if (key, split, t) not in self._memo]
+        if missing:
+            if not key:
+                for t in missing:
+                    self._memo[(key, split, t)] = self._argmax(t, self.data.f0[split][t])
+            elif self.linearized:
+                for t in missing:
+                    features = self.data.f0[split][t].clone()
+                    for k, c in key:
+                        features.add_(self.tangents(k, split)[t], alpha=c)
+                    self._memo[(key, split, t)] = self._argmax(t, features)
+            else:
+                model = self.models.nonlinear
+                model.load_task_vector(self.combined(combo))
+                for t in missing:
+                    features = _features(model, self.data.inputs[split][t], self.data.batch_size)
+                    self._memo[(key, split, t)] = self._argmax(t, features)
+        return {t: self._memo[(key, split, t)] for t in tasks}
+
+    def _argmax(self, task: str, features: torch.Tensor) -> torch.Tensor:
+        head = self.heads[task]
+        return torch.cat([head(features[i : i + 4096]).argmax(dim=1) for i in range(0, len(features), 4096)])
+
+    def accuracies(self, combo: Combo, split: str, tasks: Sequence[str]) -> dict[str, float]:
+        preds = self.predictions(combo, split, tasks)
+        return {t: float((preds[t] == self.data.labels[split][t]).double().mean()) for t in tasks}
+
+
+@dataclass
+class _Models:
+    """One linearized and one non-linear wrapper of theta_0, shared by every mode."""
+
+    linearized: LinearizedModel
+    nonlinear: NonLinearModel
+
+    @classmethod
+    def of(cls, module: nn.Module) -> "_Models":
+        lin, nonlin = LinearizedModel(module), NonLinearModel(module)
+        lin.eval()
+        nonlin.eval()
+        return cls(lin, nonlin)
+
+
+# --- summaries --------------------------------------------------------------------------------
+
+
+def summarise(per_task: Mapping[str, float], single: Mapping[str, float] | None) -> dict[str, float | None]:
+    """absolute = mean accuracy; normalized = mean of accuracy / single-task accuracy (None without singles)."""
+    names = list(per_task)
+    absolute = float(np.mean([per_task[n] for n in names]))
+    if single is None:
+        return {"absolute": absolute, "normalized": None}
+    normalized = float(np.mean([per_task[n] / single[n] if single[n] > 0 else 0.0 for n in names]))
+    return {"absolute": absolute, "normalized": normalized}
+
+
+def _row(method: str, mode: str | None, coefficient: str | None, alpha: float | None, per_task: Mapping[str, float],
+         single: Mapping[str, float] | None, **extra: Any) -> dict[str, Any]:
+    return {"method": method, "label": METHOD_LABELS[method], "mode": mode, "coefficient": coefficient, "alpha": alpha,
+            "per_task": dict(per_task), **summarise(per_task, single), **extra}
+
+
+# --- the bench --------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchResult:
+    report: dict[str, Any]
+    run_dir: Path
+
+    @property
+    def report_path(self) -> Path:
+        return self.run_dir / "report.json"
+
+
+@dataclass
+class _ModeState:
+    mode: str
+    recipe: Recipe
+    bank: Bank
+    stream: Any = None  # StreamResult
+    stream_seconds: float = 0.0
+    trained: list[str] = field(default_factory=list)
+
+
+def bank_dir(bank_root: Path, scenario: str, mode: str) -> Path:
+    """``<bank-root>/<scenario>-<mode>`` (the same layout as ``editkit stream``'s default banks/)."""
+    return Path(bank_root) / f"{scenario}-{mode}"
+
+
+def check_bank(bank: Bank, *, scenario: str, tasks: Sequence[str], mode: str, recipe: Recipe, base: str,
+               backbone: str, shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
+    """Refuse a bank this bench cannot reuse or extend: other base, tasks, mode, scenario or recipe,
+    or (given the backbone's parameter ``shapes``) vectors whose tensors do not fit the backbone."""
+    if not bank.exists() or not len(bank):
+        return
+    if bank.base != base:
+        raise IncompatibleVectorsError(
+            f"bank {bank.root} holds vectors fine-tuned from base {_short(bank.base)}, not from scenario "
+            f"{scenario!r}'s {backbone} ({_short(base)}); pass another --bank-root or remove that bank"
+        )
+    wanted = recipe.to_dict()
+    for entry in bank.entries():
+        where = f"bank {bank.root} holds vector {entry.name!r}"
+        if entry.name not in tasks or entry.task != entry.name:
+            raise BankError(f"{where} for task {entry.task!r}, which is not a task of scenario {scenario!r} "
+                            f"({', '.join(tasks)}); pass another --bank-root or remove it")
+        if entry.mode != mode:
+            raise BankError(f"{where} of mode {entry.mode!r}, expected {mode!r}; pass another --bank-root")
+        if entry.scenario != scenario:
+            raise BankError(f"{where} from scenario {entry.scenario!r}, not {scenario!r}; pass another --bank-root")
+        if entry.recipe != wanted:
+            diff = sorted(k for k in set(wanted) | set(entry.recipe) if wanted.get(k) != entry.recipe.get(k))
+            detail = ", ".join(f"{k} {entry.recipe.get(k)!r} vs {wanted.get(k)!r}" for k in diff)
+            raise BankError(f"{where} fine-tuned with another recipe ({detail}); use the same --steps/--seed or "
+                            "another --bank-root")
+        if shapes is not None:
+            _check_layout(bank, entry, shapes, backbone)
+
+
+def _check_layout(bank: Bank, entry, shapes: Mapping[str, tuple[int, ...]], backbone: str) -> None:
+    """The vector's tensor names and shapes (read from the file header only) fit the backbone."""
+    from safetensors import safe_open
+
+    path = bank.root / entry.file
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            stored = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
+    except Exception as exc:  # safetensors raises its own types
+        raise BankError(f"vector file {path} of {entry.name!r} is missing or unreadable ({exc})") from exc
+    unknown = sorted(set(stored) - set(shapes))
+    wrong = sorted(k for k in set(stored) & set(shapes) if stored[k] != tuple(shapes[k]))
+    if unknown or wrong:
+        detail = (f"parameters the backbone lacks: {unknown[:3]}" if unknown else
+                  f"shape of {wrong[0]!r} is {stored[wrong[0]]}, the backbone's {tuple(shapes[wrong[0]])}")
+        raise IncompatibleVectorsError(f"bank {bank.root}: vector {entry.name!r} does not fit {backbone} ({detail})")
+
+
+def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> BenchResult:
+    """Run (or reuse) each mode's stream, evaluate, and write ``report.json`` + PNGs (see module docstring)."""
+    from .scenario import build_scenario, load_scenario
+
+    started = time.perf_counter()
+    progress = progress or NullProgress()
+    config = config.validated()
+    spec = load_scenario(config.scenario)
+    if len(spec.tasks) < 2:
+        raise ConfigError(f"scenario {spec.name!r} has {len(spec.tasks)} task; bench merges vectors and needs at least 2")
+    tasks = spec.task_names
+    pair = tuple(config.xi_pair) if config.xi_pair else (tasks[0], tasks[1])
+    unknown = [t for t in pair if t not in tasks]
+    if unknown:
+        raise ConfigError(f"--xi-pair names unknown task(s) {unknown}; tasks: {', '.join(tasks)}")
+    run_dir = config.run_dir if config.run_dir is not None else Path("runs") / f"{spec.name}-bench"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} exists and is not a directory")
+    recipes = {m: spec.recipe.with_overrides(mode=m, steps=config.steps, seed=config.seed) for m in config.modes}
+    seed = next(iter(recipes.values())).seed
+    states = {m: _ModeState(m, recipes[m], Bank(bank_dir(config.bank_root, spec.name, m))) for m in config.modes}
+    for state in states.values():
+        if state.bank.root.exists() and not state.bank.root.is_dir():
+            raise ConfigError(f"bank path {state.bank.root} exists and is not a directory")
+
+    timings: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    built = build_scenario(spec, seed=seed, progress=progress)
+    base = built.backbone.fingerprint()
+    shapes = {n: tuple(p.shape) for n, p in built.backbone.module.named_parameters()}
+    for state in states.values():  # every refusal happens before any training
+        check_bank(state.bank, scenario=spec.name, tasks=tasks, mode=state.mode, recipe=state.recipe, base=base,
+                   backbone=built.backbone.name, shapes=shapes)
+    timings["build_seconds"] = time.perf_counter() - t0
+
+    _run_streams(spec, built, states, progress)
+    timings["stream_seconds"] = {m: s.stream_seconds for m, s in states.items()}
+
+    t0 = time.perf_counter()
+    data = TaskSplits(built.backbone.module, built.tasks, batch_size=config.batch_size, xi_samples=config.xi_samples,
+                      progress=progress)
+    models = _Models.of(built.backbone.module)
+    heads = {n: built.heads[n].eval() for n in tasks}
+    pretrained = {s: data.pretrained_accuracies(heads, s) for s in SPLITS}
+    timings["theta0_seconds"] = time.perf_counter() - t0
+
+    evaluators: dict[str, ModeEvaluator] = {}
+    mode_results: dict[str, dict[str, Any]] = {}
+    for mode, state in states.items():
+        t0 = time.perf_counter()
+        ev = ModeEvaluator(mode, state.bank, {n: n for n in tasks}, data, heads, base, models)
+        evaluators[mode] = ev
+        mode_results[mode] = _evaluate_mode(ev, config, tasks, pretrained, progress)
+        timings.setdefault("evaluation_seconds", {})[mode] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    diagnostics = _diagnostics(evaluators, mode_results, config, tasks, pair, progress)
+    timings["diagnostics_seconds"] = time.perf_counter() - t0
+
+    report = _report(spec, built, config, states, tasks, pretrained, mode_results, diagnostics, run_dir)
+    report["torch_threads"] = torch.get_num_threads()
+    timings["total_seconds"] = time.perf_counter() - started
+    report["timings"] = timings
+    _write_outputs(report, run_dir)
+    log.info("bench %s done in %.0f s; report %s", spec.name, timings["total_seconds"], run_dir / "report.json")
+    return BenchResult(report, run_dir)
+
+
+def _run_streams(spec, built, states: Mapping[str, _ModeState], progress: Progress) -> None:
+    """Each mode's stream through ``run_stream(resume=True)``: banked experiences are reused, not retrained."""
+    from .avalanche_bridge import experiences
+    from .scenario import build_generic
+    from .stream import run_stream
+
+    exps = experiences(built.benchmark(), built.task_names)
+    extra = {}
+    if "scenario_file" in inspect.signature(run_stream).parameters and spec.path is not None:
+        extra["scenario_file"] = str(Path(spec.path).resolve())
+    for state in states.values():
+        # a fresh generic source per mode: its sampling state must not depend on which modes ran before
+        generic = build_generic(spec, built.backbone, state.recipe.seed)
+        start = time.perf_counter()
+        with PeakRSS() as rss:
+            def on_step(metrics: dict, state: _ModeState = state, rss: PeakRSS = rss) -> None:
+                peak = rss.window()
+                if not metrics.get("resumed"):
+                    state.trained.append(metrics["task"])
+                    state.bank.update_metrics(metrics["task"], {RSS_METRIC: peak})
+                    metrics[RSS_METRIC] = peak
+
+            state.stream = run_stream(exps, built.backbone, built.heads, state.recipe, state.bank, scenario=spec.name,
+                                      generic=generic, resume=True, progress=progress, on_step=on_step, **extra)
+        state.stream_seconds = time.perf_counter() - start
+        log.info("%s stream: %d trained, %d reused (%.0f s)", state.mode, len(state.trained),
+                 len(state.stream.steps) - len(state.trained), state.stream_seconds)
+
+
+def _single_task(ev: ModeEvaluator, tasks: Sequence[str], split: str) -> dict[str, float]:
+    return {t: ev.accuracies({t: 1.0}, split, [t])[t] for t in tasks}
+
+
+def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
+                   pretrained: Mapping[str, Mapping[str, float]], progress: Progress) -> dict[str, Any]:
+    mode, alphas = ev.mode, list(config.alphas)
+    if ev.linearized:
+        with progress.task(f"{mode}: tangents J·tau (one jvp per input)", total=ev.tangent_batches(tasks)) as bar:
+            ev.compute_tangents(tasks, bar=bar)
+    out: dict[str, Any] = {"alpha_search": {}, "rows": [], "merge_seconds": None, "ties_seconds": None}
+    single = {s: _single_task(ev, tasks, s) for s in SPLITS}
+    out["single"] = single
+
+    def addition(method: str, combo_of: Callable[[float], dict[str, float]]) -> None:
+        val_abs, val_norm = [], []
+        with progress.task(f"{mode}: {METHOD_LABELS[method]} — coefficient search on validation", total=len(alphas)) as bar:
+            for a in alphas:
+                s = summarise(ev.accuracies(combo_of(a), "val", tasks), single["val"])
+                val_abs.append(s["absolute"])
+                val_norm.append(s["normalized"])
+                bar.advance(1)
+        best = select_alpha(alphas, val_abs)
+        chosen = alphas[best]
+        out["alpha_search"][method] = {"alphas": alphas, "val_absolute": val_abs, "val_normalized": val_norm,
+                                       "chosen": chosen}
+        for coefficient, a in (("1.0", 1.0), ("tuned", chosen)):
+            per_task = ev.accuracies(combo_of(a), "test", tasks)
+            val = summarise(ev.accuracies(combo_of(a), "val", tasks), single["val"])
+            out["rows"].append(_row(method, mode, coefficient, a, per_task, single["test"],
+                                    val_absolute=val["absolute"], val_normalized=val["normalized"]))
+
+    if "task-arithmetic" in config.methods:
+        addition("task-arithmetic", lambda a: {t: a for t in tasks})
+    if "ties" in config.methods:
+        start = time.perf_counter()
+        vectors = [ev.vector(t) for t in tasks]
+        ev.add_vector("ties", ties_merge(vectors, k=config.ties_k))
+        out["ties_seconds"] = time.perf_counter() - start
+        del vectors
+        if ev.linearized:
+            with progress.task(f"{mode}: tangents of the TIES vector", total=ev.tangent_batches(["ties"])) as bar:
+                ev.compute_tangents(["ties"], bar=bar)
+        addition("ties", lambda a: {"ties": a})
+    out["rows"].append(_row("single-task", mode, None, 1.0, single["test"], single["test"],
+                            val_absolute=summarise(single["val"], None)["absolute"]))
+
+    # merging time: the bank's streamed sum of every vector (median of 3)
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        ev.bank.merge({t: 1.0 for t in tasks}, base=ev.base)
+        times.append(time.perf_counter() - start)
+    out["merge_seconds"] = float(np.median(times))
+    out["negation"] = _negation(ev, config, tasks, pretrained, progress)
+    return out
+
+
+def _negation(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
+              pretrained: Mapping[str, Mapping[str, float]], progress: Progress) -> dict[str, Any]:
+    alphas, rows = list(config.negation_alphas), []
+
+    def target_control(accs: Mapping[str, float], target: str) -> tuple[float, float]:
+        return accs[target], float(np.mean([accs[t] for t in tasks if t != target]))
+
+    with progress.task(f"{ev.mode}: negation — coefficient search on validation", total=len(tasks) * len(alphas)) as bar:
+        for target in tasks:
+            p_target, p_control = target_control(pretrained["val"], target)
+            curve_t, curve_c = [], []
+            for a in alphas:
+                t_acc, c_acc = target_control(ev.accuracies({target: -a}, "val", tasks), target)
+                curve_t.append(t_acc)
+                curve_c.append(c_acc)
+                bar.advance(1)
+            best = select_negation_alpha(alphas, curve_t, curve_c, p_control, config.negation_retain)
+            row: dict[str, Any] = {"task": target, "val_target": curve_t, "val_control": curve_c,
+                                   "val_pretrained": {"target": p_target, "control": p_control}}
+            test_t, test_c = target_control(pretrained["test"], target)
+            row["pretrained"] = {"target": test_t, "control": test_c}
+            for label, a in (("alpha1", 1.0), ("tuned", alphas[best] if best is not None else None)):
+                if a is None:
+                    row[label] = {"alpha": None, "target": None, "control": None}
+                    continue
+                t_acc, c_acc = target_control(ev.accuracies({target: -a}, "test", tasks), target)
+                row[label] = {"alpha": a, "target": t_acc, "control": c_acc}
+            rows.append(row)
+
+    def mean(label: str, key: str) -> float | None:
+        values = [r[label][key] for r in rows if r[label][key] is not None]
+        return float(np.mean(values)) if values else None
+
+    summary = {label: {"target": mean(label, "target"), "control": mean(label, "control")}
+               for label in ("pretrained", "alpha1", "tuned")}
+    return {"alphas": alphas, "retain": config.negation_retain, "rows": rows, "mean": summary}
+
+
+def _diagnostics(evaluators: Mapping[str, ModeEvaluator], results: Mapping[str, dict[str, Any]], config: BenchConfig,
+                 tasks: Sequence[str], pair: tuple[str, str], progress: Progress) -> dict[str, Any]:
+    matrices: dict[str, list[list[float]]] = {}
+    pairs: list[dict[str, Any]] = []
+    per_method: list[dict[str, Any]] = []
+    xi: dict[str, Any] = {}
+    index = {t: i for i, t in enumerate(tasks)}
+    for mode, ev in evaluators.items():
+        if ev.linearized:  # from the cached tangents
+            rows = [ev.tangent_norm_means(a, "test") for a in tasks]
+        else:
+            total = len(tasks) * sum(ev.data.batches("test", n) for n in tasks)
+            with progress.task(f"{mode}: tauJp matrix (one jvp per test input and vector)", total=total) as bar:
+                rows = [ev.tangent_norm_means(a, "test", bar=bar) for a in tasks]
+        matrix = np.array([[rows[a][b] for b in tasks] for a in range(len(tasks))])
+        matrices[mode] = matrix.tolist()
+        single = results[mode]["single"]["test"]
+        with progress.task(f"{mode}: pairwise merges (alpha = 1)", total=len(tasks) * (len(tasks) - 1) // 2) as bar:
+            for a, b in combinations(tasks, 2):
+                accs = ev.accuracies({a: 1.0, b: 1.0}, "test", [a, b])
+                s = summarise(accs, single)
+                pairs.append({"mode": mode, "pair": [a, b], "taujp": pair_interference(matrix, index[a], index[b]),
+                              "absolute": s["absolute"], "normalized": s["normalized"]})
+                bar.advance(1)
+        merged = ev.accuracies({t: 1.0 for t in tasks}, "test", tasks)
+        off = matrix[~np.eye(len(tasks), dtype=bool)]
+        per_method.append({"mode": mode, "mean_off_diagonal": float(off.mean()),
+                           "mean_diagonal": float(np.diag(matrix).mean()),
+                           **summarise(merged, single)})
+        grid = list(config.xi_grid)
+        with progress.task(f"{mode}: weight disentanglement xi ({pair[0]}, {pair[1]})", total=len(grid) ** 2) as bar:
+            def predict(t: int, a1: float, a2: float, ev: ModeEvaluator = ev) -> torch.Tensor:
+                combo = {k: c for k, c in ((pair[0], a1), (pair[1], a2)) if c != 0.0}
+                return ev.predictions(combo, "xi", [pair[t]])[pair[t]]
+
+            result = disentanglement_error(predict, grid, on_cell=lambda: bar.advance(1))
+        xi[mode] = {**result.to_dict(), "mean": float(result.total.mean())}
+    pair_corr = correlation([p["taujp"] for p in pairs], [p["normalized"] for p in pairs])
+    method_corr = correlation([p["mean_off_diagonal"] for p in per_method], [p["normalized"] for p in per_method])
+    return {
+        "taujp": {"tasks": list(tasks), "split": "test", "matrices": matrices, "per_method": per_method,
+                  "pairs": pairs, "correlation": pair_corr, "correlation_per_method": method_corr},
+        "xi": {"pair": list(pair), "grid": list(config.xi_grid), "samples": config.xi_samples,
+               "modes": xi},
+    }
+
+
+def _cost(state: _ModeState, result: Mapping[str, Any], tasks: Sequence[str]) -> dict[str, Any]:
+    entries = {e.name: e for e in state.bank.entries()}
+    metrics = [entries[t].metrics for t in tasks]
+    finetune = float(sum(m.get("train_seconds", 0.0) for m in metrics))
+    steps = int(sum(entries[t].recipe.get("steps", 0) for t in tasks))
+    rss = [m[RSS_METRIC] for m in metrics if isinstance(m.get(RSS_METRIC), (int, float))]
+    merge = result["merge_seconds"]
+    return {
+        "finetune_seconds": finetune,
+        "steps": steps,
+        "seconds_per_step": finetune / steps if steps else None,
+        "peak_rss_bytes": int(max(rss)) if rss else None,
+        "peak_rss_mib": max(rss) / 2**20 if rss else None,
+        "merge_seconds": merge,
+        "ties_seconds": result["ties_seconds"],
+        "total_seconds": finetune + merge,
+        "trained_now": list(state.trained),
+        "reused": [t for t in tasks if t not in state.trained],
+    }
+
+
+def _claims(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Does tauJp at alpha = 1 beat every baseline (other modes, pretrained) at its tuned coefficient?"""
+    ours = next((r for r in rows if r["method"] == "task-arithmetic" and r["mode"] == "taujp"
+                 and r["coefficient"] == "1.0"), None)
+    baselines = [r for r in rows if r["method"] == "pretrained"
+                 or (r["method"] in METHODS and r["mode"] != "taujp" and r["coefficient"] == "tuned")]
+    if ours is None or not baselines:
+        return None
+    best_abs = max(baselines, key=lambda r: r["absolute"])
+    normed = [r for r in baselines if r["normalized"] is not None]
+    best_norm = max(normed, key=lambda r: r["normalized"]) if normed else None
+
+    def describe(r: Mapping[str, Any]) -> dict[str, Any]:
+        return {"method": r["method"], "mode": r["mode"], "alpha": r["alpha"], "absolute": r["absolute"],
+                "normalized": r["normalized"]}
+
+    return {
+        "taujp_alpha1": describe(ours),
+        "best_baseline_absolute": describe(best_abs),
+        "best_baseline_normalized": describe(best_norm) if best_norm else None,
+        "beats_absolute": bool(ours["absolute"] > best_abs["absolute"]),
+        "beats_normalized": bool(best_norm is None or ours["normalized"] > best_norm["normalized"]),
+        "baselines": [describe(r) for r in baselines],
+    }
+
+
+def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], tasks: Sequence[str],
+            pretrained: Mapping[str, Mapping[str, float]], results: Mapping[str, dict[str, Any]],
+            diagnostics: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+    rows = [_row("pretrained", None, None, None, pretrained["test"], None,
+                 val_absolute=summarise(pretrained["val"], None)["absolute"])]
+    for mode in states:
+        rows += results[mode]["rows"]
+    streams = {}
+    for mode, state in states.items():
+        streams[mode] = {
+            "bank": str(state.bank.root),
+            "seconds": state.stream_seconds,
+            "trained": list(state.trained),
+            "steps": [{"step": s["step"], "task": s["task"], "resumed": bool(s.get("resumed")),
+                       "single_task": s["single_task"], "pretrained": s["pretrained"],
+                       "merged": {"per_task": s["merged"]["per_task"], "absolute": s["merged"]["absolute"],
+                                  "normalized": s["merged"]["normalized"]}} for s in state.stream.steps],
+        }
+    return _jsonable({
+        "scenario": spec.name,
+        "scenario_file": str(spec.path) if spec.path else None,
+        "backbone": built.backbone.name,
+        "tasks": list(tasks),
+        "modes": list(states),
+        "methods": list(config.methods),
+        "recipes": {m: s.recipe.to_dict() for m, s in states.items()},
+        "grid": list(config.alphas),
+        "negation_grid": list(config.negation_alphas),
+        "ties_k": config.ties_k,
+        "run_dir": str(run_dir),
+        "addition": {"split": "test", "tuned_on": "val", "columns": list(tasks) + ["absolute", "normalized"], "rows": rows},
+        "alpha_search": {m: results[m]["alpha_search"] for m in states},
+        "single_task": {m: results[m]["single"] for m in states},
+        "pretrained": dict(pretrained),
+        "negation": {m: results[m]["negation"] for m in states},
+        **diagnostics,
+        "streams": streams,
+        "cost": {m: _cost(states[m], results[m], tasks) for m in states},
+        "claims": _claims(rows),
+    })
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON types; NaN/inf become None."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.floating, float)):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.bool_,)):
+        return bool(value)
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _write_outputs(report: dict[str, Any], run_dir: Path) -> None:
+    """PNGs rendered into a temporary sibling directory, moved into place, then report.json (atomic)."""
+    from .bench_plots import render_all
+    from .report import write_json
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=".bench-"))
+    try:
+        plots = render_all(report, tmp)
+        report["plots"] = plots
+        for name in plots.values():
+            os.replace(tmp / name, run_dir / name)
+        write_json(run_dir / "report.json", report)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- rendering (rich tables for the CLI; nothing is printed here) -----------------------------
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f}"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def addition_table(report: Mapping[str, Any]):
+    from rich.table import Table
+
+    tasks = report["tasks"]
+    table = Table(title=f"task addition — {report['scenario']} (test accuracy %, coefficients tuned on validation)",
+                  title_justify="left")
+    for column in ("method", "mode", "coef"):
+        table.add_column(column)
+    for t in tasks:
+        table.add_column(t, justify="right")
+    table.add_column("absolute", justify="right", style="bold")
+    table.add_column("normalized", justify="right", style="bold")
+    previous = None
+    for row in report["addition"]["rows"]:
+        if previous is not None and row["mode"] != previous:
+            table.add_section()
+        previous = row["mode"]
+        symbol = "λ" if row["method"] == "ties" else "α"
+        if row["coefficient"] is None:
+            coef = "—"
+        elif row["coefficient"] == "tuned":
+            coef = f"{symbol}={_num(row['alpha'])} (tuned)"
+        else:
+            coef = f"{symbol}={_num(row['alpha'])}"
+        table.add_row(row["label"], row["mode"] or "—", coef, *[_pct(row["per_task"][t]) for t in tasks],
+                      _pct(row["absolute"]), _pct(row["normalized"]))
+    return table
+
+
+def negation_table(report: Mapping[str, Any]):
+    from rich.table import Table
+
+    retain = next(iter(report["negation"].values()))["retain"] if report["negation"] else NEGATION_RETAIN
+    table = Table(title=f"task negation θ0 − α·τ (test accuracy %; target ↓, control ↑; tuned α keeps validation "
+                        f"control ≥ {100 * retain:.0f}% of θ0's)", title_justify="left")
+    for column in ("mode", "task", "θ0 target", "θ0 control", "α=1 target", "α=1 control", "tuned α",
+                   "tuned target", "tuned control"):
+        table.add_column(column, justify="left" if column in ("mode", "task") else "right")
+    for mode, neg in report["negation"].items():
+        for row in neg["rows"]:
+            table.add_row(mode, row["task"], _pct(row["pretrained"]["target"]), _pct(row["pretrained"]["control"]),
+                          _pct(row["alpha1"]["target"]), _pct(row["alpha1"]["control"]), _num(row["tuned"]["alpha"]),
+                          _pct(row["tuned"]["target"]), _pct(row["tuned"]["control"]))
+        m = neg["mean"]
+        table.add_row(mode, "[bold]mean[/bold]", _pct(m["pretrained"]["target"]), _pct(m["pretrained"]["control"]),
+                      _pct(m["alpha1"]["target"]), _pct(m["alpha1"]["control"]), "",
+                      _pct(m["tuned"]["target"]), _pct(m["tuned"]["control"]), end_section=True)
+    return table
+
+
+def taujp_table(report: Mapping[str, Any]):
+    from rich.table import Table
+
+    taujp = report["taujp"]
+    table = Table(title="τJp matrix M[a][b] = mean over test inputs of task b of ‖J f(x_b)·τ_a‖", title_justify="left")
+    table.add_column("mode")
+    table.add_column("τ_a")
+    for t in taujp["tasks"]:
+        table.add_column(t, justify="right")
+    table.add_column("mean off-diag", justify="right")
+    table.add_column("merged normalized (α=1)", justify="right")
+    summary = {p["mode"]: p for p in taujp["per_method"]}
+    for mode, matrix in taujp["matrices"].items():
+        for a, (task, row) in enumerate(zip(taujp["tasks"], matrix)):
+            last = a == len(matrix) - 1
+            extra = (_num(summary[mode]["mean_off_diagonal"], 3), _pct(summary[mode]["normalized"])) if a == 0 else ("", "")
+            table.add_row(mode if a == 0 else "", task, *[_num(v, 3) for v in row], *extra, end_section=last)
+    corr = taujp["correlation"]
+    table.caption = (f"pairs (mode × task pair): pearson r = {_num(corr['pearson'], 3)}, "
+                     f"spearman ρ = {_num(corr['spearman'], 3)} (n = {corr['n']}) between off-diagonal τJp and "
+                     "normalized accuracy of the pair's merge")
+    table.caption_justify = "left"
+    return table
+
+
+def xi_table(report: Mapping[str, Any]):
+    from rich.table import Table
+
+    xi = report["xi"]
+    grid = xi["grid"]
+    table = Table(title=f"weight-disentanglement error ξ(α1, α2), pair {xi['pair'][0]} / {xi['pair'][1]}",
+                  title_justify="left", min_width=60)
+    table.caption = f"{xi['samples']} test inputs per task; 0 = disentangled, at most 2"
+    table.caption_justify = "left"
+    table.add_column("mode")
+    table.add_column("mean ξ", justify="right")
+    shown = [a for a in (0.5, 1.0, 2.0) if a in grid]
+    for a in shown:
+        table.add_column(f"ξ({a:g},{a:g})", justify="right")
+    for mode, data in xi["modes"].items():
+        values = [data["xi"][grid.index(a)][grid.index(a)] for a in shown]
+        table.add_row(mode, _num(data["mean"], 3), *[_num(v, 3) for v in values])
+    return table
+
+
+def cost_table(report: Mapping[str, Any]):
+    from rich.table import Table
+
+    table = Table(title="cost (this machine; fine-tuning from the bank's per-step records)", title_justify="left")
+    for column in ("mode", "fine-tune s", "steps", "s/step", "peak RSS MiB", "merge s", "TIES merge s", "total s"):
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    for mode, c in report["cost"].items():
+        table.add_row(mode, _num(c["finetune_seconds"], 1), str(c["steps"]), _num(c["seconds_per_step"], 3),
+                      _num(c["peak_rss_mib"], 0), _num(c["merge_seconds"], 3), _num(c["ties_seconds"], 3),
+                      _num(c["total_seconds"], 1))
+    return table
+
+
+def claim_line(report: Mapping[str, Any]) -> str | None:
+    claims = report.get("claims")
+    if not claims:
+        return None
+    ours, best = claims["taujp_alpha1"], claims["best_baseline_absolute"]
+    verdict = "beats" if claims["beats_absolute"] else "does not beat"
+    where = f"{METHOD_LABELS[best['method']]}" + (f" ({best['mode']}, α={_num(best['alpha'])})" if best["mode"] else "")
+    line = (f"τJp at α=1.0 {verdict} every baseline at its tuned coefficient: absolute {_pct(ours['absolute'])} vs "
+            f"best baseline {_pct(best['absolute'])} [{where}]")
+    norm = claims.get("best_baseline_normalized")
+    if norm is not None:
+        line += (f"; normalized {_pct(ours['normalized'])} vs {_pct(norm['normalized'])} "
+                 f"[{METHOD_LABELS[norm['method']]} ({norm['mode']}, α={_num(norm['alpha'])})]")
+    return line

@@ -1,0 +1,405 @@
+"""`editkit bench`: coefficient search, exact evaluation from tangents, refusals, and an end-to-end CLI run.
+
+The end-to-end run uses the real offline-vision ingredients (EfficientNet-Lite0 with its
+pip-shipped weights, packaged datasets from the editkit cache) reduced to two tasks with
+small splits and 3 optimizer steps, on one torch thread (the test machine is shared),
+so every stage runs: streams for the three modes ->
+banks -> coefficient search -> negation -> tauJp / xi diagnostics -> cost -> report + PNGs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+from typer.testing import CliRunner
+
+from cli import app
+from editkit import scenario as scenario_mod
+from editkit.backbones.base import state_fingerprint
+from editkit.bank import Bank
+from editkit.bench import (
+    BenchConfig,
+    ModeEvaluator,
+    TaskSplits,
+    _Models,
+    alpha_grid,
+    parse_names,
+    search_alpha,
+    select_alpha,
+    select_negation_alpha,
+)
+from editkit.errors import ConfigError
+from editkit.evaluate import EvalTask, evaluate_vector
+from editkit.heads import LinearHead
+from editkit.progress import NullProgress
+from editkit.tasks import TaskData, TensorTaskDataset, tensor_task
+
+runner = CliRunner()
+STEPS = 3
+GRID = 3
+TASKS = ["digits", "mnist"]
+N_TEST = 50
+
+
+# --- coefficient search -----------------------------------------------------------------------
+
+
+def test_alpha_grid_is_the_papers_linspace():
+    grid = alpha_grid(21)
+    assert len(grid) == 21 and grid[0] == 0.0 and grid[-1] == 1.0
+    assert grid[7] == pytest.approx(0.35)
+    assert alpha_grid(3) == [0.0, 0.5, 1.0]
+    for bad in (0, 1, -3):
+        with pytest.raises(ConfigError):
+            alpha_grid(bad)
+
+
+def test_search_picks_the_argmax_of_a_synthetic_validation_curve():
+    grid = alpha_grid(21)
+    calls = []
+
+    def curve(a: float) -> float:  # peak at 0.35, on the grid
+        calls.append(a)
+        return 0.9 - (a - 0.35) ** 2
+
+    best, scores = search_alpha(grid, curve)
+    assert best == pytest.approx(0.35)
+    assert calls == grid and len(scores) == 21
+    # off-grid peak: the nearest grid point wins
+    assert search_alpha(grid, lambda a: -abs(a - 0.62))[0] == pytest.approx(0.6)
+    # equal bests: the smallest alpha
+    assert select_alpha([0.0, 0.5, 1.0], [0.3, 0.8, 0.8]) == 1
+
+
+def test_negation_alpha_minimises_target_subject_to_control():
+    alphas = [0.0, 0.25, 0.5, 0.75, 1.0]
+    targets = [0.9, 0.6, 0.3, 0.1, 0.05]
+    controls = [0.80, 0.79, 0.77, 0.74, 0.60]
+    # control_0 = 0.8 -> floor 0.76: alphas 0, 0.25, 0.5 are feasible; 0.5 has the lowest target
+    assert select_negation_alpha(alphas, targets, controls, 0.8) == 2
+    # floor 0.72: alpha 0.75 (control 0.74) becomes feasible and has the lowest target
+    assert select_negation_alpha(alphas, targets, controls, 0.8, retain=0.9) == 3
+    # equal targets: the higher control, then the smaller alpha
+    assert select_negation_alpha([0.0, 0.5, 1.0], [0.2, 0.1, 0.1], [0.8, 0.7, 0.78], 0.8) == 2
+    assert select_negation_alpha([0.0, 0.5, 1.0], [0.2, 0.1, 0.1], [0.8, 0.78, 0.78], 0.8) == 1
+    assert select_negation_alpha([0.5, 1.0], [0.2, 0.1], [0.1, 0.1], 0.8) is None
+
+
+def test_parse_names_refuses_unknown_repeated_and_empty():
+    assert parse_names("linear, taujp", ("nonlinear", "linear", "taujp"), "modes") == ("linear", "taujp")
+    for bad in ("lienar", "linear,linear", " , "):
+        with pytest.raises(ConfigError):
+            parse_names(bad, ("nonlinear", "linear", "taujp"), "modes")
+    with pytest.raises(ConfigError, match="empty"):
+        BenchConfig(alphas=[]).validated()
+
+
+# --- exact evaluation from cached tangents ----------------------------------------------------
+
+
+def tiny_setup(tmp_path: Path, mode: str):
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 5)).eval()
+    tasks, heads = [], {}
+    for name in ("a", "b"):
+        def split(n: int) -> TensorTaskDataset:
+            return TensorTaskDataset(torch.randn(n, 6), torch.randint(0, 3, (n,)))
+
+        tasks.append(TaskData(name, ["0", "1", "2"], split(20), split(9), split(11)))
+        heads[name] = LinearHead(torch.randn(3, 5), torch.randn(3))
+    base = state_fingerprint(module.state_dict())
+    bank = Bank(tmp_path / f"bank-{mode}")
+    vectors = {}
+    for name in ("a", "b"):
+        vectors[name] = {n: 0.5 * torch.randn_like(p) for n, p in module.named_parameters()}
+        bank.append(name, vectors[name], task=name, mode=mode, base=base)
+    data = TaskSplits(module, tasks, batch_size=4, xi_samples=5, progress=NullProgress())
+    ev = ModeEvaluator(mode, bank, {"a": "a", "b": "b"}, data, heads, base, _Models.of(module))
+    return module, tasks, heads, vectors, ev
+
+
+@pytest.mark.parametrize("mode", ["linear", "nonlinear"])
+def test_mode_evaluator_matches_evaluate_vector_for_every_coefficient(tmp_path, mode):
+    module, tasks, heads, vectors, ev = tiny_setup(tmp_path, mode)
+    if ev.linearized:
+        ev.compute_tangents(["a", "b"])
+    for split in ("val", "test"):
+        evals = [EvalTask(t.name, heads[t.name], getattr(t, split)) for t in tasks]
+        for combo in ({"a": 1.0, "b": 1.0}, {"a": 0.35, "b": 0.35}, {"a": -0.7}, {"b": 2.0}, {}):
+            tau = {k: sum(c * vectors[v][k] for v, c in combo.items()) for k in vectors["a"]} if combo else None
+            expected = evaluate_vector(module, mode, tau, evals, batch_size=4)
+            assert ev.accuracies(combo, split, ["a", "b"]) == pytest.approx(expected, abs=1e-12)
+    # the features themselves: theta_0's plus the combined tangents equal the linearized forward
+    if ev.linearized:
+        model = _Models.of(module).linearized
+        model.load_task_vector({k: 0.3 * vectors["a"][k] - 1.2 * vectors["b"][k] for k in vectors["a"]})
+        x = tasks[0].test.inputs
+        with torch.no_grad():
+            direct = model(x)
+        combined = ev.data.f0["test"]["a"] + 0.3 * ev.tangents("a", "test")["a"] - 1.2 * ev.tangents("b", "test")["a"]
+        torch.testing.assert_close(combined, direct, rtol=1e-5, atol=1e-6)
+
+
+# --- end to end through the CLI ---------------------------------------------------------------
+
+
+def subset_source(name, backbone, options):
+    """Packaged dataset, first ``train_size`` / ``test_size`` examples (already in seeded random order)."""
+    from editkit.data.packaged import load_packaged
+
+    ds = load_packaged(options["dataset"])
+    n, m = int(options["train_size"]), int(options["test_size"])
+    return tensor_task(name, ds.classes,
+                       backbone.preprocess_arrays(ds.train.images[:n]), torch.from_numpy(ds.train.labels[:n]),
+                       backbone.preprocess_arrays(ds.test.images[:m]), torch.from_numpy(ds.test.labels[:m]))
+
+
+DATASETS = {"digits": "digits", "mnist": "mnist", "fashion": "fashion-mnist"}
+
+
+def write_scenario(directory: Path, tasks=TASKS, name: str = "bench-mini") -> Path:
+    lines = [f'name = "{name}"', 'description = "reduced offline-vision for bench tests"',
+             "[backbone]", 'family = "efficientnet-lite0"', "image_size = 32",
+             "[heads]", 'kind = "probe"', "shots = 5", "[generic]", 'kind = "natural-crops"', "size = 64"]
+    for task in tasks:
+        lines += ["[[tasks]]", f'name = "{task}"', f'source = "bench-subset:{DATASETS[task]}"',
+                  "train_size = 120", f"test_size = {N_TEST}"]
+    lines += ["[recipe]", 'mode = "taujp"', "steps = 100", "batch_size = 16", "lr = 1e-4", "reg_batch = 4"]
+    path = directory / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def subset_registered():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(scenario_mod.TASK_SOURCES, "bench-subset", subset_source)
+        yield
+
+
+def bench_args(scenario: Path, root: Path, *extra) -> list[str]:
+    return ["bench", "--scenario", str(scenario), "--steps", str(STEPS), "--grid", str(GRID), "--negation-grid", "3",
+            "--bank-root", str(root / "banks"), "--run-dir", str(root / "run"), "--xi-samples", "30", "--threads", "1",
+            *map(str, extra)]
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory, subset_registered):
+    root = tmp_path_factory.mktemp("bench")
+    scenario = write_scenario(root)
+    result = runner.invoke(app, bench_args(scenario, root))
+    assert result.exit_code == 0, result.output
+    report = json.loads((root / "run" / "report.json").read_text())
+    return root, scenario, result.output, report
+
+
+def pct(v):
+    return "—" if v is None else f"{100 * v:.1f}"
+
+
+def table_rows(output: str) -> list[list[str]]:
+    """Body rows of every rich table in the output, as stripped cells."""
+    return [[c.strip() for c in line.strip().strip("│").split("│")] for line in output.splitlines() if line.count("│") >= 2]
+
+
+def test_addition_table_shape_and_numbers(bench_run):
+    root, _, output, report = bench_run
+    rows = report["addition"]["rows"]
+    assert report["tasks"] == TASKS and report["addition"]["columns"] == TASKS + ["absolute", "normalized"]
+    # pretrained + per mode: task arithmetic (1.0, tuned), TIES (1.0, tuned), single-task
+    assert len(rows) == 1 + 3 * 5
+    assert [(r["method"], r["coefficient"]) for r in rows[1:6]] == [
+        ("task-arithmetic", "1.0"), ("task-arithmetic", "tuned"), ("ties", "1.0"), ("ties", "tuned"), ("single-task", None)]
+    grid = report["grid"]
+    assert grid == [0.0, 0.5, 1.0]
+    for row in rows:
+        assert set(row["per_task"]) == set(TASKS)
+        assert row["absolute"] == pytest.approx(np.mean([row["per_task"][t] for t in TASKS]))
+        if row["coefficient"] == "tuned":
+            search = report["alpha_search"][row["mode"]][row["method"]]
+            assert row["alpha"] == search["chosen"] == grid[int(np.argmax(search["val_absolute"]))]
+            assert row["val_absolute"] == pytest.approx(max(search["val_absolute"]))
+        if row["method"] not in ("pretrained",):
+            single = report["single_task"][row["mode"]]["test"]
+            assert row["normalized"] == pytest.approx(np.mean([row["per_task"][t] / single[t] for t in TASKS]))
+    # every addition row is printed exactly as report.json holds it
+    printed = table_rows(output)
+    for row in rows:
+        cells = [pct(row["per_task"][t]) for t in TASKS] + [pct(row["absolute"]), pct(row["normalized"])]
+        assert any(line[: 2] == [row["label"], row["mode"] or "—"] and line[3:] == cells for line in printed), row
+
+
+def test_every_printed_number_is_in_the_report(bench_run):
+    _, _, output, report = bench_run
+    known: set[str] = set()
+
+    def collect(value):
+        if isinstance(value, dict):
+            for v in value.values():
+                collect(v)
+        elif isinstance(value, list):
+            for v in value:
+                collect(v)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            for fmt in (".0f", ".1f", ".2f", ".3f", "g"):
+                known.add(format(value, fmt))
+                known.add(format(100 * value, fmt))
+            known.add(str(value))
+
+    collect(report)
+    for line in table_rows(output):
+        for cell in line:
+            for token in re.findall(r"-?\d+(?:\.\d+)?", cell):
+                assert token in known, (token, line)
+
+
+def test_numbers_agree_with_the_streams_own_evaluation(bench_run):
+    """Ground truth: the stream scored theta_0 + sum tau (alpha = 1) and each vector alone with evaluate_vector."""
+    _, _, _, report = bench_run
+    n_test = N_TEST
+    for mode in ("nonlinear", "linear", "taujp"):
+        last = report["streams"][mode]["steps"][-1]
+        ta1 = next(r for r in report["addition"]["rows"]
+                   if r["method"] == "task-arithmetic" and r["mode"] == mode and r["coefficient"] == "1.0")
+        for t in TASKS:
+            # linearized: f0 + sum J tau_i vs one jvp of the sum -> float rounding may flip an argmax
+            tol = 0 if mode == "nonlinear" else 1.01 / n_test
+            assert ta1["per_task"][t] == pytest.approx(last["merged"]["per_task"][t], abs=tol + 1e-12)
+            step = next(s for s in report["streams"][mode]["steps"] if s["task"] == t)
+            assert report["single_task"][mode]["test"][t] == pytest.approx(step["single_task"], abs=tol + 1e-12)
+            assert report["pretrained"]["test"][t] == pytest.approx(step["pretrained"], abs=1.01 / n_test)
+
+
+def test_diagnostics_negation_and_cost(bench_run):
+    _, _, output, report = bench_run
+    taujp = report["taujp"]
+    for mode in ("nonlinear", "linear", "taujp"):
+        m = np.array(taujp["matrices"][mode])
+        assert m.shape == (2, 2) and np.all(m >= 0)
+    assert len(taujp["pairs"]) == 3 and taujp["correlation"]["n"] == 3
+    xi = report["xi"]
+    assert xi["pair"] == ["digits", "mnist"]
+    for data in xi["modes"].values():
+        values = np.array(data["xi"])
+        assert values.shape == (len(xi["grid"]),) * 2
+        assert np.all((values >= 0) & (values <= 2))
+        zero = xi["grid"].index(0.0)
+        # a1 = 0: task 1's model is theta_0 + a2 tau_2 either way; a2 = 0: likewise for task 0
+        assert np.all(np.array(data["terms"][1])[zero, :] == 0.0) and np.all(np.array(data["terms"][0])[:, zero] == 0.0)
+        assert values[zero, zero] == 0.0
+    for mode, neg in report["negation"].items():
+        assert [r["task"] for r in neg["rows"]] == TASKS
+        for row in neg["rows"]:
+            assert row["alpha1"]["alpha"] == 1.0
+            i = neg["alphas"].index(row["tuned"]["alpha"])
+            assert row["val_control"][i] >= 0.95 * row["val_pretrained"]["control"] - 1e-12
+    for mode, cost in report["cost"].items():
+        assert cost["steps"] == STEPS * len(TASKS)
+        assert cost["finetune_seconds"] > 0 and cost["merge_seconds"] > 0 and cost["peak_rss_bytes"] > 0
+        assert cost["trained_now"] == TASKS
+        assert cost["total_seconds"] == pytest.approx(cost["finetune_seconds"] + cost["merge_seconds"])
+    assert report["claims"] is not None
+    assert "pearson r" in output
+
+
+def test_every_listed_png_is_a_valid_image(bench_run):
+    root, _, _, report = bench_run
+    assert set(report["plots"]) >= {"alpha_curves", "incremental", "taujp_matrix", "taujp_correlation", "xi"}
+    for name in report["plots"].values():
+        path = root / "run" / name
+        assert path.is_file()
+        with Image.open(path) as image:
+            image.verify()
+        with Image.open(path) as image:
+            assert image.format == "PNG" and image.size[0] > 100 and image.size[1] > 100
+    assert not [p for p in (root / "run").iterdir() if p.name.startswith(".bench-")]
+
+
+def test_second_run_reuses_the_banks(bench_run):
+    root, scenario, _, report = bench_run
+    args = bench_args(scenario, root, "--modes", "linear", "--methods", "task-arithmetic")
+    args[args.index("--run-dir") + 1] = str(root / "run-again")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    again = json.loads((root / "run-again" / "report.json").read_text())
+    assert again["cost"]["linear"]["trained_now"] == [] and again["cost"]["linear"]["reused"] == TASKS
+    assert again["cost"]["linear"]["finetune_seconds"] == report["cost"]["linear"]["finetune_seconds"]
+    assert again["cost"]["linear"]["peak_rss_bytes"] == report["cost"]["linear"]["peak_rss_bytes"]
+    same = [r for r in report["addition"]["rows"] if r["mode"] in (None, "linear") and r["method"] != "ties"]
+    assert again["addition"]["rows"] == same
+    assert again["taujp"]["matrices"] == {"linear": report["taujp"]["matrices"]["linear"]}
+    assert again["claims"] is None  # no tauJp row to judge
+
+
+# --- refusals: one red line, nothing written --------------------------------------------------
+
+
+def refused(args: list[str], *needles: str) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines and lines[-1].startswith("error:"), result.output
+    for needle in needles:
+        assert needle in result.output, result.output
+    return result.output
+
+
+def test_bad_options_are_refused_before_anything_runs(tmp_path, subset_registered):
+    scenario = write_scenario(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "report.json").write_text("previous")
+    base = ["bench", "--scenario", str(scenario), "--bank-root", str(tmp_path / "banks"), "--run-dir", str(run)]
+    refused(base + ["--modes", "linear,lienar"], "lienar")
+    refused(base + ["--methods", "ties,magmax"], "magmax")
+    refused(base + ["--grid", "0"], "empty")
+    refused(base + ["--grid", "1"], "at least 2")
+    refused(base + ["--negation-grid", "0"], "empty")
+    refused(base + ["--xi-pair", "digits,cifar"], "cifar")
+    one = write_scenario(tmp_path, tasks=["digits"], name="bench-one")
+    refused(["bench", "--scenario", str(one), "--run-dir", str(run)], "at least 2")
+    assert (run / "report.json").read_text() == "previous"
+    assert not (tmp_path / "banks").exists()
+
+
+def test_mismatched_banks_are_refused_before_training(tmp_path, subset_registered):
+    scenario = write_scenario(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "report.json").write_text("previous")
+    args = ["bench", "--scenario", str(scenario), "--steps", "1", "--bank-root", str(tmp_path / "banks"),
+            "--run-dir", str(run)]
+    # another base model
+    other = Bank(tmp_path / "banks" / "bench-mini-linear")
+    other.append("digits", {"w": torch.zeros(2)}, task="digits", mode="linear", base="sha256:" + "0" * 64,
+                 scenario="bench-mini")
+    refused(args, "base")
+    # the right base, but a task the scenario does not have
+    spec = scenario_mod.load_scenario(scenario)
+    fingerprint = scenario_mod.build_backbone(spec).fingerprint()
+    other.remove("digits")
+    other.append("cifar", {"w": torch.zeros(2)}, task="cifar", mode="linear", base=fingerprint, scenario="bench-mini")
+    refused(args, "cifar", "not a task")
+    # the right task, another recipe
+    other.remove("cifar")
+    recipe = spec.recipe.with_overrides(mode="linear", steps=7).to_dict()
+    other.append("digits", {"w": torch.zeros(2)}, task="digits", mode="linear", base=fingerprint,
+                 scenario="bench-mini", recipe=recipe)
+    refused(args, "recipe", "steps 7 vs 1")
+    # everything recorded matches, but the tensors do not fit the backbone
+    other.remove("digits")
+    other.append("digits", {"w": torch.zeros(2)}, task="digits", mode="linear", base=fingerprint,
+                 scenario="bench-mini", recipe=spec.recipe.with_overrides(mode="linear", steps=1).to_dict())
+    refused(args, "does not fit", "'w'")
+    assert (run / "report.json").read_text() == "previous"
+    assert [p.name for p in run.iterdir()] == ["report.json"]
+    for mode in ("nonlinear", "taujp"):  # no stream started: the other modes' banks were never created
+        assert not (tmp_path / "banks" / f"bench-mini-{mode}").exists()
