@@ -1,8 +1,10 @@
 """``editkit bench``: the paper's tables and figures for any scenario.
 
-For each mode (nonlinear, linear, taujp) the scenario's stream is run, or reused
-from the bank ``<bank-root>/<scenario>-<mode>`` when it already holds the
-vectors with the same recipe. Then, on the banked vectors:
+For each mode (nonlinear, linear, taujp) the scenario's stream is run through
+``editkit.stream.run_scenario(resume=True)``, so vectors already in the bank
+``<bank-root>/<scenario>-<mode>`` with the same recipe are reused, not retrained
+(every bank is checked against the scenario's tasks, base model, recipes and
+parameter shapes before any training starts). Then, on the banked vectors:
 
 - **task addition** (paper Table 1): pretrained; task arithmetic per mode at
   alpha = 1 and at alpha tuned on the *validation* splits (grid over [0, 1],
@@ -42,7 +44,6 @@ torch's default of one thread per core (oversubscribed OpenMP threads spin).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import os
@@ -68,7 +69,7 @@ from .diagnostics import (
     tangent_features,
     tangent_norms,
 )
-from .errors import BankError, ConfigError, IncompatibleVectorsError
+from .errors import BankError, ConfigError, IncompatibleVectorsError, MissingResourceError
 from .linearize import LinearizedModel, NonLinearModel
 from .merging import TIES_DEFAULT_K, ties_merge
 from .progress import NullProgress, Progress
@@ -537,8 +538,9 @@ class BenchResult:
 @dataclass
 class _ModeState:
     mode: str
-    recipe: Recipe
+    recipe: Recipe  # the scenario's [recipe] with this bench's overrides
     bank: Bank
+    task_recipes: dict[str, dict[str, Any]] = field(default_factory=dict)  # resolved, as the bank records them
     stream: Any = None  # StreamResult
     stream_seconds: float = 0.0
     trained: list[str] = field(default_factory=list)
@@ -549,10 +551,11 @@ def bank_dir(bank_root: Path, scenario: str, mode: str) -> Path:
     return Path(bank_root) / f"{scenario}-{mode}"
 
 
-def check_bank(bank: Bank, *, scenario: str, tasks: Sequence[str], mode: str, recipe: Recipe, base: str,
-               backbone: str, shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
-    """Refuse a bank this bench cannot reuse or extend: other base, tasks, mode, scenario or recipe,
-    or (given the backbone's parameter ``shapes``) vectors whose tensors do not fit the backbone."""
+def check_bank(bank: Bank, *, scenario: str, tasks: Sequence[str], mode: str, recipes: Mapping[str, Mapping[str, Any]],
+               base: str, backbone: str, shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
+    """Refuse a bank this bench cannot reuse or extend: other base, tasks, mode, scenario or recipe
+    (``recipes``: each task's resolved recipe, as the stream records it), or (given the backbone's
+    parameter ``shapes``) vectors whose tensors do not fit the backbone."""
     if not bank.exists() or not len(bank):
         return
     if bank.base != base:
@@ -560,7 +563,6 @@ def check_bank(bank: Bank, *, scenario: str, tasks: Sequence[str], mode: str, re
             f"bank {bank.root} holds vectors fine-tuned from base {_short(bank.base)}, not from scenario "
             f"{scenario!r}'s {backbone} ({_short(base)}); pass another --bank-root or remove that bank"
         )
-    wanted = recipe.to_dict()
     for entry in bank.entries():
         where = f"bank {bank.root} holds vector {entry.name!r}"
         if entry.name not in tasks or entry.task != entry.name:
@@ -570,6 +572,7 @@ def check_bank(bank: Bank, *, scenario: str, tasks: Sequence[str], mode: str, re
             raise BankError(f"{where} of mode {entry.mode!r}, expected {mode!r}; pass another --bank-root")
         if entry.scenario != scenario:
             raise BankError(f"{where} from scenario {entry.scenario!r}, not {scenario!r}; pass another --bank-root")
+        wanted = dict(recipes[entry.name])
         if entry.recipe != wanted:
             diff = sorted(k for k in set(wanted) | set(entry.recipe) if wanted.get(k) != entry.recipe.get(k))
             detail = ", ".join(f"{k} {entry.recipe.get(k)!r} vs {wanted.get(k)!r}" for k in diff)
@@ -599,7 +602,7 @@ def _check_layout(bank: Bank, entry, shapes: Mapping[str, tuple[int, ...]], back
 
 def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> BenchResult:
     """Run (or reuse) each mode's stream, evaluate, and write ``report.json`` + PNGs (see module docstring)."""
-    from .scenario import build_scenario, load_scenario
+    from .scenario import build_scenario, check_scenario, load_scenario, task_recipes
 
     started = time.perf_counter()
     progress = progress or NullProgress()
@@ -615,12 +618,19 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
     run_dir = config.run_dir if config.run_dir is not None else Path("runs") / f"{spec.name}-bench"
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir} exists and is not a directory")
-    recipes = {m: spec.recipe.with_overrides(mode=m, steps=config.steps, seed=config.seed) for m in config.modes}
+    overrides = {m: {"mode": m, "steps": config.steps, "seed": config.seed} for m in config.modes}
+    recipes = {m: spec.recipe.with_overrides(**overrides[m]) for m in config.modes}
     seed = next(iter(recipes.values())).seed
     states = {m: _ModeState(m, recipes[m], Bank(bank_dir(config.bank_root, spec.name, m))) for m in config.modes}
     for state in states.values():
         if state.bank.root.exists() and not state.bank.root.is_dir():
             raise ConfigError(f"bank path {state.bank.root} exists and is not a directory")
+
+    problems = check_scenario(spec)
+    if problems:
+        from .stream import missing_message
+
+        raise MissingResourceError(missing_message(spec.name, problems))
 
     timings: dict[str, Any] = {}
     t0 = time.perf_counter()
@@ -628,11 +638,13 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
     base = built.backbone.fingerprint()
     shapes = {n: tuple(p.shape) for n, p in built.backbone.module.named_parameters()}
     for state in states.values():  # every refusal happens before any training
-        check_bank(state.bank, scenario=spec.name, tasks=tasks, mode=state.mode, recipe=state.recipe, base=base,
-                   backbone=built.backbone.name, shapes=shapes)
+        per_task = task_recipes(spec, **overrides[state.mode])
+        state.task_recipes = {n: per_task[n].resolved(len(built.task(n).train)).to_dict() for n in tasks}
+        check_bank(state.bank, scenario=spec.name, tasks=tasks, mode=state.mode, recipes=state.task_recipes,
+                   base=base, backbone=built.backbone.name, shapes=shapes)
     timings["build_seconds"] = time.perf_counter() - t0
 
-    _run_streams(spec, built, states, progress)
+    _run_streams(config, states, progress)
     timings["stream_seconds"] = {m: s.stream_seconds for m, s in states.items()}
 
     t0 = time.perf_counter()
@@ -665,21 +677,15 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
     return BenchResult(report, run_dir)
 
 
-def _run_streams(spec, built, states: Mapping[str, _ModeState], progress: Progress) -> None:
-    """Each mode's stream through ``run_stream(resume=True)``: banked experiences are reused, not retrained."""
-    from .avalanche_bridge import experiences
-    from .scenario import build_generic
-    from .stream import run_stream
+def _run_streams(config: BenchConfig, states: Mapping[str, _ModeState], progress: Progress) -> None:
+    """Each mode's stream through ``run_scenario(resume=True)``, exactly as ``editkit stream`` runs it:
+    banked experiences with the same recipe are reused, missing ones trained. The stream's own
+    report goes to a temporary directory (this bench writes its run directory only at the end)."""
+    from .stream import run_scenario
 
-    exps = experiences(built.benchmark(), built.task_names)
-    extra = {}
-    if "scenario_file" in inspect.signature(run_stream).parameters and spec.path is not None:
-        extra["scenario_file"] = str(Path(spec.path).resolve())
     for state in states.values():
-        # a fresh generic source per mode: its sampling state must not depend on which modes ran before
-        generic = build_generic(spec, built.backbone, state.recipe.seed)
         start = time.perf_counter()
-        with PeakRSS() as rss:
+        with PeakRSS() as rss, tempfile.TemporaryDirectory(prefix="editkit-bench-stream-") as scratch:
             def on_step(metrics: dict, state: _ModeState = state, rss: PeakRSS = rss) -> None:
                 peak = rss.window()
                 if not metrics.get("resumed"):
@@ -687,8 +693,9 @@ def _run_streams(spec, built, states: Mapping[str, _ModeState], progress: Progre
                     state.bank.update_metrics(metrics["task"], {RSS_METRIC: peak})
                     metrics[RSS_METRIC] = peak
 
-            state.stream = run_stream(exps, built.backbone, built.heads, state.recipe, state.bank, scenario=spec.name,
-                                      generic=generic, resume=True, progress=progress, on_step=on_step, **extra)
+            state.stream, _ = run_scenario(config.scenario, bank=state.bank.root, run_dir=scratch, resume=True,
+                                           progress=progress, on_step=on_step, mode=state.mode, steps=config.steps,
+                                           seed=config.seed)
         state.stream_seconds = time.perf_counter() - start
         log.info("%s stream: %d trained, %d reused (%.0f s)", state.mode, len(state.trained),
                  len(state.stream.steps) - len(state.trained), state.stream_seconds)
@@ -841,7 +848,7 @@ def _cost(state: _ModeState, result: Mapping[str, Any], tasks: Sequence[str]) ->
     entries = {e.name: e for e in state.bank.entries()}
     metrics = [entries[t].metrics for t in tasks]
     finetune = float(sum(m.get("train_seconds", 0.0) for m in metrics))
-    steps = int(sum(entries[t].recipe.get("steps", 0) for t in tasks))
+    steps = int(sum(entries[t].metrics.get("train_steps", entries[t].recipe.get("steps", 0)) for t in tasks))
     rss = [m[RSS_METRIC] for m in metrics if isinstance(m.get(RSS_METRIC), (int, float))]
     merge = result["merge_seconds"]
     return {
@@ -910,6 +917,7 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
         "modes": list(states),
         "methods": list(config.methods),
         "recipes": {m: s.recipe.to_dict() for m, s in states.items()},
+        "task_recipes": {m: s.task_recipes for m, s in states.items()},
         "grid": list(config.alphas),
         "negation_grid": list(config.negation_alphas),
         "ties_k": config.ties_k,
