@@ -1,6 +1,6 @@
 """Cost of one training step per mode, measured in one process on the offline-vision backbone.
 
-Runs ``editkit.train.fine_tune`` for nonlinear, linear, taujp (cyclic) and taujp
+Runs ``editkit.train.loop.fine_tune`` for nonlinear, linear, taujp (cyclic) and taujp
 (strict) on the same task, batch and sources; times every step through the
 ``on_step`` callback (median after warm-up) and samples the process's resident
 memory while each mode runs. Prints ratios against the plain (non-linear) step
@@ -19,11 +19,12 @@ from pathlib import Path
 
 import torch
 
-from editkit.memory import PeakRSS
-from editkit.recipe import Recipe
-from editkit.scenario import build_scenario, load_scenario
-from editkit.taujp import Regularizer, UnlabeledSource
-from editkit.train import fine_tune
+from editkit.util.memory import PeakRSS
+from editkit.train.recipe import Recipe
+from editkit.scenario.spec import load_scenario
+from editkit.scenario.build import build_scenario
+from editkit.core.taujp import Regularizer, UnlabeledSource
+from editkit.train.loop import fine_tune
 
 MODES = {  # label -> (mode, schedule)
     "nonlinear": ("nonlinear", "cyclic"),

@@ -5,7 +5,7 @@ torch (see ``_compat``), so open_clip and avalanche work on a fresh CPU machine.
 Heavy modules (avalanche, open_clip, transformers) are imported lazily where used.
 """
 
-from ._compat import ensure_torchvision_importable
+from editkit._compat import ensure_torchvision_importable
 
 ensure_torchvision_importable()
 

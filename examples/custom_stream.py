@@ -9,12 +9,12 @@ scores the merged model after every step.
 
 import torch
 
-from editkit.avalanche_bridge import benchmark_from_tasks
-from editkit.backbones import efficientnet
+from editkit.integrations.avalanche.benchmark import benchmark_from_tasks
+from editkit.models import efficientnet
 from editkit.data.packaged import load_packaged
-from editkit.recipe import Recipe
-from editkit.stream import run_benchmark
-from editkit.tasks import tensor_task
+from editkit.train.recipe import Recipe
+from editkit.runs.stream import run_benchmark
+from editkit.data.tasks import tensor_task
 
 backbone = efficientnet.build(image_size=32)
 tasks = []

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from editkit.atomic import TMP_MARKER, atomic_path, atomic_write_bytes
-from editkit.bank import Bank
+from editkit.util.atomic import TMP_MARKER, atomic_path, atomic_write_bytes
+from editkit.bank.store import Bank
 
 
 def _mode(path: Path) -> int:

@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from editkit.backbones.base import state_fingerprint
-from editkit.bank import Bank, VectorEntry, is_linearized, mode_family
+from editkit.models.backbone import state_fingerprint
+from editkit.bank.store import Bank, VectorEntry, is_linearized, mode_family
 from editkit.errors import BankError, CorruptVectorError, IncompatibleVectorsError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -240,7 +240,7 @@ def test_flipped_byte_is_caught_by_load_merge_and_verify(bank: Bank, monkeypatch
     flip_last_byte(bank.root / "bad.safetensors")
     with pytest.raises(CorruptVectorError, match="bad.safetensors.*checksum mismatch"):
         bank.load("bad")
-    import editkit.bank as bank_module
+    import editkit.bank.store as bank_module
 
     def must_not_sum(*args, **kwargs):
         raise AssertionError("merge summed before verifying every checksum")
@@ -328,7 +328,7 @@ def run_child(code: str, *args: str) -> subprocess.CompletedProcess:
 
 CHILD_PRELUDE = """
     import os, signal, sys, time, torch
-    from editkit.bank import Bank
+    from editkit.bank.store import Bank
 
     def vector(seed):
         g = torch.Generator().manual_seed(seed)

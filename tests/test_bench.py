@@ -20,19 +20,19 @@ from PIL import Image
 from torch import nn
 from typer.testing import CliRunner
 
-from cli import app
-from editkit import scenario as scenario_mod
-from editkit.backbones.base import state_fingerprint
-from editkit.bank import Bank
-from editkit.bench import BenchConfig, parse_names
-from editkit.coefficients import alpha_grid, search_alpha, select_alpha, select_negation_alpha
-from editkit.diagnostics import taujp_matrix
+from editkit.cli import app
+from editkit.scenario import build as scenario_mod, spec as scenario_spec
+from editkit.models.backbone import state_fingerprint
+from editkit.bank.store import Bank
+from editkit.runs.bench.run import BenchConfig, parse_names
+from editkit.merge.coefficients import alpha_grid, search_alpha, select_alpha, select_negation_alpha
+from editkit.eval.diagnostics import taujp_matrix
 from editkit.errors import ConfigError
-from editkit.evaluate import EvalTask, evaluate_vector
-from editkit.heads import LinearHead
-from editkit.progress import NullProgress
-from editkit.sweep import ModeEvaluator, SharedModels, TaskSplits
-from editkit.tasks import TaskData, TensorTaskDataset, tensor_task
+from editkit.eval.accuracy import EvalTask, evaluate_vector
+from editkit.models.heads import LinearHead
+from editkit.util.progress import NullProgress
+from editkit.eval.sweep import ModeEvaluator, SharedModels, TaskSplits
+from editkit.data.tasks import TaskData, TensorTaskDataset, tensor_task
 
 runner = CliRunner()
 STEPS = 3
@@ -431,7 +431,7 @@ def test_mismatched_banks_are_refused_before_training(tmp_path, subset_registere
                  scenario="bench-mini")
     refused(args, "base")
     # the right base, but a task the scenario does not have
-    spec = scenario_mod.load_scenario(scenario)
+    spec = scenario_spec.load_scenario(scenario)
     fingerprint = scenario_mod.build_backbone(spec).fingerprint()
     other.remove("digits")
     other.append("cifar", {"w": torch.zeros(2)}, task="cifar", mode="linear", base=fingerprint, scenario="bench-mini")
@@ -456,7 +456,7 @@ def test_mismatched_banks_are_refused_before_training(tmp_path, subset_registere
 def test_negation_caption_names_the_rows_whose_tuned_alpha_is_the_grid_top():
     from rich.console import Console
 
-    from editkit.bench_tables import negation_table
+    from editkit.runs.bench.tables import negation_table
 
     def row(task: str, alpha: float) -> dict:
         cell = {"target": 0.5, "control": 0.6}

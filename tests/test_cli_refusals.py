@@ -9,8 +9,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli import app
-from editkit.bank import Bank
+from editkit.cli import app
+from editkit.bank.store import Bank
 
 runner = CliRunner()
 BASE = "sha256:" + "ab" * 32

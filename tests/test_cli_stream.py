@@ -19,9 +19,9 @@ from PIL import Image
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from cli import app
-from editkit.bank import Bank
-from editkit.scenario import SCENARIO_DIR
+from editkit.cli import app
+from editkit.bank.store import Bank
+from editkit.scenario.spec import SCENARIO_DIR
 
 runner = CliRunner()
 STEPS = 3

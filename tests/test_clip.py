@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import editkit  # noqa: F401  (torchvision shim before open_clip)
-from editkit.backbones import clip
-from editkit.backbones.clip import TINY_MODEL_NAME, build_clip, check_weights, resolve_weights, zero_shot_head
+from editkit.models import clip
+from editkit.models.clip import TINY_MODEL_NAME, build_clip, check_weights, resolve_weights, zero_shot_head
 from editkit.errors import ConfigError, MissingResourceError
-from editkit.heads import ZeroShotHead
-from editkit.linearize import LinearizedModel
+from editkit.models.heads import ZeroShotHead
+from editkit.core.linearize import LinearizedModel
 
 from fixtures_vision import make_image
 

@@ -106,7 +106,7 @@ def test_avalanche_import_does_not_warn_about_qp_solvers():
     out = run_python("""
         import json, warnings
         import editkit
-        from editkit.avalanche_bridge import import_avalanche
+        from editkit.integrations.avalanche.benchmark import import_avalanche
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             functions = import_avalanche()

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from editkit import settings
 from editkit.data import cache, natural, packaged
 from editkit.errors import ConfigError, MissingResourceError
 
@@ -33,7 +34,7 @@ from editkit.errors import ConfigError, MissingResourceError
 def _tmp_cache(tmp_path, monkeypatch):
     """Every test gets its own empty cache and no system Fashion-MNIST directory."""
     root = tmp_path / "cache"
-    monkeypatch.setenv(cache.ENV_VAR, str(root))
+    monkeypatch.setenv(settings.CACHE_ENV, str(root))
     monkeypatch.setattr(packaged, "SYSTEM_FASHION_DIR", tmp_path / "no-system-dir")
     return root
 
@@ -111,11 +112,11 @@ def _check_split(ds, classes_n, n_train, n_test, shape, class_freq=None):
 
 
 def test_cache_dir_follows_env(tmp_path, monkeypatch):
-    monkeypatch.setenv(cache.ENV_VAR, str(tmp_path / "a" / "b"))
-    assert cache.cache_dir() == tmp_path / "a" / "b" and (tmp_path / "a" / "b").is_dir()
-    monkeypatch.delenv(cache.ENV_VAR)
+    monkeypatch.setenv(settings.CACHE_ENV, str(tmp_path / "a" / "b"))
+    assert settings.cache_dir() == tmp_path / "a" / "b" and (tmp_path / "a" / "b").is_dir()
+    monkeypatch.delenv(settings.CACHE_ENV)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert cache.cache_dir() == tmp_path / "home" / ".cache" / "editkit"
+    assert settings.cache_dir() == tmp_path / "home" / ".cache" / "editkit"
 
 
 def test_fetch_downloads_once_and_verifies(tmp_path, monkeypatch, caplog):
@@ -124,10 +125,10 @@ def test_fetch_downloads_once_and_verifies(tmp_path, monkeypatch, caplog):
     art, calls = _pin_file(monkeypatch, "ANIMAL_MNIST_WHEEL", src)
     with caplog.at_level(logging.INFO, logger="editkit.data.cache"):
         path = cache.fetch(art)
-    assert path == cache.cache_dir() / "downloads" / src.name
+    assert path == settings.cache_dir() / "downloads" / src.name
     assert path.read_bytes() == b"payload" and calls == ["animal-mnist"]
     assert any("fetching animal-mnist" in r.getMessage() for r in caplog.records)
-    assert not [p for p in cache.cache_dir().iterdir() if p.name.startswith(".fetch-")]
+    assert not [p for p in settings.cache_dir().iterdir() if p.name.startswith(".fetch-")]
     # cached: no second download
     monkeypatch.setattr(cache, "_download", _no_network)
     assert cache.fetch(art) == path
@@ -150,7 +151,7 @@ def test_fetch_sha_mismatch(tmp_path, monkeypatch):
         cache.fetch(art)
     msg = str(err.value)
     assert art.sha256 in msg and hashlib.sha256(b"not the pinned wheel").hexdigest() in msg
-    assert not (cache.cache_dir() / "downloads" / art.filename).exists()
+    assert not (settings.cache_dir() / "downloads" / art.filename).exists()
 
 
 @pytest.mark.parametrize(
@@ -169,7 +170,7 @@ def test_failed_download_explains(monkeypatch, attr, cmd, reason):
     msg = str(err.value)
     for needle in (art.package, art.version, art.hint, "EDITKIT_CACHE", reason):
         assert needle in msg
-    assert not (cache.cache_dir() / "downloads" / art.filename).exists()
+    assert not (settings.cache_dir() / "downloads" / art.filename).exists()
 
 
 def test_download_commands_use_the_pins():
@@ -243,7 +244,7 @@ def test_fashion_from_pinned_deb(tmp_path, monkeypatch, extractor):
         )
     ds = packaged.build_fashion_mnist(train_size=200, test_size=50)
     assert calls == ["fashion-mnist"]
-    extracted = cache.cache_dir() / "fashion-mnist"
+    extracted = settings.cache_dir() / "fashion-mnist"
     assert sorted(p.name for p in extracted.iterdir()) == sorted(packaged.FASHION_FILES.values())
     idx = _index_of(ds.train.images)
     assert np.array_equal(ds.train.images, arrays["train_images"][idx])
@@ -281,7 +282,7 @@ def test_animal_mnist_from_fake_wheel(tmp_path, monkeypatch):
         assert np.array_equal(part.images, images[idx])
         assert np.array_equal(part.labels, labels[idx])
     # second load comes from the .npz, without the wheel or the builder
-    assert (cache.cache_dir() / "arrays" / "animal-mnist.npz").is_file()
+    assert (settings.cache_dir() / "arrays" / "animal-mnist.npz").is_file()
     monkeypatch.setitem(packaged._BUILDERS, "animal-mnist", _no_network)
     again = packaged.PACKAGED["animal-mnist"]()
     assert again.classes == ds.classes
@@ -351,7 +352,7 @@ def test_real_mnist_and_npz_cache(monkeypatch):
     assert np.array_equal(cached.train.images, ds.train.images)
     assert np.array_equal(cached.test.labels, ds.test.labels)
     # a damaged cache file is rebuilt, not fatal
-    (cache.cache_dir() / "arrays" / "mnist.npz").write_bytes(b"garbage")
+    (settings.cache_dir() / "arrays" / "mnist.npz").write_bytes(b"garbage")
     monkeypatch.setitem(packaged._BUILDERS, "mnist", lambda: ds)
     assert np.array_equal(packaged.load_packaged("mnist").train.labels, ds.train.labels)
 

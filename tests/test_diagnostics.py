@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from editkit.diagnostics import (
+from editkit.eval.diagnostics import (
     correlation,
     disentanglement_error,
     module_predictor,
@@ -16,7 +16,7 @@ from editkit.diagnostics import (
     taujp_matrix,
 )
 from editkit.errors import ConfigError
-from editkit.heads import LinearHead
+from editkit.models.heads import LinearHead
 
 
 def linear_backbone(weight: torch.Tensor) -> nn.Module:

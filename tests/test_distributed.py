@@ -15,16 +15,17 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
 
-from editkit.avalanche_bridge import Experience
-from editkit.backbones.base import Backbone
-from editkit.bank import Bank
-from editkit.distributed import GlobalBatchSampler, Runtime, shard_bounds
-from editkit.heads import LinearHead
-from editkit.recipe import Recipe
-from editkit.stream import run_stream
-from editkit.taujp import LazyUnlabeledSource, Regularizer, UnlabeledSource, unlabeled_source
-from editkit.tasks import TensorTaskDataset
-from editkit.train import fine_tune, labelled_batches
+from editkit.integrations.avalanche.benchmark import Experience
+from editkit.models.backbone import Backbone
+from editkit.bank.store import Bank
+from editkit.train.runtime import GlobalBatchSampler, Runtime
+from editkit.util.sharding import shard_bounds
+from editkit.models.heads import LinearHead
+from editkit.train.recipe import Recipe
+from editkit.runs.stream import run_stream
+from editkit.core.taujp import LazyUnlabeledSource, Regularizer, UnlabeledSource, unlabeled_source
+from editkit.data.tasks import TensorTaskDataset
+from editkit.train.loop import fine_tune, labelled_batches
 
 # --------------------------------------------------------------------------- sampling
 
@@ -130,7 +131,7 @@ def _ddp_worker(rank: int, world: int, port: int, bank_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    from editkit import distributed
+    from editkit.train import runtime as distributed
 
     runtime = distributed.setup("cpu", "fp32", 0)
     try:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
 
-from editkit.heads import LinearHead, ZeroShotHead, fit_probe
+from editkit.models.heads import LinearHead, ZeroShotHead, fit_probe
 
 
 def separable(classes: list[int], n_per_class: int = 15, dim: int = 6, seed: int = 0):

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from editkit.linearize import (
+from editkit.core.linearize import (
     LinearizedModel,
     NonLinearModel,
     build_task_model,
@@ -358,7 +358,7 @@ def test_bert_tangent_matches_fd(tiny_bert):
 
 def test_efficientnet_lite0_tangent_matches_fd():
     """Float32 central differences: float64 convolutions (depthwise) are ~100x slower on CPU."""
-    from editkit.backbones.efficientnet import build
+    from editkit.models.efficientnet import build
 
     torch.manual_seed(0)
     backbone = build(image_size=32, pretrained=False)

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import psutil
 
-from editkit.memory import PeakRSS
+from editkit.util.memory import PeakRSS
 
 MB = 2**20
 

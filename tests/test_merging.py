@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from editkit.errors import ConfigError, IncompatibleVectorsError
-from editkit.merging import elect_signs, trim, trim_threshold, ties_merge
+from editkit.merge.ties import elect_signs, trim, trim_threshold, ties_merge
 
 
 def t(*values: float) -> torch.Tensor:

@@ -13,12 +13,12 @@ import pytest
 import torch
 from torch import nn
 
-from editkit.heads import LinearHead
-from editkit.linearize import LinearizedModel
-from editkit.recipe import Recipe
-from editkit.taujp import Regularizer, UnlabeledSource, penalty
-from editkit.tasks import TensorTaskDataset
-from editkit.train import fine_tune
+from editkit.models.heads import LinearHead
+from editkit.core.linearize import LinearizedModel
+from editkit.train.recipe import Recipe
+from editkit.core.taujp import Regularizer, UnlabeledSource, penalty
+from editkit.data.tasks import TensorTaskDataset
+from editkit.train.loop import fine_tune
 
 from fixtures_tabular import blobs
 

@@ -12,12 +12,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from editkit.heads import LinearHead
-from editkit.linearize import LinearizedModel, NonLinearModel
-from editkit.recipe import Recipe
-from editkit.taujp import Regularizer, UnlabeledSource
-from editkit.tasks import TensorTaskDataset
-from editkit.train import StepComputer, fine_tune, warmup_cosine
+from editkit.models.heads import LinearHead
+from editkit.core.linearize import LinearizedModel, NonLinearModel
+from editkit.train.recipe import Recipe
+from editkit.core.taujp import Regularizer, UnlabeledSource
+from editkit.data.tasks import TensorTaskDataset
+from editkit.train.loop import StepComputer, fine_tune, warmup_cosine
 
 from fixtures_tabular import blobs
 

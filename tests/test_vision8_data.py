@@ -16,7 +16,7 @@ from editkit.data import clip_templates as ct
 from editkit.data import sources, vision8
 from editkit.data.vision8 import VISION8, VISION8_ORDER, check_available, get_dataset, load_task, locate
 from editkit.errors import ConfigError, MissingResourceError
-from editkit.tasks import validation_indices
+from editkit.data.tasks import validation_indices
 
 from fixtures_vision import (
     decode_marks,
@@ -119,7 +119,7 @@ def test_hf_parquet_copy_under_data_root(tmp_path):
 
 
 def test_parquet_with_clip_preprocess_and_a_dataloader(tmp_path):
-    from editkit.backbones.clip import TINY_MODEL_NAME, build_clip
+    from editkit.models.clip import TINY_MODEL_NAME, build_clip
 
     write_hf_parquet(tmp_path / "mnist", subdir="mnist", sizes={"train": 20, "test": 6}, num_classes=10,
                      class_names=[str(i) for i in range(10)], mode="L", size=28)
@@ -247,6 +247,6 @@ def test_check_available_lists_each_missing_piece(tmp_path, hub):
     assert "ViT-B-32/openai" in lines[0]
     assert lines[1].startswith("dataset SVHN not found") and lines[2].startswith("dataset DTD not found")
     assert all("\n" not in line for line in lines)
-    from editkit.backbones.clip import TINY_MODEL_NAME
+    from editkit.models.clip import TINY_MODEL_NAME
 
     assert check_available(["MNIST"], TINY_MODEL_NAME, None, tmp_path, hub_cache_dir=hub) == []

@@ -25,8 +25,8 @@ from typer.testing import CliRunner
 
 import editkit  # noqa: F401  (torchvision shim before open_clip)
 import fixtures_vision
-from cli import app
-from editkit.bank import Bank
+from editkit.cli import app
+from editkit.bank.store import Bank
 from editkit.data import clip_templates as ct
 from editkit.data.vision8 import VISION8_ORDER
 from fixtures_vision import write_hf_parquet, write_image_folder

@@ -28,29 +28,11 @@ from pathlib import Path
 from typing import Literal
 
 from editkit.errors import MissingResourceError
+from editkit.settings import cache_dir, downloads_dir
 
 log = logging.getLogger(__name__)
 
-ENV_VAR = "EDITKIT_CACHE"
 DOWNLOAD_TIMEOUT_S = 900
-
-
-def cache_dir() -> Path:
-    """The cache root: ``$EDITKIT_CACHE`` if set (and non-empty), else ``~/.cache/editkit``.
-
-    Created on demand.
-    """
-    env = os.environ.get(ENV_VAR)
-    root = Path(env).expanduser() if env else Path.home() / ".cache" / "editkit"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
-def downloads_dir() -> Path:
-    """Where fetched artifacts are kept: ``cache_dir()/"downloads"`` (created on demand)."""
-    path = cache_dir() / "downloads"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ reported number, depend on it.
 Templates are ``str.format`` patterns with one ``{}`` slot for the class name, so
 they are hashable data (the head cache keys on them) rather than lambdas.
 
-``zero_shot_head`` is re-exported from :mod:`editkit.backbones.clip`, where it lives
+``zero_shot_head`` is re-exported from :mod:`editkit.models.clip`, where it lives
 next to the text encoder it needs.
 """
 
@@ -389,10 +389,3 @@ def imagenet_templates() -> list[str]:
     from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
 
     return [template("{}") for template in OPENAI_IMAGENET_TEMPLATES]
-
-
-def zero_shot_head(*args: Any, **kwargs: Any):
-    """See :func:`editkit.backbones.clip.zero_shot_head` (re-exported here)."""
-    from editkit.backbones.clip import zero_shot_head as _impl
-
-    return _impl(*args, **kwargs)

@@ -27,11 +27,11 @@ import numpy as np
 
 from editkit.errors import MissingResourceError
 
-from .sources import ImageSplit, ParquetSource, _FileImages, data_root as resolve_data_root, hub_snapshot
+from editkit.data.sources import ImageSplit, ParquetSource, _FileImages, hub_snapshot
+from editkit.settings import data_root as resolve_data_root, imagenet_dir
 
 log = logging.getLogger(__name__)
 
-IMAGENET_ENV = "EDITKIT_IMAGENET"
 DIRS = ("imagenet", "ImageNet", "imagenet-1k", "ILSVRC2012", "ilsvrc2012")
 HUB_REPOS = ("ILSVRC/imagenet-1k", "imagenet-1k")
 VAL_SPLITS = ("validation", "val")
@@ -71,8 +71,8 @@ def candidates(path: str | os.PathLike | None = None, data_root: str | os.PathLi
     if path:
         return [Path(path).expanduser()]
     out: list[Path] = []
-    if os.environ.get(IMAGENET_ENV):
-        out.append(Path(os.environ[IMAGENET_ENV]).expanduser())
+    if imagenet_dir() is not None:
+        out.append(imagenet_dir())
     root = resolve_data_root(data_root)
     if root is not None:
         out += [root / name for name in DIRS]

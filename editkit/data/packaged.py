@@ -41,9 +41,10 @@ from pathlib import Path
 
 import numpy as np
 
-from editkit.atomic import atomic_path, atomic_write_bytes
+from editkit.util.atomic import atomic_path, atomic_write_bytes
 from editkit.data import cache as _cache
 from editkit.errors import ConfigError, MissingResourceError
+from editkit.settings import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +315,7 @@ def fashion_mnist_dir() -> Path:
     """
     if _has_fashion_files(SYSTEM_FASHION_DIR):
         return SYSTEM_FASHION_DIR
-    target = _cache.cache_dir() / "fashion-mnist"
+    target = cache_dir() / "fashion-mnist"
     if _has_fashion_files(target):
         return target
     deb = _cache.fetch(_cache.FASHION_MNIST_DEB)
@@ -405,7 +406,7 @@ _BUILDERS: dict[str, Callable[[], PackagedDataset]] = {
 
 
 def _npz_path(name: str) -> Path:
-    return _cache.cache_dir() / "arrays" / f"{name}.npz"
+    return cache_dir() / "arrays" / f"{name}.npz"
 
 
 def _save_npz(ds: PackagedDataset, path: Path) -> None:

@@ -45,22 +45,15 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from editkit.errors import MissingResourceError
+from editkit.settings import offline_mode
+from editkit.util.hub import hf_endpoint, host_reachable
 
 log = logging.getLogger(__name__)
 
-DATA_ENV = "EDITKIT_DATA"
 SPLITS = ("train", "test")
 IMAGE_COLUMNS = ("image", "img", "images", "pixel_values")
 LABEL_COLUMNS = ("label", "labels", "fine_label", "target", "class")
 TEST_DIR_NAMES = ("test", "val", "validation")
-
-
-def data_root(root: str | os.PathLike | None = None) -> Path | None:
-    """The data root: ``root`` if given, else ``$EDITKIT_DATA``, else None."""
-    if root:
-        return Path(root).expanduser()
-    env = os.environ.get(DATA_ENV)
-    return Path(env).expanduser() if env else None
 
 
 class ImageSplit(Dataset):
@@ -514,9 +507,7 @@ def hub_snapshot(
         log.debug("%s not in the hub cache: %s", repo_id, exc)
     if not download:
         return None
-    from editkit.backbones.clip import _hf_endpoint, host_reachable, offline_mode
-
-    if offline_mode() or not host_reachable(_hf_endpoint()):
+    if offline_mode() or not host_reachable(hf_endpoint()):
         return None
     log.info("downloading dataset %s from the Hugging Face hub", repo_id)
     try:

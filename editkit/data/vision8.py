@@ -16,9 +16,9 @@ Where a dataset is looked for, in order (first complete copy wins):
    ``hub_cache_dir``), for each of the dataset's repositories;
 3. with ``download=True`` only: a download from the hub (parquet files only).
 
-:func:`load_task` builds a :class:`~editkit.tasks.TaskData` whose splits apply the
+:func:`load_task` builds a :class:`~editkit.data.tasks.TaskData` whose splits apply the
 backbone's preprocessing lazily, one image per ``__getitem__``; the validation split
-is carved from train by :func:`editkit.tasks.validation_indices` (10%, <= 5000,
+is carved from train by :func:`editkit.data.tasks.validation_indices` (10%, <= 5000,
 seed 0). :func:`check_available` lists, one line each, what is missing.
 """
 
@@ -35,15 +35,15 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from editkit.errors import ConfigError, MissingResourceError
-from editkit.tasks import TaskData, validation_indices
+from editkit.settings import DATA_ENV, data_root as resolve_data_root
+from editkit.data.tasks import TaskData, validation_indices
+from editkit.models.clip import ClipBackbone, check_weights, zero_shot_head
 
-from . import clip_templates as ct
-from .sources import (
-    DATA_ENV,
+from editkit.data import clip_templates as ct
+from editkit.data.sources import (
     DataSource,
     ImageSplit,
     ParquetSource,
-    data_root as resolve_data_root,
     detect_source,
     hub_cache_root,
     hub_snapshot,
@@ -328,10 +328,10 @@ def load_task(
     download: bool = False,
     source: DataSource | None = None,
 ) -> TaskData:
-    """A vision8 dataset as :class:`~editkit.tasks.TaskData` with lazy CLIP preprocessing.
+    """A vision8 dataset as :class:`~editkit.data.tasks.TaskData` with lazy CLIP preprocessing.
 
     backbone: provides ``preprocess`` (one PIL image -> tensor); a
-        :class:`~editkit.backbones.clip.ClipBackbone` also provides ``val_preprocess``
+        :class:`~editkit.models.clip.ClipBackbone` also provides ``val_preprocess``
         and ``train_preprocess``. Validation and test always use the eval transform;
         train uses the train-time augmentation when ``augment`` is true.
     source: use this data source instead of searching (see :func:`locate`).
@@ -367,10 +367,8 @@ def load_task(
 def task_head(task: TaskData, backbone: Any, **kwargs: Any):
     """The frozen zero-shot head of a loaded vision8 task (its class names x the dataset's templates).
 
-    Keyword arguments go to :func:`editkit.backbones.clip.zero_shot_head` (``cache``, ``cache_root``).
+    Keyword arguments go to :func:`editkit.models.clip.zero_shot_head` (``cache``, ``cache_root``).
     """
-    from editkit.backbones.clip import zero_shot_head
-
     entry = get_dataset(task.name)
     return zero_shot_head(backbone, task.classes, entry.templates, dataset=entry.name, **kwargs)
 
@@ -389,8 +387,6 @@ def check_available(
 
     Reads nothing large and downloads nothing. Unknown dataset names raise :class:`ConfigError`.
     """
-    from editkit.backbones.clip import check_weights
-
     entries = [get_dataset(n) for n in names]
     missing: list[str] = []
     weights = check_weights(model_name, pretrained, cache_dir=cache_dir, probe_network=probe_network)
@@ -402,3 +398,37 @@ def check_available(
         except MissingResourceError as exc:
             missing.append(str(exc))
     return missing
+
+
+GENERIC_TEMPLATES: tuple[str, ...] = ("a photo of a {}.",)
+
+
+def zero_shot_head_for_task(
+    backbone: ClipBackbone,
+    task: Any,
+    *,
+    dataset: str | None = None,
+    templates: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> ZeroShotHead:
+    """The frozen zero-shot head of a loaded task (``TaskData``: ``name`` and ``classes``).
+
+    Templates: ``templates`` if given, else the vision8 registry's for ``dataset``
+    (default: the task's name) when it names a vision8 dataset, else the generic
+    ``"a photo of a {}."``. Keyword arguments go to :func:`zero_shot_head`
+    (``cache``, ``cache_root``).
+    """
+    if not isinstance(backbone, ClipBackbone):
+        raise ConfigError(f"zero-shot heads need a CLIP backbone, got {getattr(backbone, 'name', backbone)!r}")
+    key = dataset or task.name
+    if templates is None:
+        try:
+            entry = get_dataset(key)
+            templates, key = entry.templates, entry.name
+        except ConfigError:
+            if key.lower() == "imagenet":
+                templates = ct.imagenet_templates()
+            else:
+                log.info("no prompt templates registered for %r: using %r", key, GENERIC_TEMPLATES[0])
+                templates = GENERIC_TEMPLATES
+    return zero_shot_head(backbone, list(task.classes), list(templates), dataset=key, **kwargs)

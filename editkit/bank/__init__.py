@@ -1,0 +1,1 @@
+"""The persistent task-vector bank: a directory of ``manifest.json`` + one safetensors file per vector."""

@@ -1,0 +1,639 @@
+"""The task-vector bank: a directory of task vectors any user can inspect.
+
+Layout (DESIGN.md section 3)::
+
+    <root>/manifest.json          format version, base-model fingerprint, one entry per vector
+    <root>/<name>.safetensors     tau = theta_ft - theta_0, tensors keyed by parameter name
+    <root>/.lock                  file lock serialising writers
+
+Why it is built this way:
+
+- *Crash safety.* Every file is written to a temporary file in the same
+  directory, fsynced and renamed over its final name; the manifest is written
+  last. A vector therefore exists exactly when the manifest names it: a crash
+  at any point leaves the previous bank intact (at worst an orphan file the
+  manifest does not mention, which is ignored and overwritten by a later
+  append of the same name).
+- *Concurrency.* Writers hold ``<root>/.lock`` and re-read the manifest inside
+  it, so two processes appending at once both land. Readers take no lock: the
+  manifest is only ever replaced atomically, and a referenced vector file is
+  never rewritten.
+- *Trust.* Every load checks the sha256 recorded at append time and, when
+  asked, the base-model fingerprint; merges refuse vectors of different bases
+  or of different families (a non-linear tau and a linearized one live in
+  different spaces and cannot be summed meaningfully).
+- *Memory.* :meth:`Bank.merge` streams tensor by tensor through
+  ``safetensors.safe_open``, so it needs about one model of memory however
+  many vectors are combined.
+
+Orphans (vector or temporary files the manifest does not reference) are not
+errors: they are what an interrupted write leaves behind and never change what
+the bank holds. :meth:`Bank.verify` logs them at INFO level and leaves them out
+of its problem list; :meth:`Bank.orphans` lists them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import filelock
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from editkit.util.atomic import TMP_MARKER, atomic_path, atomic_write_bytes, fsync_dir
+from editkit.errors import BankError, CorruptVectorError, IncompatibleVectorsError
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+LOCK_NAME = ".lock"
+VECTOR_SUFFIX = ".safetensors"
+
+MODES = ("nonlinear", "linear", "taujp")
+LINEARIZED_MODES = frozenset({"linear", "taujp"})
+FAMILY_LINEARIZED = "linearized"
+FAMILY_NONLINEAR = "nonlinear"
+
+# Filesystem-safe on every platform; the length cap keeps "<name>.safetensors" and
+# its temporary sibling under the usual 255-byte filename limit.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_MAX_NAME_LEN = 200
+_LOCK_TIMEOUT_S = 600.0
+_HASH_CHUNK = 1 << 20
+
+
+# --------------------------------------------------------------------------- modes
+
+
+def is_linearized(mode: str) -> bool:
+    """True for vectors trained in the tangent space ("linear", "taujp").
+
+    Both live in the same linearized parameter space, so they may be combined with
+    each other but never with a "nonlinear" vector.
+    """
+    _check_mode(mode)
+    return mode in LINEARIZED_MODES
+
+
+def mode_family(mode: str) -> str:
+    """``"linearized"`` or ``"nonlinear"``: the family that decides what may be mixed."""
+    return FAMILY_LINEARIZED if is_linearized(mode) else FAMILY_NONLINEAR
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise BankError(f"unknown vector mode {mode!r}; expected one of {', '.join(MODES)}")
+
+
+def _short(fingerprint: str | None) -> str:
+    """Enough of a fingerprint for a human to tell two apart in an error message."""
+    if fingerprint is None:
+        return "<none>"
+    algo, sep, digest = fingerprint.partition(":")
+    return f"{algo}:{digest[:12]}" if sep else fingerprint[:19]
+
+
+# --------------------------------------------------------------------------- entries
+
+
+@dataclass(frozen=True)
+class VectorEntry:
+    """One manifest entry: everything needed to find, trust and describe a vector."""
+
+    name: str
+    task: str
+    mode: str
+    base: str
+    file: str
+    checksum: str
+    created: str
+    scenario: str | None = None
+    step: int | None = None
+    recipe: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+
+    @property
+    def family(self) -> str:
+        return mode_family(self.mode)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "task": self.task,
+            "mode": self.mode,
+            "base": self.base,
+            "file": self.file,
+            "checksum": self.checksum,
+            "created": self.created,
+            "scenario": self.scenario,
+            "step": self.step,
+            "recipe": self.recipe,
+            "metrics": self.metrics,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> VectorEntry:
+        """Parse one entry, refusing anything a hand edit or a bug could have mangled."""
+        if not isinstance(data, dict):
+            raise BankError(f"manifest entry is not an object: {data!r:.80}")
+        required = ("name", "task", "mode", "base", "file", "checksum", "created")
+        missing = [key for key in required if not isinstance(data.get(key), str)]
+        if missing:
+            label = data.get("name", "<unnamed>")
+            raise BankError(f"manifest entry {label!r} lacks string field(s): {', '.join(missing)}")
+        step = data.get("step")
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+            raise BankError(f"manifest entry {data['name']!r}: step must be an integer or null")
+        scenario = data.get("scenario")
+        if scenario is not None and not isinstance(scenario, str):
+            raise BankError(f"manifest entry {data['name']!r}: scenario must be a string or null")
+        recipe, metrics = data.get("recipe") or {}, data.get("metrics") or {}
+        if not isinstance(recipe, dict) or not isinstance(metrics, dict):
+            raise BankError(f"manifest entry {data['name']!r}: recipe and metrics must be objects")
+        _check_mode(data["mode"])
+        return cls(
+            name=data["name"], task=data["task"], mode=data["mode"], base=data["base"],
+            file=data["file"], checksum=data["checksum"], created=data["created"],
+            scenario=scenario, step=step, recipe=recipe, metrics=metrics,
+        )
+
+
+@dataclass
+class _Manifest:
+    base: str | None = None
+    vectors: list[VectorEntry] = field(default_factory=list)
+
+    def find(self, name: str) -> VectorEntry | None:
+        return next((e for e in self.vectors if e.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT_VERSION, "base": self.base,
+                "vectors": [e.to_json() for e in self.vectors]}
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+def _cpu_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached, contiguous CPU tensors that safetensors accepts.
+
+    safetensors refuses tensors sharing storage (e.g. tied weights passed under two
+    names); only those are cloned, so memory stays near one copy.
+    """
+    out: dict[str, torch.Tensor] = {}
+    seen: set[tuple[int, int]] = set()
+    for key, value in tensors.items():
+        if not isinstance(key, str) or not key:
+            raise BankError(f"tensor keys must be non-empty strings, got {key!r}")
+        if not isinstance(value, torch.Tensor):
+            raise BankError(f"value for {key!r} is a {type(value).__name__}, not a torch.Tensor")
+        if value.layout != torch.strided:
+            raise BankError(f"tensor {key!r} has layout {value.layout}; store dense tensors")
+        tensor = value.detach().to("cpu").contiguous()
+        ident = (tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+        if tensor.numel() and ident in seen:
+            tensor = tensor.clone()
+        seen.add(ident)
+        out[key] = tensor
+    return out
+
+
+# --------------------------------------------------------------------------- the bank
+
+
+class Bank:
+    """A persistent, append-mostly collection of task vectors sharing one base model."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"Bank({str(self.root)!r})"
+
+    # ---- paths and locking
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / MANIFEST_NAME
+
+    def _path_of(self, entry: VectorEntry) -> Path:
+        """Resolve an entry's file, refusing anything that would escape the bank directory."""
+        if Path(entry.file).name != entry.file or entry.file in ("", ".", ".."):
+            raise BankError(f"manifest entry {entry.name!r} names an unsafe file {entry.file!r}")
+        return self.root / entry.file
+
+    @contextlib.contextmanager
+    def _locked(self, *, create: bool = False) -> Iterator[None]:
+        """Hold the writer lock. Only appends may create the bank directory."""
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
+        elif not self.root.is_dir():
+            raise BankError(f"no bank at {self.root}")
+        lock = filelock.FileLock(str(self.root / LOCK_NAME), timeout=_LOCK_TIMEOUT_S)
+        try:
+            lock.acquire()
+        except filelock.Timeout as exc:
+            raise BankError(
+                f"bank {self.root} is locked by another process (waited {_LOCK_TIMEOUT_S:.0f} s); "
+                f"if no editkit process is running, delete {self.root / LOCK_NAME}"
+            ) from exc
+        try:
+            yield
+        finally:
+            lock.release()
+
+    # ---- manifest I/O
+
+    def _read_manifest(self) -> _Manifest:
+        """The manifest as it is on disk now; a missing manifest is an empty bank."""
+        path = self.manifest_path
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return _Manifest()
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BankError(f"bank manifest {path} is not valid JSON ({exc}); restore it from a backup") from exc
+        return self._parse_manifest(data, path)
+
+    @staticmethod
+    def _parse_manifest(data: Any, path: Path) -> _Manifest:
+        if not isinstance(data, dict):
+            raise BankError(f"bank manifest {path} is not a JSON object")
+        version = data.get("format")
+        if version != FORMAT_VERSION or isinstance(version, bool):
+            raise BankError(
+                f"bank manifest {path} has format {version!r}; this editkit reads format {FORMAT_VERSION} "
+                "(a newer editkit may have written it)"
+            )
+        base, vectors = data.get("base"), data.get("vectors")
+        if base is not None and not isinstance(base, str):
+            raise BankError(f"bank manifest {path}: 'base' must be a string or null")
+        if not isinstance(vectors, list):
+            raise BankError(f"bank manifest {path}: 'vectors' must be a list")
+        try:
+            entries = [VectorEntry.from_json(item) for item in vectors]
+        except BankError as exc:
+            raise BankError(f"bank manifest {path}: {exc}") from exc
+        names = [e.name for e in entries]
+        if len(set(names)) != len(names):
+            raise BankError(f"bank manifest {path} lists a vector name twice")
+        return _Manifest(base=base, vectors=entries)
+
+    def _write_manifest(self, manifest: _Manifest) -> None:
+        atomic_write_bytes(self.manifest_path, (json.dumps(manifest.to_json(), indent=2) + "\n").encode())
+
+    # ---- read-only queries
+
+    def exists(self) -> bool:
+        """True once a manifest has been written (the first append creates it)."""
+        return self.manifest_path.is_file()
+
+    def entries(self) -> list[VectorEntry]:
+        """All entries, in append order."""
+        return list(self._read_manifest().vectors)
+
+    def names(self) -> list[str]:
+        return [e.name for e in self.entries()]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._read_manifest().find(name) is not None
+
+    def __len__(self) -> int:
+        return len(self._read_manifest().vectors)
+
+    @property
+    def base(self) -> str | None:
+        """Fingerprint of theta_0 shared by every vector; None while the bank is empty."""
+        return self._read_manifest().base
+
+    def get(self, name: str) -> VectorEntry:
+        return self._get(self._read_manifest(), name)
+
+    def _get(self, manifest: _Manifest, name: str) -> VectorEntry:
+        entry = manifest.find(name)
+        if entry is None:
+            known = ", ".join(e.name for e in manifest.vectors) or "none"
+            raise BankError(f"no vector named {name!r} in bank {self.root} (known: {known})")
+        return entry
+
+    def mode_of(self, names: Iterable[str]) -> str:
+        """The family ("linearized" or "nonlinear") shared by ``names``; refuses a mix."""
+        manifest = self._read_manifest()
+        return _common_family([self._get(manifest, n) for n in names])
+
+    # ---- append
+
+    def append(
+        self,
+        name: str,
+        tensors: Mapping[str, torch.Tensor],
+        *,
+        task: str,
+        mode: str,
+        base: str,
+        scenario: str | None = None,
+        step: int | None = None,
+        recipe: dict | None = None,
+        metrics: dict | None = None,
+    ) -> VectorEntry:
+        """Store a new vector atomically; the manifest is rewritten only after its file is durable."""
+        _check_name(name)
+        _check_mode(mode)
+        if not isinstance(base, str) or not base:
+            raise BankError("base must be the base model's fingerprint string")
+        recipe, metrics = _json_copy(recipe, "recipe"), _json_copy(metrics, "metrics")
+        if not tensors:
+            raise BankError(f"vector {name!r} has no tensors")
+        cpu = _cpu_tensors(tensors)
+        with self._locked(create=True):
+            manifest = self._read_manifest()
+            self._check_appendable(manifest, name, base)
+            file_name = name + VECTOR_SUFFIX
+            checksum = self._write_vector(file_name, cpu, name=name, task=task, mode=mode, base=base)
+            entry = VectorEntry(
+                name=name, task=task, mode=mode, base=base, file=file_name, checksum=checksum,
+                created=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                scenario=scenario, step=step, recipe=recipe, metrics=metrics,
+            )
+            manifest.base = base
+            manifest.vectors.append(entry)
+            self._write_manifest(manifest)
+        logger.info("bank %s: appended %s (task=%s, mode=%s, %d tensors)", self.root, name, task, mode, len(cpu))
+        return entry
+
+    def _check_appendable(self, manifest: _Manifest, name: str, base: str) -> None:
+        if manifest.find(name) is not None:
+            raise BankError(
+                f"bank {self.root} already holds a vector named {name!r}; "
+                "remove it first (Bank.remove) or choose another name"
+            )
+        if manifest.base is not None and manifest.base != base:
+            raise IncompatibleVectorsError(
+                f"vector {name!r} was fine-tuned from base {_short(base)} but bank {self.root} holds "
+                f"vectors of base {_short(manifest.base)}; use a separate bank per base model"
+            )
+
+    def _write_vector(self, file_name: str, tensors: dict[str, torch.Tensor], **meta: str) -> str:
+        """Write ``tensors`` durably under ``file_name``; returns the checksum of the bytes written."""
+        with atomic_path(self.root / file_name) as tmp:
+            save_file(tensors, str(tmp), metadata={k: str(v) for k, v in meta.items()})
+            checksum = _sha256_file(tmp)
+        return checksum
+
+    # ---- other writes
+
+    def update_metrics(self, name: str, metrics: dict) -> VectorEntry:
+        """Merge ``metrics`` into a vector's metrics (e.g. accuracies measured after training)."""
+        new = _json_copy(metrics, "metrics")
+        self.get(name)  # refuse unknown names before touching the directory
+        with self._locked():
+            manifest = self._read_manifest()
+            old = self._get(manifest, name)
+            entry = VectorEntry(**{**old.to_json(), "metrics": {**old.metrics, **new}})
+            manifest.vectors[manifest.vectors.index(old)] = entry
+            self._write_manifest(manifest)
+        logger.info("bank %s: updated metrics of %s (%s)", self.root, name, ", ".join(new))
+        return entry
+
+    def remove(self, name: str) -> None:
+        """Forget a vector: the manifest first (atomic), then its file.
+
+        A crash between the two leaves an orphan file, never a dangling entry. Removing
+        the last vector resets the bank's base, so an empty bank accepts any model.
+        """
+        self.get(name)  # refuse unknown names before touching the directory
+        with self._locked():
+            manifest = self._read_manifest()
+            entry = self._get(manifest, name)
+            path = self._path_of(entry)
+            manifest.vectors.remove(entry)
+            if not manifest.vectors:
+                manifest.base = None
+            self._write_manifest(manifest)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            fsync_dir(self.root)
+        logger.info("bank %s: removed %s", self.root, name)
+
+    # ---- loading and checking
+
+    def load(self, name: str, *, base: str | None = None) -> dict[str, torch.Tensor]:
+        """The tensors of one vector, after checking its checksum (and base, when given)."""
+        manifest = self._read_manifest()
+        entry = self._get(manifest, name)
+        _check_bases([entry], base)
+        path = self._verify_file(entry)
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                return {key: fh.get_tensor(key) for key in fh.keys()}
+        except Exception as exc:  # safetensors raises its own types
+            raise CorruptVectorError(f"vector file {path} is truncated or unreadable ({exc})") from exc
+
+    def _verify_file(self, entry: VectorEntry) -> Path:
+        """Raise CorruptVectorError unless the entry's file exists and matches its checksum."""
+        path = self._path_of(entry)
+        try:
+            actual = _sha256_file(path)
+        except FileNotFoundError as exc:
+            raise CorruptVectorError(f"vector file {path} of {entry.name!r} is missing") from exc
+        except OSError as exc:
+            raise CorruptVectorError(f"vector file {path} is truncated or unreadable ({exc})") from exc
+        if actual != entry.checksum:
+            raise CorruptVectorError(self._mismatch_message(path, entry, actual))
+        return path
+
+    @staticmethod
+    def _mismatch_message(path: Path, entry: VectorEntry, actual: str) -> str:
+        """Say whether the file no longer parses (truncated) or parses but changed."""
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                fh.keys()
+        except Exception:  # safetensors raises its own types
+            return (f"vector file {path} is truncated or unreadable "
+                    f"(checksum mismatch: manifest {_short(entry.checksum)}, file {_short(actual)})")
+        return (f"vector file {path}: checksum mismatch (manifest {_short(entry.checksum)}, "
+                f"file {_short(actual)}); the file was modified or damaged after it was stored")
+
+    def verify(self) -> list[str]:
+        """Problems that make the bank untrustworthy; an empty list means healthy.
+
+        Checks the manifest parses, every entry's file exists, parses and matches its
+        checksum, and every entry carries the bank's base. Orphan files are not
+        problems (see the module docstring); they are logged at INFO level.
+        """
+        try:
+            manifest = self._read_manifest()
+        except BankError as exc:
+            return [str(exc)]
+        problems: list[str] = []
+        for entry in manifest.vectors:
+            if entry.base != manifest.base:
+                problems.append(f"vector {entry.name!r} has base {_short(entry.base)}, "
+                                f"bank has {_short(manifest.base)}")
+            try:
+                self._verify_file(entry)
+            except BankError as exc:
+                problems.append(str(exc))
+        for orphan in self._orphans(manifest):
+            logger.info("bank %s: ignoring orphan file %s (left by an interrupted write?)", self.root, orphan.name)
+        return problems
+
+    def orphans(self) -> list[Path]:
+        """Files in the bank directory that the manifest does not reference."""
+        return self._orphans(self._read_manifest())
+
+    def _orphans(self, manifest: _Manifest) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        known = {e.file for e in manifest.vectors} | {MANIFEST_NAME, LOCK_NAME}
+        return sorted(p for p in self.root.iterdir()
+                      if p.name not in known and (p.suffix == VECTOR_SUFFIX or TMP_MARKER in p.name))
+
+    # ---- merging
+
+    def merge(self, coefficients: Mapping[str, float], *, base: str | None = None) -> dict[str, torch.Tensor]:
+        """Sum alpha_i * tau_i, streamed key by key.
+
+        Everything that could refuse (names, modes, bases, checksums, key sets, shapes)
+        is checked before the first addition. Accumulation is in float32 (float64 if
+        any input is float64 or not floating), and each result is cast back to the
+        stored dtype (the promoted one if the vectors differ).
+        """
+        if not coefficients:
+            raise BankError("merge needs at least one vector; the selection is empty")
+        manifest = self._read_manifest()
+        entries = [self._get(manifest, name) for name in coefficients]
+        alphas = [float(coefficients[e.name]) for e in entries]
+        _common_family(entries)
+        _check_bases(entries, base)
+        paths = [self._verify_file(e) for e in entries]
+        with contextlib.ExitStack() as stack:
+            handles = [self._open(stack, p) for p in paths]
+            keys = _check_layouts(entries, handles)
+            merged = {key: _merge_key(key, handles, alphas) for key in keys}
+        logger.info("bank %s: merged %s", self.root,
+                    ", ".join(f"{a:+g}*{e.name}" for a, e in zip(alphas, entries)))
+        return merged
+
+    @staticmethod
+    def _open(stack: contextlib.ExitStack, path: Path) -> Any:
+        try:
+            return stack.enter_context(safe_open(str(path), framework="pt"))
+        except Exception as exc:  # safetensors raises its own types
+            raise CorruptVectorError(f"vector file {path} is truncated or unreadable ({exc})") from exc
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or len(name) > _MAX_NAME_LEN:
+        raise BankError(
+            f"invalid vector name {name!r}: use letters, digits, '.', '_' and '-', "
+            f"starting with a letter or digit, at most {_MAX_NAME_LEN} characters"
+        )
+
+
+def _json_copy(value: dict | None, what: str) -> dict:
+    """A private JSON-safe copy, so a refused value never reaches the disk half-written."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BankError(f"{what} must be a dict, got {type(value).__name__}")
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise BankError(f"{what} must be JSON-serialisable: {exc}") from exc
+
+
+def _common_family(entries: list[VectorEntry]) -> str:
+    if not entries:
+        raise BankError("no vectors selected")
+    families = {e.family for e in entries}
+    if len(families) > 1:
+        listing = ", ".join(f"{e.name} ({e.mode})" for e in entries)
+        raise IncompatibleVectorsError(
+            f"cannot combine non-linear and linearized vectors: {listing}; "
+            "select vectors of one family ('linear' and 'taujp' mix, 'nonlinear' does not)"
+        )
+    return families.pop()
+
+
+def _check_bases(entries: list[VectorEntry], base: str | None) -> None:
+    bases = {e.base for e in entries}
+    if len(bases) > 1:
+        listing = ", ".join(f"{e.name} ({_short(e.base)})" for e in entries)
+        raise IncompatibleVectorsError(f"vectors come from different base models: {listing}")
+    if base is not None and bases != {base}:
+        bad = ", ".join(sorted({e.name for e in entries if e.base != base}))
+        raise IncompatibleVectorsError(
+            f"vector(s) {bad} were fine-tuned from base {_short(bases.pop())}, "
+            f"not from the requested base {_short(base)}"
+        )
+
+
+def _check_layouts(entries: list[VectorEntry], handles: list[Any]) -> list[str]:
+    """Identical key sets and shapes across vectors, checked from headers only."""
+    first, keys = entries[0], list(handles[0].keys())
+    shapes = {k: handles[0].get_slice(k).get_shape() for k in keys}
+    for entry, handle in zip(entries[1:], handles[1:]):
+        other = set(handle.keys())
+        if other != set(keys):
+            extra, lacking = sorted(other - set(keys)), sorted(set(keys) - other)
+            raise BankError(
+                f"vectors {first.name!r} and {entry.name!r} have different parameters: "
+                f"only in {entry.name!r}: {extra[:5]}, only in {first.name!r}: {lacking[:5]}"
+            )
+        for key in keys:
+            shape = handle.get_slice(key).get_shape()
+            if shape != shapes[key]:
+                raise BankError(
+                    f"parameter {key!r} has shape {tuple(shapes[key])} in {first.name!r} "
+                    f"but {tuple(shape)} in {entry.name!r}"
+                )
+    return keys
+
+
+def _merge_key(key: str, handles: list[Any], alphas: list[float]) -> torch.Tensor:
+    """alpha-weighted sum of one parameter, holding one input tensor at a time."""
+    acc: torch.Tensor | None = None
+    out_dtype: torch.dtype | None = None
+    for handle, alpha in zip(handles, alphas):
+        tensor = handle.get_tensor(key)
+        out_dtype = tensor.dtype if out_dtype is None else torch.promote_types(out_dtype, tensor.dtype)
+        if acc is None:
+            acc = torch.zeros(tensor.shape, dtype=_acc_dtype(tensor.dtype))
+        elif _acc_dtype(tensor.dtype) == torch.float64 and acc.dtype != torch.float64:
+            acc = acc.double()
+        acc.add_(tensor.to(acc.dtype), alpha=alpha)
+    assert acc is not None and out_dtype is not None
+    if not out_dtype.is_floating_point and not out_dtype.is_complex:
+        acc = acc.round()
+    return acc.to(out_dtype)
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    if dtype == torch.float64 or not dtype.is_floating_point:
+        return torch.float64
+    return torch.float32

@@ -1,0 +1,76 @@
+"""Terminal rendering with rich: progress bars and result tables.
+
+Used by the CLI and available to scripts; library modules never print.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Mapping
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+console = Console(stderr=False)
+err_console = Console(stderr=True)
+
+
+class _RichTask:
+    def __init__(self, progress: Progress, task_id) -> None:
+        self.progress, self.task_id = progress, task_id
+
+    def advance(self, n: int = 1, **fields: float) -> None:
+        shown = {k: fields[k] for k in ("ce", "penalty") if k in fields}
+        info = "  ".join(f"{k} {v:.4f}" for k, v in shown.items())
+        self.progress.update(self.task_id, advance=n, info=info)
+
+
+class RichProgress:
+    """``editkit.util.progress.Progress`` drawn as rich bars (one per training or evaluation pass)."""
+
+    def __init__(self, target: Console | None = None) -> None:
+        self.console = target or console
+
+    @contextlib.contextmanager
+    def task(self, description: str, total: int) -> Iterator[_RichTask]:
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
+        with Progress(*columns, console=self.console, transient=True) as progress:
+            yield _RichTask(progress, progress.add_task(description, total=total, info=""))
+
+
+def pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f}"
+
+
+def step_table(step: Mapping[str, Any], single: Mapping[str, float]) -> Table:
+    """One stream step: the merged model (alpha = 1) on every task seen so far."""
+    merged = step["merged"]
+    title = (f"after {step['task']} (step {step['step'] + 1})" + ("  [resumed from bank]" if step.get("resumed") else "")
+             + f"  —  {step.get('seconds_per_step', 0):.2f} s/step")
+    return accuracy_table(title, merged["per_task"], single={t: single[t] for t in merged["per_task"]},
+                          summary={"absolute": merged["absolute"], "normalized": merged["normalized"]})
+
+
+def accuracy_table(title: str, per_task: Mapping[str, float], single: Mapping[str, float] | None = None,
+                   pretrained: Mapping[str, float] | None = None, summary: Mapping[str, float] | None = None) -> Table:
+    """Per-task accuracy rows plus a summary row (absolute / normalized)."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("task")
+    columns = [("pretrained", pretrained), ("edited", per_task), ("single-task", single)]
+    columns = [(name, values) for name, values in columns if values is not None]
+    for name, _ in columns:
+        table.add_column(name, justify="right")
+    if single is not None:
+        table.add_column("normalized", justify="right")
+    for task in per_task:
+        row = [task] + [pct(values.get(task)) for _, values in columns]
+        if single is not None:
+            row.append(pct(per_task[task] / single[task] if single.get(task) else None))
+        table.add_row(*row)
+    if summary:
+        table.caption = "  ".join(f"{k} {pct(v)}" for k, v in summary.items())
+        table.caption_justify = "left"
+        table.caption_style = "bold"
+    return table

@@ -1,0 +1,200 @@
+"""The tauJp regularizer: keep a task vector silent on other tasks' inputs.
+
+penalty(tau) = mean over unlabeled x_o of || J_theta0 f(x_o) . tau ||  (backbone features)
+
+Sources are *unlabeled* views of other tasks' train splits: ``UnlabeledSource``
+holds an inputs tensor only, so the penalty path has no way to read a label.
+``LazyUnlabeledSource`` serves datasets too big to hold in memory (vision8): it
+samples indices the same way and loads and preprocesses only the sampled items,
+through an inputs-only accessor. Schedules (paper Eq. 10/11): ``cyclic`` draws one
+batch from source ``step % n_sources`` per step; ``strict`` draws one batch from
+every source and averages their penalties.
+
+Under data parallelism (see ``editkit.train.runtime``) every process draws the same
+global reg batch and keeps its contiguous slice (``shard=(rank, world_size)``);
+the penalty of a slice is weighted so that averaging gradients over processes
+gives the single-process penalty.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.utils.data import Dataset
+
+from editkit.errors import ConfigError
+from editkit.util.sharding import shard_bounds
+
+log = logging.getLogger(__name__)
+
+Shard = tuple[int, int]  # (rank, world size)
+
+
+def _shard(index: list[int], shard: Shard | None) -> list[int]:
+    if shard is None or shard[1] == 1:
+        return index
+    start, stop = shard_bounds(len(index), *shard)
+    return index[start:stop]
+
+
+class UnlabeledSource:
+    """Inputs of one source, sampled in seeded random order without replacement."""
+
+    lazy = False
+
+    def __init__(self, name: str, inputs: torch.Tensor, *, seed: int = 0) -> None:
+        if len(inputs) == 0:
+            raise ValueError(f"unlabeled source {name!r} is empty")
+        self.name = name
+        self.inputs = inputs
+        self._generator = torch.Generator().manual_seed(seed)
+        self._order: list[int] = []
+
+    @classmethod
+    def from_dataset(cls, name: str, dataset: Dataset, *, seed: int = 0) -> "UnlabeledSource":
+        """Keep only the inputs of a labelled dataset (element 0 of each item)."""
+        inputs = getattr(dataset, "inputs", None)
+        if inputs is None:
+            inputs = torch.stack([dataset[i][0] for i in range(len(dataset))])
+        return cls(name, inputs, seed=seed)
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def next_indices(self, size: int) -> list[int]:
+        """The next ``size`` indices of the seeded order (a fresh permutation each time one runs out)."""
+        index = []
+        while len(index) < size:
+            if not self._order:
+                self._order = torch.randperm(len(self), generator=self._generator).tolist()
+            index.append(self._order.pop())
+        return index
+
+    def load(self, index: list[int]) -> torch.Tensor:
+        """Inputs at ``index`` as one batch."""
+        return self.inputs[index]
+
+    def next_batch(self, size: int, *, shard: Shard | None = None) -> torch.Tensor:
+        """The next ``size`` inputs; with ``shard=(rank, world)`` only this rank's slice of them."""
+        return self.load(_shard(self.next_indices(size), shard))
+
+
+def input_accessor(dataset: Dataset) -> Callable[[int], Any]:
+    """A function ``i -> input`` of a dataset that avoids labels where the dataset allows.
+
+    Datasets with an ``input(i)`` method (``editkit.data.vision8.TransformedSubset``)
+    or an ``inputs`` tensor are read without touching labels; otherwise item ``i``'s
+    element 0 is taken (the dataset builds the pair; the label is dropped at once).
+    """
+    method = getattr(dataset, "input", None)
+    if callable(method):
+        return method
+    inputs = getattr(dataset, "inputs", None)
+    if isinstance(inputs, torch.Tensor):
+        return inputs.__getitem__
+    return lambda i: dataset[i][0]
+
+
+class LazyUnlabeledSource(UnlabeledSource):
+    """Like :class:`UnlabeledSource` over a dataset that is never loaded whole.
+
+    Samples indices exactly as ``UnlabeledSource`` does (same seed, same batches) and
+    loads and preprocesses only the sampled items via :func:`input_accessor`.
+    """
+
+    lazy = True
+
+    def __init__(self, name: str, dataset: Dataset, *, seed: int = 0) -> None:
+        if len(dataset) == 0:
+            raise ValueError(f"unlabeled source {name!r} is empty")
+        self.name = name
+        self.dataset = dataset
+        self._get = input_accessor(dataset)
+        self._size = len(dataset)
+        self._generator = torch.Generator().manual_seed(seed)
+        self._order: list[int] = []
+
+    @property
+    def inputs(self) -> torch.Tensor:  # pragma: no cover - guard
+        raise AttributeError("a LazyUnlabeledSource never holds all its inputs; use next_batch")
+
+    def __len__(self) -> int:
+        return self._size
+
+    def load(self, index: list[int]) -> torch.Tensor:
+        return torch.stack([torch.as_tensor(self._get(i)) for i in index])
+
+
+def unlabeled_source(name: str, dataset: Dataset, *, seed: int = 0) -> UnlabeledSource:
+    """Eager for datasets that already hold an inputs tensor, lazy for the rest (same batches either way)."""
+    inputs = getattr(dataset, "inputs", None)
+    if isinstance(inputs, torch.Tensor):
+        return UnlabeledSource(name, inputs, seed=seed)
+    return LazyUnlabeledSource(name, dataset, seed=seed)
+
+
+def penalty(tangent: torch.Tensor, *, squared: bool = False) -> torch.Tensor:
+    """Mean over the batch of the per-example L2 norm (or squared norm) of J.tau."""
+    norms = torch.linalg.vector_norm(tangent.flatten(1), dim=1)
+    return (norms.square() if squared else norms).mean()
+
+
+@dataclass
+class Regularizer:
+    """Which unlabeled batches to penalise at each step, and how to score them."""
+
+    sources: Sequence[UnlabeledSource]
+    lam: float = 0.1
+    schedule: str = "cyclic"
+    batch_size: int = 4
+    squared: bool = False
+    shard: Shard | None = None  # (rank, world size) under data parallelism
+
+    def __post_init__(self) -> None:
+        if self.schedule not in ("cyclic", "strict"):
+            raise ValueError(f"unknown schedule {self.schedule!r}")
+        if self.shard is not None and self.shard[1] > 1 and self.batch_size < self.shard[1]:
+            raise ConfigError(
+                f"a reg batch of {self.batch_size} cannot be split over {self.shard[1]} processes; "
+                f"raise reg_batch to at least {self.shard[1]}"
+            )
+
+    @property
+    def lazy(self) -> bool:
+        """Whether drawing a batch loads data (worth doing ahead of time)."""
+        return any(getattr(source, "lazy", False) for source in self.sources)
+
+    @property
+    def _shard_weight(self) -> float:
+        if self.shard is None or self.shard[1] == 1:
+            return 1.0
+        start, stop = shard_bounds(self.batch_size, *self.shard)
+        return (stop - start) * self.shard[1] / self.batch_size
+
+    def _draw(self, source: UnlabeledSource) -> torch.Tensor:
+        if self.shard is None or self.shard[1] == 1:
+            return source.next_batch(self.batch_size)
+        return source.next_batch(self.batch_size, shard=self.shard)
+
+    @property
+    def active(self) -> bool:
+        return self.lam > 0 and len(self.sources) > 0
+
+    def batches(self, step: int) -> list[torch.Tensor]:
+        """The reg batches of one step (empty when inactive)."""
+        if not self.active:
+            return []
+        if self.schedule == "cyclic":
+            return [self._draw(self.sources[step % len(self.sources)])]
+        return [self._draw(source) for source in self.sources]
+
+    def loss(self, tangents: Sequence[torch.Tensor]) -> torch.Tensor:
+        """lam * mean over the step's sources of their penalties (of this process's slices, weighted)."""
+        values = [penalty(t, squared=self.squared) for t in tangents]
+        value = self.lam * torch.stack(values).mean()
+        weight = self._shard_weight
+        return value if weight == 1.0 else value * weight
+

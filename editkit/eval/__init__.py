@@ -1,0 +1,1 @@
+"""Scoring edited models: accuracy, the exact coefficient sweeps of linearized vectors, diagnostics."""

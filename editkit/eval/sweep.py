@@ -1,0 +1,266 @@
+"""Many coefficient combinations of one mode's task vectors, evaluated cheaply and exactly.
+
+:class:`TaskSplits` holds every task's validation / test labels and theta_0's
+features; :class:`ModeEvaluator` answers "predictions of theta_0 + sum_k c_k tau_k
+on split s" for any coefficients, memoised. For linearized vectors the model is
+f_lin(x; sum c_k tau_k) = f(x; theta_0) + sum c_k J tau_k(x): the tangent is linear
+in the coefficients, so theta_0's features and one tangent per vector per input
+(one jvp) give every coefficient, sum and negation exactly, with no jvp repeated.
+Non-linear vectors need a real forward pass per combination.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Subset
+
+from editkit.bank.store import Bank
+from editkit.eval.diagnostics import tangent_norms
+from editkit.train.runtime import Runtime
+from editkit.errors import ConfigError
+from editkit.core.linearize import LinearizedModel, NonLinearModel
+from editkit.util.progress import Progress
+from editkit.data.tasks import TensorTaskDataset
+
+SPLITS = ("val", "test")
+IN_MEMORY_LIMIT = 4 << 30  # bytes of banked vectors a mode keeps in memory; above it sums stream from the bank
+
+
+def _tensors(dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(inputs, targets) when the dataset holds both as tensors (in-memory tasks), else None."""
+    inputs, targets = getattr(dataset, "inputs", None), getattr(dataset, "targets", None)
+    if isinstance(inputs, torch.Tensor) and targets is not None:
+        return inputs, torch.as_tensor(targets)
+    return None
+
+
+def _prefix(dataset, n: int):
+    """The first ``n`` items of a dataset (sliced tensors for in-memory tasks, else a Subset)."""
+    held = _tensors(dataset)
+    if held is not None:
+        return TensorTaskDataset(held[0][:n], held[1][:n])
+    return Subset(dataset, range(min(n, len(dataset))))
+
+
+class TaskSplits:
+    """Every task's validation and test split, their labels and theta_0's features.
+
+    Inputs are never all held in memory: in-memory tasks are sliced, other datasets
+    (image files, parquet) are read batch by batch through a DataLoader with the
+    runtime's workers, each time a model has to see them. What is kept is one
+    feature (or tangent) vector per input. The derived split ``xi`` is the first
+    ``xi_samples`` test inputs of each task.
+    """
+
+    def __init__(self, module: nn.Module, tasks, *, batch_size: int, xi_samples: int, progress: Progress,
+                 runtime: Runtime | None = None) -> None:
+        self.names = [t.name for t in tasks]
+        self.batch_size, self.xi_samples, self.runtime = batch_size, xi_samples, runtime or Runtime()
+        self.sets: dict[str, dict[str, Any]] = {s: {t.name: getattr(t, s) for t in tasks} for s in SPLITS}
+        empty = [f"{n} ({s})" for s in SPLITS for n in self.names if len(self.sets[s][n]) == 0]
+        if empty:
+            raise ConfigError(f"bench needs non-empty validation and test splits; empty: {', '.join(empty)}")
+        self.sets["xi"] = {n: _prefix(d, xi_samples) for n, d in self.sets["test"].items()}
+        self.labels: dict[str, dict[str, torch.Tensor]] = {s: {} for s in SPLITS}
+        self.f0: dict[str, dict[str, torch.Tensor]] = {s: {} for s in SPLITS}
+        batches = sum(self.batches(s, n) for s in SPLITS for n in self.names)
+        with progress.task("theta_0 features", total=batches) as bar:
+            for split in SPLITS:
+                for name in self.names:
+                    labels: list[torch.Tensor] = []
+                    self.f0[split][name] = self.map(module, split, name, bar, labels=labels)
+                    self.labels[split][name] = torch.cat(labels).long()
+        self.f0["xi"] = {n: f[:xi_samples] for n, f in self.f0["test"].items()}
+        self.labels["xi"] = {n: y[:xi_samples] for n, y in self.labels["test"].items()}
+
+    def batches(self, split: str, name: str) -> int:
+        return math.ceil(len(self.sets[split][name]) / self.batch_size)
+
+    def _batches(self, split: str, name: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(inputs, labels) batches of one split, in order."""
+        dataset = self.sets[split][name]
+        held = _tensors(dataset)
+        if held is not None:
+            inputs, targets = held
+            for i in range(0, len(inputs), self.batch_size):
+                yield inputs[i : i + self.batch_size], targets[i : i + self.batch_size]
+            return
+        loader = DataLoader(dataset, batch_size=self.batch_size, shuffle=False, num_workers=self.runtime.workers,
+                            pin_memory=self.runtime.device.type == "cuda")
+        for batch in loader:
+            yield batch[0], torch.as_tensor(batch[1])
+
+    @torch.no_grad()
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor], split: str, name: str, bar=None,
+            labels: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """``fn`` over a split's inputs on the runtime's device (autocast as configured), as fp32 on the
+        CPU; ``labels``, when given, receives the labels batch by batch."""
+        out = []
+        for x, y in self._batches(split, name):
+            with self.runtime.autocast():
+                out.append(fn(x.to(self.runtime.device, non_blocking=True)).float().cpu())
+            if labels is not None:
+                labels.append(y)
+            if bar is not None:
+                bar.advance(1)
+        return torch.cat(out)
+
+    @torch.no_grad()
+    def pretrained_accuracies(self, heads: Mapping[str, nn.Module], split: str) -> dict[str, float]:
+        """theta_0's accuracy on each task's ``split`` under the task's head."""
+        return {n: float((heads[n](self.f0[split][n]).argmax(dim=1) == self.labels[split][n]).double().mean())
+                for n in self.names}
+
+
+Combo = Mapping[str, float]
+
+
+def _combo_key(combo: Combo) -> tuple[tuple[str, float], ...]:
+    return tuple(sorted((k, float(c)) for k, c in combo.items() if float(c) != 0.0))
+
+
+class ModeEvaluator:
+    """Predictions of theta_0 + sum_k c_k tau_k for one mode's vectors, memoised.
+
+    Vector keys are the bank's vector names (one per task) plus in-memory extras
+    (the TIES-merged vector). Linearized modes combine cached tangents (exact);
+    the non-linear mode runs the network at the combined parameters. Nothing here
+    opens a progress task: callers pass a ``bar`` to advance.
+    """
+
+    def __init__(self, mode: str, bank: Bank, vector_names: Mapping[str, str], data: TaskSplits,
+                 heads: Mapping[str, nn.Module], base: str, models: "SharedModels") -> None:
+        self.mode, self.bank, self.data, self.heads, self.base = mode, bank, data, heads, base
+        self.vector_names = dict(vector_names)  # task -> bank vector name
+        self.models = models
+        self.linearized = mode != "nonlinear"
+        self.extras: dict[str, dict[str, torch.Tensor]] = {}
+        self._loaded: dict[str, dict[str, torch.Tensor]] = {}
+        self._tangents: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+        self._memo: dict[tuple, torch.Tensor] = {}
+        self._last: tuple[tuple, dict[str, torch.Tensor]] | None = None
+
+    # vectors
+    def vector(self, key: str) -> dict[str, torch.Tensor]:
+        """A vector's tensors; banked ones are kept in memory after the first (checksummed) load
+        while all of them fit in ``IN_MEMORY_LIMIT`` bytes."""
+        if key in self.extras:
+            return self.extras[key]
+        if key in self._loaded:
+            return self._loaded[key]
+        tensors = self.bank.load(self.vector_names[key], base=self.base)
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        if size * len(self.vector_names) <= IN_MEMORY_LIMIT:
+            self._loaded[key] = tensors
+        return tensors
+
+    def add_vector(self, key: str, tensors: dict[str, torch.Tensor]) -> None:
+        if key in self.vector_names:
+            raise ValueError(f"vector key {key!r} is a task name")
+        self.extras[key] = tensors
+
+    def combined(self, combo: Combo) -> dict[str, torch.Tensor]:
+        """sum c_k tau_k: banked vectors through the bank's streamed merge, extras added in memory."""
+        key = _combo_key(combo)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        first = next((k for k, _ in key if k not in self.extras), None)
+        if first is not None and (self.vector(first) is self._loaded.get(first)):
+            in_memory = [k for k, _ in key]  # every banked vector fits in memory: sum there
+        else:
+            in_memory = [k for k, _ in key if k in self.extras]
+        banked = {self.vector_names[k]: c for k, c in key if k not in in_memory}
+        tau = self.bank.merge(banked, base=self.base) if banked else {}
+        for k, c in key:
+            if k in in_memory:
+                for name, t in self.vector(k).items():
+                    tau[name] = tau[name] + c * t if name in tau else c * t
+        self._last = (key, tau)
+        return tau
+
+    # tangents (linearized modes)
+    def tangent_batches(self, keys: Sequence[str], splits: Sequence[str] = SPLITS) -> int:
+        return sum(self.data.batches(s, n) for s in splits for n in self.data.names for k in keys
+                   if (k, s) not in self._tangents)
+
+    def compute_tangents(self, keys: Sequence[str], splits: Sequence[str] = SPLITS, bar=None) -> None:
+        """J tau_k on every task's inputs of ``splits`` (one jvp per input), cached."""
+        model = self.models.linearized
+        for k in keys:
+            todo = [s for s in splits if (k, s) not in self._tangents]
+            if not todo:
+                continue
+            model.load_task_vector(self.vector(k))
+            for split in todo:
+                self._tangents[(k, split)] = {n: self.data.map(model.tangent, split, n, bar) for n in self.data.names}
+
+    def tangents(self, key: str, split: str) -> dict[str, torch.Tensor]:
+        if split == "xi":
+            return {n: t[: self.data.xi_samples] for n, t in self.tangents(key, "test").items()}
+        if (key, split) not in self._tangents:
+            raise RuntimeError(f"tangents of {key!r} on {split} were not computed")  # a bug in the caller
+        return self._tangents[(key, split)]
+
+    def tangent_norm_means(self, key: str, names: Sequence[str], split: str = "test", bar=None) -> dict[str, float]:
+        """Mean over each named task's inputs of ||J tau_key(x)||; for non-linear vectors computed and dropped."""
+        if self.linearized:
+            tangents = self.tangents(key, split)
+            return {n: float(tangent_norms(tangents[n]).double().mean()) for n in names}
+        model = self.models.linearized
+        model.load_task_vector(self.vector(key))
+        out = {}
+        for n in names:
+            t = self.data.map(model.tangent, split, n, bar)
+            out[n] = float(tangent_norms(t).double().mean())
+        return out
+
+    # predictions
+    @torch.no_grad()
+    def predictions(self, combo: Combo, split: str, tasks: Sequence[str]) -> dict[str, torch.Tensor]:
+        key = _combo_key(combo)
+        missing = [t for t in tasks if (key, split, t) not in self._memo]
+        if missing:
+            if not key:
+                for t in missing:
+                    self._memo[(key, split, t)] = self._argmax(t, self.data.f0[split][t])
+            elif self.linearized:
+                for t in missing:
+                    features = self.data.f0[split][t].clone()
+                    for k, c in key:
+                        features.add_(self.tangents(k, split)[t], alpha=c)
+                    self._memo[(key, split, t)] = self._argmax(t, features)
+            else:
+                model = self.models.nonlinear
+                model.load_task_vector(self.combined(combo))
+                for t in missing:
+                    features = self.data.map(model, split, t)
+                    self._memo[(key, split, t)] = self._argmax(t, features)
+        return {t: self._memo[(key, split, t)] for t in tasks}
+
+    def _argmax(self, task: str, features: torch.Tensor) -> torch.Tensor:
+        head = self.heads[task]
+        return torch.cat([head(features[i : i + 4096]).argmax(dim=1) for i in range(0, len(features), 4096)])
+
+    def accuracies(self, combo: Combo, split: str, tasks: Sequence[str]) -> dict[str, float]:
+        preds = self.predictions(combo, split, tasks)
+        return {t: float((preds[t] == self.data.labels[split][t]).double().mean()) for t in tasks}
+
+
+@dataclass
+class SharedModels:
+    """One linearized and one non-linear wrapper of theta_0, shared by every mode."""
+
+    linearized: LinearizedModel
+    nonlinear: NonLinearModel
+
+    @classmethod
+    def of(cls, module: nn.Module) -> "SharedModels":
+        lin, nonlin = LinearizedModel(module), NonLinearModel(module)
+        lin.eval()
+        nonlin.eval()
+        return cls(lin, nonlin)

@@ -1,0 +1,78 @@
+"""Avalanche interop: editkit tasks as an Avalanche benchmark, and back.
+
+Streams are Avalanche benchmarks, so any Avalanche benchmark can be fed to
+``editkit.runs.stream`` and editkit scenarios can be used by Avalanche strategies.
+Avalanche is imported here only (it takes seconds to import).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Sequence
+
+from torch.utils.data import Dataset
+
+from editkit.data.tasks import TaskData
+
+
+def import_avalanche():
+    """The avalanche functions editkit uses: (benchmark_from_datasets, with_task_labels, make_dataset).
+
+    Imported on first use (seconds), or early under torchrun. Avalanche imports
+    qpsolvers for its GEM strategy, which editkit never uses, and qpsolvers warns on
+    every import that no QP solver is installed; that one warning is silenced here.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="no QP solver found", category=UserWarning)
+        from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets
+        from avalanche.benchmarks.scenarios.task_aware import with_task_labels
+        from avalanche.benchmarks.utils.classification_dataset import _make_taskaware_classification_dataset
+    return benchmark_from_datasets, with_task_labels, _make_taskaware_classification_dataset
+
+
+def benchmark_from_tasks(tasks: Sequence[TaskData]):
+    """train / valid / test streams with one experience per task; task label = index."""
+    benchmark_from_datasets, with_task_labels, make_dataset = import_avalanche()
+
+    def wrap(split: str) -> list:
+        return [make_dataset(getattr(t, split), task_labels=i) for i, t in enumerate(tasks)]
+
+    return with_task_labels(benchmark_from_datasets(train=wrap("train"), valid=wrap("val"), test=wrap("test")))
+
+
+@dataclass
+class Experience:
+    """What the stream runner needs from one Avalanche experience."""
+
+    index: int
+    name: str
+    task_label: int
+    train: Dataset
+    test: Dataset
+    val: Dataset | None
+    num_classes: int
+
+
+def experiences(benchmark, names: Sequence[str] | None = None) -> list[Experience]:
+    """Read a benchmark's train/test (and valid, if any) streams into ``Experience`` records."""
+    train, test = list(benchmark.train_stream), list(benchmark.test_stream)
+    if len(train) != len(test):
+        raise ValueError(f"train_stream has {len(train)} experiences but test_stream has {len(test)}")
+    valid = list(getattr(benchmark, "valid_stream", [])) or [None] * len(train)
+    names = list(names) if names is not None else [f"task{i}" for i in range(len(train))]
+    out = []
+    for i, (tr, te, va) in enumerate(zip(train, test, valid)):
+        targets = list(tr.dataset.targets) + list(te.dataset.targets)
+        out.append(
+            Experience(
+                index=i,
+                name=names[i],
+                task_label=getattr(tr, "task_label", i),
+                train=tr.dataset,
+                test=te.dataset,
+                val=va.dataset if va is not None else None,
+                num_classes=int(max(targets)) + 1,
+            )
+        )
+    return out

@@ -1,0 +1,1 @@
+"""Combining task vectors: task arithmetic, TIES-merging and the coefficient rules."""

@@ -1,0 +1,1 @@
+"""Model families (backbones) and the fixed heads on top of them."""

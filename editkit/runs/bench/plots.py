@@ -1,0 +1,189 @@
+"""PNG figures of a bench report (matplotlib, headless Agg backend).
+
+Every function reads only the report dictionary, so figures can be redrawn
+from a saved ``report.json``. Each figure is saved as ``<figure>.png`` (see :func:`render_all`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+MODE_COLORS = {"nonlinear": "tab:red", "linear": "tab:blue", "taujp": "tab:green"}
+DPI = 110
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path, *, tight: bool = True) -> Path:
+    """Write ``fig`` as a PNG and free it (``tight=False`` for figures with constrained layout)."""
+    plt = _plt()
+    if tight:
+        fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _color(mode: str) -> str:
+    return MODE_COLORS.get(mode, "tab:gray")
+
+
+def plot_alpha_curves(report: Mapping[str, Any], path: Path) -> Path:
+    """Validation accuracy of each method vs its coefficient, one panel per mode; the chosen one marked."""
+    plt = _plt()
+    modes = list(report["alpha_search"])
+    fig, axes = plt.subplots(1, len(modes), figsize=(4.2 * len(modes), 3.6), squeeze=False)
+    pretrained = np.mean(list(report["pretrained"]["val"].values()))
+    for ax, mode in zip(axes[0], modes):
+        for method, style in (("task-arithmetic", "-"), ("ties", "--")):
+            curve = report["alpha_search"][mode].get(method)
+            if not curve:
+                continue
+            label = "task arithmetic" if method == "task-arithmetic" else "TIES"
+            ax.plot(curve["alphas"], curve["val_absolute"], style, marker="o", markersize=3, color=_color(mode),
+                    label=f"{label} (absolute)")
+            ax.plot(curve["alphas"], curve["val_normalized"], style, marker="s", markersize=3, color=_color(mode),
+                    alpha=0.45, label=f"{label} (normalized)")
+            best = curve["alphas"].index(curve["chosen"])
+            ax.plot([curve["chosen"]], [curve["val_absolute"][best]], marker="*", markersize=14, color="black",
+                    linestyle="none")
+        ax.axhline(pretrained, color="gray", linestyle=":", linewidth=1, label="pretrained")
+        ax.set(title=f"{mode}", xlabel="coefficient (α / λ)", ylabel="validation accuracy", ylim=(0, 1.05))
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{report['scenario']}: coefficient search on validation (★ chosen)")
+    return _save(fig, path)
+
+
+def plot_incremental(report: Mapping[str, Any], path: Path) -> Path:
+    """Merged model (alpha = 1) after each stream step: absolute and normalized accuracy, one line per mode."""
+    plt = _plt()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for mode, stream in report["streams"].items():
+        steps = list(range(1, len(stream["steps"]) + 1))
+        left.plot(steps, [s["merged"]["absolute"] for s in stream["steps"]], marker="o", color=_color(mode), label=mode)
+        right.plot(steps, [s["merged"]["normalized"] for s in stream["steps"]], marker="s", color=_color(mode), label=mode)
+    ticks = list(range(1, len(report["tasks"]) + 1))
+    for ax, what in ((left, "absolute"), (right, "normalized")):
+        ax.set(title=f"merged model, α = 1: {what} accuracy", xlabel="tasks seen", ylabel=f"{what} accuracy",
+               ylim=(0, 1.05), xticks=ticks)
+        ax.set_xticklabels([f"{i}\n{t}" for i, t in zip(ticks, report["tasks"])], fontsize=8)
+        ax.legend()
+    fig.suptitle(f"{report['scenario']}: incremental stream")
+    return _save(fig, path)
+
+
+def plot_taujp_matrices(report: Mapping[str, Any], path: Path) -> Path:
+    """tauJp matrix per mode on a shared colour scale."""
+    plt = _plt()
+    taujp = report["taujp"]
+    tasks, matrices = taujp["tasks"], taujp["matrices"]
+    vmax = max(float(np.max(m)) for m in matrices.values()) or 1.0
+    fig, axes = plt.subplots(1, len(matrices), figsize=(4.0 * len(matrices) + 1.5, 4.0), squeeze=False,
+                             constrained_layout=True)
+    image = None
+    for i, (ax, (mode, matrix)) in enumerate(zip(axes[0], matrices.items())):
+        m = np.asarray(matrix)
+        image = ax.imshow(m, cmap="viridis", vmin=0, vmax=vmax)
+        for a in range(len(tasks)):
+            for b in range(len(tasks)):
+                ax.text(b, a, f"{m[a, b]:.2g}", ha="center", va="center", fontsize=7,
+                        color="white" if m[a, b] < vmax / 2 else "black")
+        ax.set(title=mode, xticks=range(len(tasks)), yticks=range(len(tasks)), xlabel="inputs of task b")
+        ax.set_xticklabels(tasks, rotation=45, ha="right", fontsize=8)
+        ax.set_yticklabels(tasks if i == 0 else [], fontsize=8)
+        if i == 0:
+            ax.set_ylabel("vector τ_a")
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="mean ‖J f(x_b)·τ_a‖")
+    fig.suptitle("τJp matrix (test inputs)")
+    return _save(fig, path, tight=False)
+
+
+def plot_correlation(report: Mapping[str, Any], path: Path) -> Path:
+    """Off-diagonal tauJp of each task pair vs normalized accuracy of the pair's merge (alpha = 1)."""
+    plt = _plt()
+    taujp = report["taujp"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    for mode in report["modes"]:
+        points = [p for p in taujp["pairs"] if p["mode"] == mode]
+        ax.scatter([p["taujp"] for p in points], [p["normalized"] for p in points], color=_color(mode), label=mode, s=30)
+    for p in taujp["per_method"]:
+        ax.scatter([p["mean_off_diagonal"]], [p["normalized"]], color=_color(p["mode"]), marker="*", s=160,
+                   edgecolor="black", linewidth=0.6)
+    corr = taujp["correlation"]
+    r = "n/a" if corr["pearson"] is None else f"{corr['pearson']:.3f}"
+    rho = "n/a" if corr["spearman"] is None else f"{corr['spearman']:.3f}"
+    ax.set(xlabel="off-diagonal τJp of the pair ((M[a][b] + M[b][a]) / 2)", ylabel="normalized accuracy of τ_a + τ_b",
+           title=f"τJp vs merged accuracy (dots: task pairs, ★: all tasks)\n"
+                 f"pairs: pearson r = {r}, spearman ρ = {rho} (n = {corr['n']})")
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_xi(report: Mapping[str, Any], path: Path) -> Path:
+    """xi(alpha_1, alpha_2) heatmaps per mode, shared colour scale."""
+    plt = _plt()
+    xi = report["xi"]
+    grid = xi["grid"]
+    modes = list(xi["modes"])
+    fig, axes = plt.subplots(1, len(modes), figsize=(4.0 * len(modes) + 1.5, 4.0), squeeze=False,
+                             constrained_layout=True)
+    image = None
+    for ax, mode in zip(axes[0], modes):
+        values = np.asarray(xi["modes"][mode]["xi"])
+        image = ax.imshow(values.T, origin="lower", cmap="magma_r", vmin=0, vmax=max(1e-9, 2.0),
+                          extent=(-0.5, len(grid) - 0.5, -0.5, len(grid) - 0.5))
+        ax.set(title=f"{mode} (mean {np.mean(values):.3f})", xticks=range(len(grid)), yticks=range(len(grid)),
+               xlabel=f"α1 ({xi['pair'][0]})", ylabel=f"α2 ({xi['pair'][1]})")
+        ax.set_xticklabels([f"{a:g}" for a in grid], fontsize=7)
+        ax.set_yticklabels([f"{a:g}" for a in grid], fontsize=7)
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="ξ (disagreement, both tasks)")
+    fig.suptitle(f"weight-disentanglement error ξ(α1, α2) ({xi['samples']} test inputs per task)")
+    return _save(fig, path, tight=False)
+
+
+def plot_negation(report: Mapping[str, Any], path: Path) -> Path:
+    """Validation target and control accuracy vs alpha for each negated task, one panel per mode."""
+    plt = _plt()
+    modes = list(report["negation"])
+    fig, axes = plt.subplots(1, len(modes), figsize=(4.2 * len(modes), 3.6), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        neg = report["negation"][mode]
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for i, row in enumerate(neg["rows"]):
+            c = colors[i % len(colors)]
+            ax.plot(neg["alphas"], row["val_target"], "-", color=c, label=f"{row['task']} target")
+            ax.plot(neg["alphas"], row["val_control"], ":", color=c, label=f"{row['task']} control")
+            if row["tuned"]["alpha"] is not None:
+                ax.axvline(row["tuned"]["alpha"], color=c, linewidth=0.6, alpha=0.6)
+        ax.set(title=mode, xlabel="α in θ0 − α·τ", ylabel="validation accuracy", ylim=(0, 1.05))
+        ax.legend(fontsize=6)
+    fig.suptitle(f"{report['scenario']}: negation (solid: target, dotted: control; lines: tuned α)")
+    return _save(fig, path)
+
+
+def render_all(report: Mapping[str, Any], directory: Path) -> dict[str, str]:
+    """Draw every figure into ``directory`` as ``<figure>.png``; {figure: file name} (relative to the run directory)."""
+    painters = {
+        "alpha_curves": plot_alpha_curves,
+        "incremental": plot_incremental,
+        "taujp_matrix": plot_taujp_matrices,
+        "taujp_correlation": plot_correlation,
+        "xi": plot_xi,
+        "negation": plot_negation,
+    }
+    out = {}
+    for key, painter in painters.items():
+        out[key] = f"{key}.png"
+        painter(report, Path(directory) / out[key])
+    return out

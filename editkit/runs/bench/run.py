@@ -1,0 +1,693 @@
+"""``editkit bench``: the paper's tables and figures for any scenario.
+
+For each mode (nonlinear, linear, taujp) the scenario's stream is run through
+``editkit.runs.stream.run_scenario(resume=True)``, so vectors already in the bank
+``<bank-root>/<scenario>-<mode>`` with the same recipe are reused, not retrained
+(every bank is checked against the scenario's tasks, base model, recipes and
+parameter shapes before any training starts). Then, on the banked vectors:
+
+- **task addition** (paper Table 1): pretrained; task arithmetic per mode at
+  alpha = 1 and at alpha tuned on the *validation* splits (grid over [0, 1],
+  chosen by absolute validation accuracy); TIES-merging per mode (top-k = 20%,
+  lambda = 1 and tuned the same way); the single-task fine-tuned reference;
+- **negation**: theta_0 - alpha tau per task, at alpha = 1 and at the alpha
+  minimising validation target accuracy with validation control accuracy
+  >= 95% of theta_0's (grid of 11 points over [0, 1] by default, ``negation_grid``
+  and ``negation_max``:
+  with non-linear vectors each point is a pass over every validation split for
+  every negated task, the largest cost of the bench);
+- **diagnostics**: the tauJp matrix per mode, its correlation with normalized
+  accuracy across task pairs and modes, the weight-disentanglement error xi on
+  a grid for one task pair;
+- **cost**: fine-tuning time, seconds per step, peak RSS, merging time.
+
+Everything lands in ``<run-dir>/report.json`` and PNGs, written only at the end
+(plots rendered into a temporary directory, moved into place, then the report
+written atomically), so a failed run leaves an earlier report untouched.
+
+Exactness and cost (``editkit.eval.sweep``): linearized vectors are combined exactly
+from theta_0's features and one cached tangent per vector and input, so every
+coefficient, sum, negation and xi grid point comes without another jvp.
+Non-linear vectors need a real forward per coefficient: the grids are evaluated
+on the (small) validation splits only, the test splits at the chosen
+coefficients, and xi on the first ``xi_samples`` test inputs of the pair's tasks.
+Forward passes and jvps run on the runtime's device (CUDA when available, bf16
+autocast there by default), in one process; inputs are read batch by batch and
+only one feature or tangent vector per input is kept, on the CPU.
+
+Measured on offline-vision from empty banks on this project's quiet 2-core CPU
+machine (torch's default 2 threads): 18.5 min wall, of which streams 9.4 min
+(3 x 400 training steps plus the stream's own evaluations), coefficient search +
+negation 7.0 min, diagnostics 1.7 min; with the banks already filled only the
+last two run. On a machine busy with other jobs ``--threads 1`` is several times
+faster than one thread per core (oversubscribed OpenMP threads spin).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from itertools import combinations
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from editkit.bank.store import Bank, _short
+from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha_grid, search_alpha, select_negation_alpha
+from editkit.eval.diagnostics import correlation, disentanglement_error, off_diagonal, pair_interference
+from editkit.settings import default_bank_dir, default_run_dir, torchrun_world, BANKS_DIR
+from editkit.train.runtime import Runtime, setup
+from editkit.runs.edit import CONTROLS
+from editkit.errors import BankError, ConfigError, IncompatibleVectorsError, MissingResourceError
+from editkit.util.memory import PeakRSS
+from editkit.merge.ties import TIES_DEFAULT_K, ties_merge
+from editkit.util.progress import NullProgress, Progress
+from editkit.train.recipe import MODES, Recipe
+from editkit.eval.sweep import SPLITS, ModeEvaluator, SharedModels, TaskSplits
+
+log = logging.getLogger(__name__)
+
+METHODS = ("task-arithmetic", "ties")
+METHOD_LABELS = {"pretrained": "pretrained", "task-arithmetic": "task arithmetic", "ties": "TIES-merging",
+                 "single-task": "single-task"}
+DEFAULT_NEGATION_GRID = 11  # 0, 0.1, ..., 1: non-linear negation costs tasks x grid forwards of every validation split
+DEFAULT_XI_GRID = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)
+DEFAULT_XI_SAMPLES = 250
+RSS_METRIC = "bench_peak_rss_bytes"
+
+
+# --- configuration ----------------------------------------------------------------------------
+
+
+def parse_names(value: str | Sequence[str], known: Sequence[str], what: str) -> tuple[str, ...]:
+    """``"a,b"`` or ``["a", "b"]`` -> ``("a", "b")``, refusing unknown, repeated or no names."""
+    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else [str(n).strip() for n in value]
+    names = [n for n in names if n]
+    if not names:
+        raise ConfigError(f"no {what} given; choose from {', '.join(known)}")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"unknown {what} {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"a {what[:-1] if what.endswith('s') else what} is named twice in {names}")
+    return tuple(names)
+
+
+@dataclass
+class BenchConfig:
+    """What ``editkit bench`` runs.
+
+    ``grid``: points of the addition / TIES coefficient grid over [0, 1] (the paper's 21);
+    ``negation_grid``: points of the negation grid (11 by default: with non-linear vectors
+    each point costs a forward pass over every task's validation split per negated task).
+    ``negation_max``: the negation grid's top (1 by default; vectors that barely touch
+    other tasks, as tauJp's, can often be negated further before the control drops).
+    Explicit ``alphas`` / ``negation_alphas`` override the grids.
+    """
+
+    scenario: str | Path = "offline-vision"
+    modes: Sequence[str] = MODES
+    methods: Sequence[str] = METHODS
+    bank_root: Path = BANKS_DIR
+    run_dir: Path | None = None
+    steps: int | None = None
+    seed: int | None = None
+    grid: int = PAPER_GRID_POINTS
+    alphas: Sequence[float] | None = None
+    negation_grid: int = DEFAULT_NEGATION_GRID
+    negation_alphas: Sequence[float] | None = None
+    negation_max: float = 1.0
+    ties_k: float = TIES_DEFAULT_K
+    negation_retain: float = NEGATION_RETAIN
+    xi_pair: Sequence[str] | None = None
+    control: str = "auto"  # negation control: auto | tasks | imagenet (as `editkit negate --control`)
+    control_data: Path | None = None  # local ImageNet validation copy
+    xi_grid: Sequence[float] = DEFAULT_XI_GRID
+    xi_samples: int = DEFAULT_XI_SAMPLES
+    batch_size: int = 256
+    device: str | None = None  # None: CUDA when available
+    precision: str | None = None  # None: bf16 autocast on CUDA, fp32 elsewhere
+    workers: int | None = None  # DataLoader workers for datasets read from files
+    backbone_overrides: Mapping[str, Any] | None = None  # [backbone] options (model, pretrained, cache_dir)
+    task_overrides: Mapping[str, Any] | None = None  # every task's source options (data_root)
+
+    def validated(self) -> "BenchConfig":
+        """A copy with names parsed and every value checked (raises ConfigError)."""
+        modes = parse_names(self.modes, MODES, "modes")
+        methods = parse_names(self.methods, METHODS, "methods")
+        if self.alphas is not None:
+            alphas = [float(a) for a in self.alphas]
+            if not alphas:
+                raise ConfigError("the alpha grid is empty; give at least one coefficient")
+            if any(not math.isfinite(a) for a in alphas):
+                raise ConfigError(f"alpha grid values must be finite, got {alphas}")
+        else:
+            alphas = alpha_grid(int(self.grid))
+        if self.negation_alphas is not None:
+            negation_alphas = [float(a) for a in self.negation_alphas]
+            if not negation_alphas or any(not math.isfinite(a) for a in negation_alphas):
+                raise ConfigError(f"the negation alpha grid must be non-empty and finite, got {negation_alphas}")
+        else:
+            negation_alphas = alpha_grid(int(self.negation_grid), float(self.negation_max))
+        if not 0.0 < self.ties_k <= 1.0:
+            raise ConfigError(f"TIES top-k fraction must be in (0, 1], got {self.ties_k}")
+        if not 0.0 <= self.negation_retain <= 1.0:
+            raise ConfigError(f"negation control retention must be in [0, 1], got {self.negation_retain}")
+        if not list(self.xi_grid):
+            raise ConfigError("the xi grid is empty")
+        if self.xi_samples < 1 or self.batch_size < 1:
+            raise ConfigError("xi_samples and batch_size must be >= 1")
+        if self.control not in CONTROLS:
+            raise ConfigError(f"--control {self.control!r} is not one of {', '.join(CONTROLS)}")
+        if self.steps is not None and self.steps < 1:
+            raise ConfigError(f"--steps must be >= 1, got {self.steps}")
+        pair = None
+        if self.xi_pair is not None:
+            pair = tuple(n.strip() for n in (self.xi_pair.split(",") if isinstance(self.xi_pair, str) else self.xi_pair))
+            if len(pair) != 2 or pair[0] == pair[1]:
+                raise ConfigError(f"--xi-pair needs two different task names 'a,b', got {self.xi_pair!r}")
+        return replace(
+            self, modes=modes, methods=methods, bank_root=Path(self.bank_root),
+            run_dir=Path(self.run_dir) if self.run_dir is not None else None,
+            grid=len(alphas), alphas=tuple(alphas), negation_grid=len(negation_alphas),
+            negation_alphas=tuple(negation_alphas), negation_max=max(negation_alphas), ties_k=float(self.ties_k),
+            negation_retain=float(self.negation_retain), xi_pair=pair, xi_grid=tuple(float(a) for a in self.xi_grid),
+            xi_samples=int(self.xi_samples), batch_size=int(self.batch_size),
+            backbone_overrides=_given(self.backbone_overrides), task_overrides=_given(self.task_overrides),
+        )
+
+
+def _given(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The options that were given (None values mean "keep the scenario's")."""
+    return {k: v for k, v in (options or {}).items() if v is not None}
+
+
+# --- summaries --------------------------------------------------------------------------------
+
+
+def summarise(per_task: Mapping[str, float], single: Mapping[str, float] | None) -> dict[str, float | None]:
+    """absolute = mean accuracy; normalized = mean of accuracy / single-task accuracy (None without singles)."""
+    names = list(per_task)
+    absolute = float(np.mean([per_task[n] for n in names]))
+    if single is None:
+        return {"absolute": absolute, "normalized": None}
+    normalized = float(np.mean([per_task[n] / single[n] if single[n] > 0 else 0.0 for n in names]))
+    return {"absolute": absolute, "normalized": normalized}
+
+
+def _row(method: str, mode: str | None, coefficient: str | None, alpha: float | None, per_task: Mapping[str, float],
+         single: Mapping[str, float] | None, **extra: Any) -> dict[str, Any]:
+    return {"method": method, "label": METHOD_LABELS[method], "mode": mode, "coefficient": coefficient, "alpha": alpha,
+            "per_task": dict(per_task), **summarise(per_task, single), **extra}
+
+
+# --- the bench --------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchResult:
+    report: dict[str, Any]
+    run_dir: Path
+
+    @property
+    def report_path(self) -> Path:
+        return self.run_dir / "report.json"
+
+
+@dataclass
+class _ModeState:
+    mode: str
+    recipe: Recipe  # the scenario's [recipe] with this bench's overrides
+    bank: Bank
+    task_recipes: dict[str, dict[str, Any]] = field(default_factory=dict)  # resolved, as the bank records them
+    stream: Any = None  # StreamResult
+    stream_seconds: float = 0.0
+    trained: list[str] = field(default_factory=list)
+
+
+def check_bank(bank: Bank, *, scenario: str, tasks: Sequence[str], mode: str, recipes: Mapping[str, Mapping[str, Any]],
+               base: str, backbone: str, shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
+    """Refuse a bank this bench cannot reuse or extend: other base, tasks, mode, scenario or recipe
+    (``recipes``: each task's resolved recipe, as the stream records it), or (given the backbone's
+    parameter ``shapes``) vectors whose tensors do not fit the backbone."""
+    if not bank.exists() or not len(bank):
+        return
+    if bank.base != base:
+        raise IncompatibleVectorsError(
+            f"bank {bank.root} holds vectors fine-tuned from base {_short(bank.base)}, not from scenario "
+            f"{scenario!r}'s {backbone} ({_short(base)}); pass another --bank-root or remove that bank"
+        )
+    for entry in bank.entries():
+        where = f"bank {bank.root} holds vector {entry.name!r}"
+        if entry.name not in tasks or entry.task != entry.name:
+            raise BankError(f"{where} for task {entry.task!r}, which is not a task of scenario {scenario!r} "
+                            f"({', '.join(tasks)}); pass another --bank-root or remove it")
+        if entry.mode != mode:
+            raise BankError(f"{where} of mode {entry.mode!r}, expected {mode!r}; pass another --bank-root")
+        if entry.scenario != scenario:
+            raise BankError(f"{where} from scenario {entry.scenario!r}, not {scenario!r}; pass another --bank-root")
+        wanted = dict(recipes[entry.name])
+        if entry.recipe != wanted:
+            diff = sorted(k for k in set(wanted) | set(entry.recipe) if wanted.get(k) != entry.recipe.get(k))
+            detail = ", ".join(f"{k} {entry.recipe.get(k)!r} vs {wanted.get(k)!r}" for k in diff)
+            raise BankError(f"{where} fine-tuned with another recipe ({detail}); use the same --steps/--seed or "
+                            "another --bank-root")
+        if shapes is not None:
+            _check_layout(bank, entry, shapes, backbone)
+
+
+def _check_layout(bank: Bank, entry, shapes: Mapping[str, tuple[int, ...]], backbone: str) -> None:
+    """The vector's tensor names and shapes (read from the file header only) fit the backbone."""
+    from safetensors import safe_open
+
+    path = bank.root / entry.file
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            stored = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
+    except Exception as exc:  # safetensors raises its own types
+        raise BankError(f"vector file {path} of {entry.name!r} is missing or unreadable ({exc})") from exc
+    unknown = sorted(set(stored) - set(shapes))
+    wrong = sorted(k for k in set(stored) & set(shapes) if stored[k] != tuple(shapes[k]))
+    if unknown or wrong:
+        detail = (f"parameters the backbone lacks: {unknown[:3]}" if unknown else
+                  f"shape of {wrong[0]!r} is {stored[wrong[0]]}, the backbone's {tuple(shapes[wrong[0]])}")
+        raise IncompatibleVectorsError(f"bank {bank.root}: vector {entry.name!r} does not fit {backbone} ({detail})")
+
+
+def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> BenchResult:
+    """Run (or reuse) each mode's stream, evaluate, and write ``report.json`` + PNGs (see module docstring)."""
+    from editkit.scenario.spec import load_scenario, task_recipes
+    from editkit.scenario.build import build_scenario, check_scenario
+    from editkit.runs.stream import backbone_on_device
+
+    started = time.perf_counter()
+    progress = progress or NullProgress()
+    config = config.validated()
+    if torchrun_world()[1] > 1:
+        raise ConfigError("editkit bench runs in one process; start it without torchrun")
+    runtime = setup(config.device, config.precision, config.workers)
+    spec = load_scenario(config.scenario)
+    if len(spec.tasks) < 2:
+        raise ConfigError(f"scenario {spec.name!r} has {len(spec.tasks)} task; bench merges vectors and needs at least 2")
+    tasks = spec.task_names
+    pair = tuple(config.xi_pair) if config.xi_pair else (tasks[0], tasks[1])
+    unknown = [t for t in pair if t not in tasks]
+    if unknown:
+        raise ConfigError(f"--xi-pair names unknown task(s) {unknown}; tasks: {', '.join(tasks)}")
+    run_dir = config.run_dir if config.run_dir is not None else default_run_dir(spec.name, "bench")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} exists and is not a directory")
+    overrides = {m: {"mode": m, "steps": config.steps, "seed": config.seed} for m in config.modes}
+    recipes = {m: spec.recipe.with_overrides(**overrides[m]) for m in config.modes}
+    seed = next(iter(recipes.values())).seed
+    states = {m: _ModeState(m, recipes[m], Bank(default_bank_dir(spec.name, m, root=config.bank_root))) for m in config.modes}
+    for state in states.values():
+        if state.bank.root.exists() and not state.bank.root.is_dir():
+            raise ConfigError(f"bank path {state.bank.root} exists and is not a directory")
+
+    problems = check_scenario(spec, backbone_overrides=config.backbone_overrides,
+                              task_overrides=config.task_overrides)
+    if problems:
+        from editkit.runs.stream import missing_message
+
+        raise MissingResourceError(missing_message(spec.name, problems))
+
+    timings: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    built = build_scenario(spec, seed=seed, progress=progress, task_overrides=config.task_overrides,
+                           backbone_overrides=backbone_on_device(spec, config.backbone_overrides, runtime))
+    base = built.backbone.fingerprint()
+    shapes = {n: tuple(p.shape) for n, p in built.backbone.module.named_parameters()}
+    for state in states.values():  # every refusal happens before any training
+        per_task = task_recipes(spec, **overrides[state.mode])
+        state.task_recipes = {n: per_task[n].resolved(len(built.task(n).train)).to_dict() for n in tasks}
+        check_bank(state.bank, scenario=spec.name, tasks=tasks, mode=state.mode, recipes=state.task_recipes,
+                   base=base, backbone=built.backbone.name, shapes=shapes)
+    control = _control_task(built, config)
+    timings["build_seconds"] = time.perf_counter() - t0
+
+    _run_streams(config, states, progress, runtime)
+    timings["stream_seconds"] = {m: s.stream_seconds for m, s in states.items()}
+
+    t0 = time.perf_counter()
+    module = built.backbone.module.to(runtime.device)
+    data = TaskSplits(module, list(built.tasks) + ([control] if control else []), batch_size=config.batch_size,
+                      xi_samples=config.xi_samples, progress=progress, runtime=runtime)
+    models = SharedModels.of(module)
+    heads = {n: built.heads[n].eval() for n in tasks}
+    if control is not None:
+        heads[control.name] = control.head.eval()
+    pretrained_all = {s: data.pretrained_accuracies(heads, s) for s in SPLITS}  # tasks and control
+    pretrained = {s: {t: pretrained_all[s][t] for t in tasks} for s in SPLITS}
+    timings["theta0_seconds"] = time.perf_counter() - t0
+
+    evaluators: dict[str, ModeEvaluator] = {}
+    mode_results: dict[str, dict[str, Any]] = {}
+    for mode, state in states.items():
+        t0 = time.perf_counter()
+        ev = ModeEvaluator(mode, state.bank, {n: n for n in tasks}, data, heads, base, models)
+        evaluators[mode] = ev
+        mode_results[mode] = _evaluate_mode(ev, config, tasks, pretrained_all, control, progress)
+        timings.setdefault("evaluation_seconds", {})[mode] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    diagnostics = _diagnostics(evaluators, mode_results, config, tasks, pair, progress)
+    timings["diagnostics_seconds"] = time.perf_counter() - t0
+
+    report = _report(spec, built, config, states, tasks, pretrained, mode_results, diagnostics, run_dir)
+    report["torch_threads"] = torch.get_num_threads()
+    timings["total_seconds"] = time.perf_counter() - started
+    report["timings"] = timings
+    _write_outputs(report, run_dir)
+    log.info("bench %s done in %.0f s; report %s", spec.name, timings["total_seconds"], run_dir / "report.json")
+    return BenchResult(report, run_dir)
+
+
+def _run_streams(config: BenchConfig, states: Mapping[str, _ModeState], progress: Progress, runtime: Runtime) -> None:
+    """Each mode's stream through ``run_scenario(resume=True)``, exactly as ``editkit stream`` runs it:
+    banked experiences with the same recipe are reused, missing ones trained. The stream's own
+    report goes to a temporary directory (this bench writes its run directory only at the end)."""
+    from editkit.runs.stream import run_scenario
+
+    for state in states.values():
+        start = time.perf_counter()
+        with PeakRSS() as rss, tempfile.TemporaryDirectory(prefix="editkit-bench-stream-") as scratch:
+            def on_step(metrics: dict, state: _ModeState = state, rss: PeakRSS = rss) -> None:
+                peak = rss.window()
+                if not metrics.get("resumed"):
+                    state.trained.append(metrics["task"])
+                    state.bank.update_metrics(metrics["task"], {RSS_METRIC: peak})
+                    metrics[RSS_METRIC] = peak
+
+            state.stream, _ = run_scenario(config.scenario, bank=state.bank.root, run_dir=scratch, resume=True,
+                                           progress=progress, on_step=on_step, mode=state.mode, steps=config.steps,
+                                           seed=config.seed, runtime=runtime, task_overrides=config.task_overrides,
+                                           backbone_overrides=config.backbone_overrides)
+        state.stream_seconds = time.perf_counter() - start
+        log.info("%s stream: %d trained, %d reused (%.0f s)", state.mode, len(state.trained),
+                 len(state.stream.steps) - len(state.trained), state.stream_seconds)
+
+
+@dataclass
+class _ControlTask:
+    """ImageNet validation as the negation control: ``val`` tunes alpha, ``test`` reports."""
+
+    name: str
+    head: nn.Module
+    val: Any
+    test: Any
+
+
+def _control_task(built, config: BenchConfig) -> _ControlTask | None:
+    """The ImageNet control when asked for (or, with ``auto``, when the scenario names it and a local copy
+    exists); None: control accuracy is the mean over the other tasks."""
+    from editkit.runs.edit import imagenet_control
+
+    found = imagenet_control(built, config.control, config.control_data, config.task_overrides, None, tune_alpha=True)
+    if found is None:
+        return None
+    report_split, tune_split = found
+    return _ControlTask(report_split.name, report_split.head, tune_split.dataset, report_split.dataset)
+
+
+def _single_task(ev: ModeEvaluator, tasks: Sequence[str], split: str) -> dict[str, float]:
+    return {t: ev.accuracies({t: 1.0}, split, [t])[t] for t in tasks}
+
+
+def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
+                   pretrained: Mapping[str, Mapping[str, float]], control: _ControlTask | None,
+                   progress: Progress) -> dict[str, Any]:
+    mode, alphas = ev.mode, list(config.alphas)
+    if ev.linearized:
+        with progress.task(f"{mode}: tangents J·tau (one jvp per input)", total=ev.tangent_batches(tasks)) as bar:
+            ev.compute_tangents(tasks, bar=bar)
+    out: dict[str, Any] = {"alpha_search": {}, "rows": [], "merge_seconds": None, "ties_seconds": None}
+    single = {s: _single_task(ev, tasks, s) for s in SPLITS}
+    out["single"] = single
+
+    def addition(method: str, combo_of: Callable[[float], dict[str, float]]) -> None:
+        summaries: list[dict[str, float | None]] = []
+
+        def validation_absolute(a: float) -> float:
+            summaries.append(summarise(ev.accuracies(combo_of(a), "val", tasks), single["val"]))
+            bar.advance(1)
+            return summaries[-1]["absolute"]
+
+        with progress.task(f"{mode}: {METHOD_LABELS[method]} — coefficient search on validation", total=len(alphas)) as bar:
+            chosen, val_abs = search_alpha(alphas, validation_absolute)
+        val_norm = [s["normalized"] for s in summaries]
+        out["alpha_search"][method] = {"alphas": alphas, "val_absolute": val_abs, "val_normalized": val_norm,
+                                       "chosen": chosen}
+        for coefficient, a in (("1.0", 1.0), ("tuned", chosen)):
+            per_task = ev.accuracies(combo_of(a), "test", tasks)
+            val = summarise(ev.accuracies(combo_of(a), "val", tasks), single["val"])
+            out["rows"].append(_row(method, mode, coefficient, a, per_task, single["test"],
+                                    val_absolute=val["absolute"], val_normalized=val["normalized"]))
+
+    if "task-arithmetic" in config.methods:
+        addition("task-arithmetic", lambda a: {t: a for t in tasks})
+    if "ties" in config.methods:
+        start = time.perf_counter()
+        vectors = [ev.vector(t) for t in tasks]
+        ev.add_vector("ties", ties_merge(vectors, k=config.ties_k))
+        out["ties_seconds"] = time.perf_counter() - start
+        del vectors
+        if ev.linearized:
+            with progress.task(f"{mode}: tangents of the TIES vector", total=ev.tangent_batches(["ties"])) as bar:
+                ev.compute_tangents(["ties"], bar=bar)
+        addition("ties", lambda a: {"ties": a})
+    out["rows"].append(_row("single-task", mode, None, 1.0, single["test"], single["test"],
+                            val_absolute=summarise(single["val"], None)["absolute"]))
+
+    # merging time: the bank's streamed sum of every vector (median of 3)
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        ev.bank.merge({t: 1.0 for t in tasks}, base=ev.base)
+        times.append(time.perf_counter() - start)
+    out["merge_seconds"] = float(np.median(times))
+    out["negation"] = _negation(ev, config, tasks, pretrained, control.name if control else None, progress)
+    return out
+
+
+def _negation(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
+              pretrained: Mapping[str, Mapping[str, float]], control: str | None, progress: Progress) -> dict[str, Any]:
+    """theta_0 - alpha tau_t for each task t: target accuracy on t, control accuracy on ``control``
+    (ImageNet) or, without one, the mean over the other tasks."""
+    alphas, rows = list(config.negation_alphas), []
+    scored = list(tasks) + ([control] if control else [])
+
+    def target_control(accs: Mapping[str, float], target: str) -> tuple[float, float]:
+        if control is not None:
+            return accs[target], accs[control]
+        return accs[target], float(np.mean([accs[t] for t in tasks if t != target]))
+
+    with progress.task(f"{ev.mode}: negation — coefficient search on validation", total=len(tasks) * len(alphas)) as bar:
+        for target in tasks:
+            p_target, p_control = target_control(pretrained["val"], target)
+            curve_t, curve_c = [], []
+            for a in alphas:
+                t_acc, c_acc = target_control(ev.accuracies({target: -a}, "val", scored), target)
+                curve_t.append(t_acc)
+                curve_c.append(c_acc)
+                bar.advance(1)
+            best = select_negation_alpha(alphas, curve_t, curve_c, p_control, config.negation_retain)
+            row: dict[str, Any] = {"task": target, "val_target": curve_t, "val_control": curve_c,
+                                   "val_pretrained": {"target": p_target, "control": p_control}}
+            test_t, test_c = target_control(pretrained["test"], target)
+            row["pretrained"] = {"target": test_t, "control": test_c}
+            for label, a in (("alpha1", 1.0), ("tuned", alphas[best] if best is not None else None)):
+                if a is None:
+                    row[label] = {"alpha": None, "target": None, "control": None}
+                    continue
+                t_acc, c_acc = target_control(ev.accuracies({target: -a}, "test", scored), target)
+                row[label] = {"alpha": a, "target": t_acc, "control": c_acc}
+            rows.append(row)
+
+    def mean(label: str, key: str) -> float | None:
+        values = [r[label][key] for r in rows if r[label][key] is not None]
+        return float(np.mean(values)) if values else None
+
+    summary = {label: {"target": mean(label, "target"), "control": mean(label, "control")}
+               for label in ("pretrained", "alpha1", "tuned")}
+    return {"alphas": alphas, "retain": config.negation_retain, "control": control or "other tasks", "rows": rows,
+            "mean": summary}
+
+
+def _diagnostics(evaluators: Mapping[str, ModeEvaluator], results: Mapping[str, dict[str, Any]], config: BenchConfig,
+                 tasks: Sequence[str], pair: tuple[str, str], progress: Progress) -> dict[str, Any]:
+    matrices: dict[str, list[list[float]]] = {}
+    pairs: list[dict[str, Any]] = []
+    per_method: list[dict[str, Any]] = []
+    xi: dict[str, Any] = {}
+    index = {t: i for i, t in enumerate(tasks)}
+    for mode, ev in evaluators.items():
+        if ev.linearized:  # from the cached tangents
+            rows = [ev.tangent_norm_means(a, tasks, "test") for a in tasks]
+        else:
+            total = len(tasks) * sum(ev.data.batches("test", n) for n in tasks)
+            with progress.task(f"{mode}: tauJp matrix (one jvp per test input and vector)", total=total) as bar:
+                rows = [ev.tangent_norm_means(a, tasks, "test", bar=bar) for a in tasks]
+        matrix = np.array([[rows[a][b] for b in tasks] for a in range(len(tasks))])
+        matrices[mode] = matrix.tolist()
+        single = results[mode]["single"]["test"]
+        with progress.task(f"{mode}: pairwise merges (alpha = 1)", total=len(tasks) * (len(tasks) - 1) // 2) as bar:
+            for a, b in combinations(tasks, 2):
+                accs = ev.accuracies({a: 1.0, b: 1.0}, "test", [a, b])
+                s = summarise(accs, single)
+                pairs.append({"mode": mode, "pair": [a, b], "taujp": pair_interference(matrix, index[a], index[b]),
+                              "absolute": s["absolute"], "normalized": s["normalized"]})
+                bar.advance(1)
+        merged = ev.accuracies({t: 1.0 for t in tasks}, "test", tasks)
+        per_method.append({"mode": mode, "mean_off_diagonal": float(off_diagonal(matrix).mean()),
+                           "mean_diagonal": float(np.diag(matrix).mean()),
+                           **summarise(merged, single)})
+        grid = list(config.xi_grid)
+        with progress.task(f"{mode}: weight disentanglement xi ({pair[0]}, {pair[1]})", total=len(grid) ** 2) as bar:
+            def predict(t: int, a1: float, a2: float, ev: ModeEvaluator = ev) -> torch.Tensor:
+                combo = {k: c for k, c in ((pair[0], a1), (pair[1], a2)) if c != 0.0}
+                return ev.predictions(combo, "xi", [pair[t]])[pair[t]]
+
+            result = disentanglement_error(predict, grid, on_cell=lambda: bar.advance(1))
+        xi[mode] = {**result.to_dict(), "mean": float(result.total.mean())}
+    pair_corr = correlation([p["taujp"] for p in pairs], [p["normalized"] for p in pairs])
+    method_corr = correlation([p["mean_off_diagonal"] for p in per_method], [p["normalized"] for p in per_method])
+    return {
+        "taujp": {"tasks": list(tasks), "split": "test", "matrices": matrices, "per_method": per_method,
+                  "pairs": pairs, "correlation": pair_corr, "correlation_per_method": method_corr},
+        "xi": {"pair": list(pair), "grid": list(config.xi_grid), "samples": config.xi_samples,
+               "modes": xi},
+    }
+
+
+def _cost(state: _ModeState, result: Mapping[str, Any], tasks: Sequence[str]) -> dict[str, Any]:
+    entries = {e.name: e for e in state.bank.entries()}
+    metrics = [entries[t].metrics for t in tasks]
+    finetune = float(sum(m.get("train_seconds", 0.0) for m in metrics))
+    steps = int(sum(entries[t].metrics.get("train_steps", entries[t].recipe.get("steps", 0)) for t in tasks))
+    rss = [m[RSS_METRIC] for m in metrics if isinstance(m.get(RSS_METRIC), (int, float))]
+    merge = result["merge_seconds"]
+    return {
+        "finetune_seconds": finetune,
+        "steps": steps,
+        "seconds_per_step": finetune / steps if steps else None,
+        "peak_rss_bytes": int(max(rss)) if rss else None,
+        "peak_rss_mib": max(rss) / 2**20 if rss else None,
+        "merge_seconds": merge,
+        "ties_seconds": result["ties_seconds"],
+        "total_seconds": finetune + merge,
+        "trained_now": list(state.trained),
+        "reused": [t for t in tasks if t not in state.trained],
+    }
+
+
+def _claims(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Does tauJp at alpha = 1 beat every baseline (other modes, pretrained) at its tuned coefficient?"""
+    ours = next((r for r in rows if r["method"] == "task-arithmetic" and r["mode"] == "taujp"
+                 and r["coefficient"] == "1.0"), None)
+    baselines = [r for r in rows if r["method"] == "pretrained"
+                 or (r["method"] in METHODS and r["mode"] != "taujp" and r["coefficient"] == "tuned")]
+    if ours is None or not baselines:
+        return None
+    best_abs = max(baselines, key=lambda r: r["absolute"])
+    normed = [r for r in baselines if r["normalized"] is not None]
+    best_norm = max(normed, key=lambda r: r["normalized"]) if normed else None
+
+    def describe(r: Mapping[str, Any]) -> dict[str, Any]:
+        return {"method": r["method"], "mode": r["mode"], "alpha": r["alpha"], "absolute": r["absolute"],
+                "normalized": r["normalized"]}
+
+    return {
+        "taujp_alpha1": describe(ours),
+        "best_baseline_absolute": describe(best_abs),
+        "best_baseline_normalized": describe(best_norm) if best_norm else None,
+        "beats_absolute": bool(ours["absolute"] > best_abs["absolute"]),
+        "beats_normalized": bool(best_norm is None or ours["normalized"] > best_norm["normalized"]),
+        "baselines": [describe(r) for r in baselines],
+    }
+
+
+def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], tasks: Sequence[str],
+            pretrained: Mapping[str, Mapping[str, float]], results: Mapping[str, dict[str, Any]],
+            diagnostics: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+    rows = [_row("pretrained", None, None, None, pretrained["test"], None,
+                 val_absolute=summarise(pretrained["val"], None)["absolute"])]
+    for mode in states:
+        rows += results[mode]["rows"]
+    streams = {}
+    for mode, state in states.items():
+        streams[mode] = {
+            "bank": str(state.bank.root),
+            "seconds": state.stream_seconds,
+            "trained": list(state.trained),
+            "steps": [{"step": s["step"], "task": s["task"], "resumed": bool(s.get("resumed")),
+                       "single_task": s["single_task"], "pretrained": s["pretrained"],
+                       "merged": {"per_task": s["merged"]["per_task"], "absolute": s["merged"]["absolute"],
+                                  "normalized": s["merged"]["normalized"]}} for s in state.stream.steps],
+        }
+    return _jsonable({
+        "scenario": spec.name,
+        "scenario_file": str(spec.path) if spec.path else None,
+        "backbone": built.backbone.name,
+        "tasks": list(tasks),
+        "modes": list(states),
+        "methods": list(config.methods),
+        "recipes": {m: s.recipe.to_dict() for m, s in states.items()},
+        "task_recipes": {m: s.task_recipes for m, s in states.items()},
+        "grid": list(config.alphas),
+        "negation_grid": list(config.negation_alphas),
+        "ties_k": config.ties_k,
+        "run_dir": str(run_dir),
+        "addition": {"split": "test", "tuned_on": "val", "columns": list(tasks) + ["absolute", "normalized"], "rows": rows},
+        "alpha_search": {m: results[m]["alpha_search"] for m in states},
+        "single_task": {m: results[m]["single"] for m in states},
+        "pretrained": dict(pretrained),
+        "negation": {m: results[m]["negation"] for m in states},
+        **diagnostics,
+        "streams": streams,
+        "cost": {m: _cost(states[m], results[m], tasks) for m in states},
+        "claims": _claims(rows),
+    })
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON types; NaN/inf become None."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.floating, float)):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.bool_,)):
+        return bool(value)
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _write_outputs(report: dict[str, Any], run_dir: Path) -> None:
+    """PNGs rendered into a temporary sibling directory, moved into place, then report.json (atomic)."""
+    from editkit.runs.bench.plots import render_all
+    from editkit.runs.report import write_json
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=".bench-"))
+    try:
+        plots = render_all(report, tmp)
+        report["plots"] = plots
+        for name in plots.values():
+            os.replace(tmp / name, run_dir / name)
+        write_json(run_dir / "report.json", report)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,144 @@
+"""Rich tables of an ``editkit bench`` report (the CLI prints them; nothing is printed here).
+
+Every number shown is read from the report dict, so the terminal and ``report.json`` agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from rich.markup import escape
+from rich.table import Table
+
+from editkit.runs.bench.run import METHOD_LABELS
+from editkit.merge.coefficients import NEGATION_RETAIN
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f}"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def addition_table(report: Mapping[str, Any]):
+    tasks = report["tasks"]
+    table = Table(title=f"task addition — {report['scenario']} (test accuracy %, coefficients tuned on validation)",
+                  title_justify="left")
+    for column in ("method", "mode", "coef"):
+        table.add_column(column)
+    for t in tasks:
+        table.add_column(t, justify="right")
+    table.add_column("absolute", justify="right", style="bold")
+    table.add_column("normalized", justify="right", style="bold")
+    previous = None
+    for row in report["addition"]["rows"]:
+        if previous is not None and row["mode"] != previous:
+            table.add_section()
+        previous = row["mode"]
+        symbol = "λ" if row["method"] == "ties" else "α"
+        if row["coefficient"] is None:
+            coef = "—"
+        elif row["coefficient"] == "tuned":
+            coef = f"{symbol}={_num(row['alpha'])} (tuned)"
+        else:
+            coef = f"{symbol}={_num(row['alpha'])}"
+        table.add_row(row["label"], row["mode"] or "—", coef, *[_pct(row["per_task"][t]) for t in tasks],
+                      _pct(row["absolute"]), _pct(row["normalized"]))
+    return table
+
+
+def negation_table(report: Mapping[str, Any]):
+    first = next(iter(report["negation"].values()), {})
+    retain, control = first.get("retain", NEGATION_RETAIN), first.get("control", "other tasks")
+    table = Table(title=f"task negation θ0 − α·τ (test accuracy %; target ↓, control ↑ on {control}; tuned α keeps "
+                        f"validation control ≥ {100 * retain:.0f}% of θ0's)", title_justify="left")
+    for column in ("mode", "task", "θ0 target", "θ0 control", "α=1 target", "α=1 control", "tuned α",
+                   "tuned target", "tuned control"):
+        table.add_column(column, justify="left" if column in ("mode", "task") else "right")
+    for mode, neg in report["negation"].items():
+        for row in neg["rows"]:
+            table.add_row(mode, row["task"], _pct(row["pretrained"]["target"]), _pct(row["pretrained"]["control"]),
+                          _pct(row["alpha1"]["target"]), _pct(row["alpha1"]["control"]), _num(row["tuned"]["alpha"]),
+                          _pct(row["tuned"]["target"]), _pct(row["tuned"]["control"]))
+        m = neg["mean"]
+        table.add_row(mode, "[bold]mean[/bold]", _pct(m["pretrained"]["target"]), _pct(m["pretrained"]["control"]),
+                      _pct(m["alpha1"]["target"]), _pct(m["alpha1"]["control"]), "",
+                      _pct(m["tuned"]["target"]), _pct(m["tuned"]["control"]), end_section=True)
+    at_top = [f"{mode} {row['task']}" for mode, neg in report["negation"].items() for row in neg["rows"]
+              if row["tuned"]["alpha"] is not None and row["tuned"]["alpha"] == max(neg["alphas"])]
+    if at_top:
+        top = max(report["negation_grid"])
+        table.caption = (f"tuned α is the grid's top ({top:g}) for {', '.join(at_top)}: a larger α may forget more "
+                         f"within the control budget (--negation-max {2 * top:g})")
+        table.caption_justify = "left"
+    return table
+
+
+def taujp_table(report: Mapping[str, Any]):
+    taujp = report["taujp"]
+    table = Table(title=escape("τJp matrix M[a][b] = mean over test inputs of task b of ‖J f(x_b)·τ_a‖"),
+                  title_justify="left")
+    table.add_column("mode")
+    table.add_column("τ_a")
+    for t in taujp["tasks"]:
+        table.add_column(t, justify="right")
+    table.add_column("mean off-diag", justify="right")
+    table.add_column("merged normalized (α=1)", justify="right")
+    summary = {p["mode"]: p for p in taujp["per_method"]}
+    for mode, matrix in taujp["matrices"].items():
+        for a, (task, row) in enumerate(zip(taujp["tasks"], matrix)):
+            last = a == len(matrix) - 1
+            extra = (_num(summary[mode]["mean_off_diagonal"], 3), _pct(summary[mode]["normalized"])) if a == 0 else ("", "")
+            table.add_row(mode if a == 0 else "", task, *[_num(v, 3) for v in row], *extra, end_section=last)
+    corr = taujp["correlation"]
+    table.caption = (f"pairs (mode × task pair): pearson r = {_num(corr['pearson'], 3)}, "
+                     f"spearman ρ = {_num(corr['spearman'], 3)} (n = {corr['n']}) between off-diagonal τJp and "
+                     "normalized accuracy of the pair's merge")
+    table.caption_justify = "left"
+    return table
+
+
+def xi_table(report: Mapping[str, Any]):
+    xi = report["xi"]
+    grid = xi["grid"]
+    table = Table(title=f"weight-disentanglement error ξ(α1, α2), pair {xi['pair'][0]} / {xi['pair'][1]}",
+                  title_justify="left", min_width=60)
+    table.caption = f"{xi['samples']} test inputs per task; 0 = disentangled, at most 2"
+    table.caption_justify = "left"
+    table.add_column("mode")
+    table.add_column("mean ξ", justify="right")
+    shown = [a for a in (0.5, 1.0, 2.0) if a in grid]
+    for a in shown:
+        table.add_column(f"ξ({a:g},{a:g})", justify="right")
+    for mode, data in xi["modes"].items():
+        values = [data["xi"][grid.index(a)][grid.index(a)] for a in shown]
+        table.add_row(mode, _num(data["mean"], 3), *[_num(v, 3) for v in values])
+    return table
+
+
+def cost_table(report: Mapping[str, Any]):
+    table = Table(title="cost (this machine; fine-tuning from the bank's per-step records)", title_justify="left")
+    for column in ("mode", "fine-tune s", "steps", "s/step", "peak RSS MiB", "merge s", "TIES merge s", "total s"):
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    for mode, c in report["cost"].items():
+        table.add_row(mode, _num(c["finetune_seconds"], 1), str(c["steps"]), _num(c["seconds_per_step"], 3),
+                      _num(c["peak_rss_mib"], 0), _num(c["merge_seconds"], 3), _num(c["ties_seconds"], 3),
+                      _num(c["total_seconds"], 1))
+    return table
+
+
+def claim_line(report: Mapping[str, Any]) -> str | None:
+    claims = report.get("claims")
+    if not claims:
+        return None
+    ours, best = claims["taujp_alpha1"], claims["best_baseline_absolute"]
+    verdict = "beats" if claims["beats_absolute"] else "does not beat"
+    where = f"{METHOD_LABELS[best['method']]}" + (f" ({best['mode']}, α={_num(best['alpha'])})" if best["mode"] else "")
+    line = (f"τJp at α=1.0 {verdict} every baseline at its tuned coefficient: absolute {_pct(ours['absolute'])} vs "
+            f"best baseline {_pct(best['absolute'])} [{where}]")
+    norm = claims.get("best_baseline_normalized")
+    if norm is not None:
+        line += (f"; normalized {_pct(ours['normalized'])} vs {_pct(norm['normalized'])} "
+                 f"[{METHOD_LABELS[norm['method']]} ({norm['mode']}, α={_num(norm['alpha'])})]")
+    return line

@@ -1,0 +1,261 @@
+"""Add or negate banked task vectors and score the edited model on the scenario's tasks.
+
+The bank records which scenario each vector came from (and the backbone / data
+options the run was given); the scenario is rebuilt (data, heads, backbone) to
+evaluate, and its backbone must be the bank's base.
+
+Negation reports target accuracy (lower is better) and control accuracy: on the
+scenario's other tasks, or on ImageNet validation when the scenario asks for it
+(``[control] kind = "imagenet"``) and a local copy exists (``editkit.data.imagenet``).
+With ``tune_alpha`` the coefficient is chosen on validation data, as in the paper:
+the alpha of the grid with the lowest target accuracy among those keeping control
+accuracy >= 95% of the pretrained model's.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from editkit.merge.arithmetic import TaskVector, addition_coefficients, combine, negation_coefficients
+from editkit.bank.store import Bank
+from editkit.merge.coefficients import PAPER_GRID_POINTS, alpha_grid, select_negation_alpha
+from editkit.train.runtime import Runtime
+from editkit.errors import BankError, ConfigError, IncompatibleVectorsError
+from editkit.eval.accuracy import EvalTask, addition_summary, evaluate_vector, negation_summary
+from editkit.util.progress import NullProgress, Progress
+from editkit.scenario.spec import ScenarioSpec, known_scenarios, load_scenario
+from editkit.scenario.build import BuiltScenario, build_scenario
+
+log = logging.getLogger(__name__)
+
+#: Coefficient grid searched on validation (DESIGN.md §2).
+ALPHA_GRID = tuple(alpha_grid(PAPER_GRID_POINTS))
+CONTROLS = ("auto", "tasks", "imagenet")
+IMAGENET = "ImageNet"
+
+
+@dataclass
+class EditResult:
+    coefficients: dict[str, float]
+    mode: str
+    vector: TaskVector
+    report: dict[str, Any]
+
+
+def open_bank(path: str | Path) -> Bank:
+    bank = Bank(path)
+    if not bank.exists() or not len(bank):
+        raise BankError(f"no task vectors in {Path(path)}: run `editkit stream` first or pass --bank DIR")
+    return bank
+
+
+def scenario_of(
+    bank: Bank,
+    names: Sequence[str],
+    progress: Progress,
+    *,
+    backbone_overrides: Mapping[str, Any] | None = None,
+    task_overrides: Mapping[str, Any] | None = None,
+    runtime: Runtime | None = None,
+) -> BuiltScenario:
+    """Rebuild the scenario the selected vectors were fine-tuned in, and check its base model.
+
+    Backbone / data options default to what the stream recorded in the bank (its
+    ``--model`` / ``--pretrained`` / ``--data-root``); ``*_overrides`` replace them.
+    """
+    entries = [bank.get(n) for n in names]
+    scenarios = {e.scenario for e in entries}
+    if len(scenarios) != 1 or None in scenarios:
+        raise BankError(f"vectors {list(names)} come from different or unknown scenarios {sorted(map(str, scenarios))}")
+    seed = int(entries[0].recipe.get("seed", 0))
+    recorded = entries[0].metrics.get("build") or {}
+    backbone = {**recorded.get("backbone", {}), **{k: v for k, v in (backbone_overrides or {}).items() if v is not None}}
+    tasks = {**recorded.get("tasks", {}), **{k: v for k, v in (task_overrides or {}).items() if v is not None}}
+    spec = _find_scenario(scenarios.pop(), entries[0].metrics.get("scenario_file"))
+    if runtime is not None:
+        from editkit.runs.stream import backbone_on_device
+
+        backbone = backbone_on_device(spec, backbone, runtime)
+    built = build_scenario(spec, seed=seed, progress=progress, backbone_overrides=backbone, task_overrides=tasks)
+    if runtime is not None:
+        built.backbone.module.to(runtime.device)
+    if built.backbone.fingerprint() != bank.base:
+        raise IncompatibleVectorsError(
+            f"bank {bank.root} was built on another base model than scenario {built.spec.name!r}'s {built.backbone.name}"
+        )
+    return built
+
+
+def _find_scenario(name: str, recorded_file: str | None) -> ScenarioSpec:
+    """By name among the known scenarios, else the file the stream recorded in the bank."""
+    if name in known_scenarios() or not recorded_file or not Path(recorded_file).is_file():
+        return load_scenario(name)
+    return load_scenario(recorded_file)
+
+
+def _evaluate(built: BuiltScenario, vector: TaskVector | None, mode: str, tasks: Sequence[str], progress: Progress,
+              description: str, *, split: str = "test", extra: Mapping[str, EvalTask] | None = None,
+              runtime: Runtime | None = None) -> dict[str, float]:
+    """Accuracy per task on ``split`` (``test`` or ``val``); names in ``extra`` use those eval tasks."""
+    extra = extra or {}
+    evals = [extra[name] if name in extra else EvalTask(name, built.heads[name], getattr(built.task(name), split))
+             for name in tasks]
+    return evaluate_vector(built.backbone.module, mode, vector.tensors if vector else None, evals, progress=progress,
+                           description=description, runtime=runtime)
+
+
+def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, *, progress: Progress | None = None,
+        backbone_overrides: Mapping[str, Any] | None = None, task_overrides: Mapping[str, Any] | None = None,
+        runtime: Runtime | None = None) -> EditResult:
+    """theta_0 + sum alpha_i tau_i, scored on the added vectors' tasks (absolute and normalized)."""
+    progress = progress or NullProgress()
+    coefficients = addition_coefficients(list(names), alpha)
+    vector = combine(bank, coefficients)
+    built = scenario_of(bank, list(coefficients), progress, backbone_overrides=backbone_overrides,
+                        task_overrides=task_overrides, runtime=runtime)
+    tasks = [bank.get(n).task for n in coefficients]
+    per_task = _evaluate(built, vector, vector.mode, tasks, progress, "evaluating sum", runtime=runtime)
+    single = {bank.get(n).task: bank.get(n).metrics.get("single_task") for n in coefficients}
+    report = {"operation": "add", "scenario": built.spec.name, "mode": vector.mode, "coefficients": coefficients,
+              "per_task": per_task, "single_task": single, **addition_summary(per_task, single)}
+    return EditResult(coefficients, vector.mode, vector, report)
+
+
+def negate(
+    bank: Bank,
+    name: str,
+    alpha: float = 1.0,
+    *,
+    progress: Progress | None = None,
+    control: str = "auto",
+    control_data: str | Path | None = None,
+    tune_alpha: bool = False,
+    grid: Sequence[float] | None = None,
+    min_control: float = 0.95,
+    backbone_overrides: Mapping[str, Any] | None = None,
+    task_overrides: Mapping[str, Any] | None = None,
+    runtime: Runtime | None = None,
+) -> EditResult:
+    """theta_0 - alpha tau: target accuracy (forgetting) and control accuracy.
+
+    control: ``tasks`` = the scenario's other tasks; ``imagenet`` = ImageNet validation
+        (a local copy must exist: ``control_data``, ``$EDITKIT_IMAGENET`` or the data
+        root); ``auto`` = ImageNet when the scenario names it as control
+        (``[control] kind = "imagenet"``) or ``control_data`` is given and a copy is
+        found, else the other tasks.
+    tune_alpha: choose alpha from ``grid`` (default 0, 0.05, ..., 1) on validation
+        splits: lowest target accuracy with control >= ``min_control`` x the pretrained
+        control; ``alpha`` is then ignored. Task validation splits are the 10% held out
+        of train; for ImageNet a seeded 10% (<= 5000) of its validation split is used
+        for tuning and the rest for reporting.
+    """
+    progress = progress or NullProgress()
+    if control not in CONTROLS:
+        raise ConfigError(f"control {control!r} is not one of {', '.join(CONTROLS)}")
+    coefficients = negation_coefficients(name, alpha)
+    vector = combine(bank, coefficients)  # reads and verifies the vector before anything is built
+    built = scenario_of(bank, [name], progress, backbone_overrides=backbone_overrides, task_overrides=task_overrides,
+                        runtime=runtime)
+    target = bank.get(name).task
+    imagenet = imagenet_control(built, control, control_data, task_overrides, bank.get(name).metrics.get("build"),
+                                 tune_alpha)
+    if imagenet is not None:
+        controls, report_extra, tune_extra = [IMAGENET], {IMAGENET: imagenet[0]}, {IMAGENET: imagenet[1]}
+    else:
+        controls, report_extra, tune_extra = [t for t in built.task_names if t != target], {}, {}
+    tasks = [target] + controls
+    tuning = None
+    if tune_alpha:
+        unit = combine(bank, negation_coefficients(name, 1.0))
+        tuning = _tune_negation(built, unit, target, tasks, tune_extra, grid or ALPHA_GRID, min_control, progress,
+                                runtime)
+        alpha = tuning["alpha"]
+        coefficients = negation_coefficients(name, alpha)
+        vector = combine(bank, coefficients)
+    per_task = _evaluate(built, vector, vector.mode, tasks, progress, "evaluating negation", extra=report_extra,
+                         runtime=runtime)
+    pretrained = _evaluate(built, None, vector.mode, tasks, progress, "evaluating pretrained", extra=report_extra,
+                           runtime=runtime)
+    report = {"operation": "negate", "scenario": built.spec.name, "mode": vector.mode, "coefficients": coefficients,
+              "target_task": target, "per_task": per_task, "pretrained": pretrained,
+              **negation_summary(target, per_task, pretrained)}
+    if imagenet is not None or tune_alpha:
+        report.update(alpha=alpha, control_set="imagenet" if imagenet is not None else "tasks")
+    if tuning is not None:
+        report["tuning"] = tuning
+    return EditResult(coefficients, vector.mode, vector, report)
+
+
+def _tune_negation(built: BuiltScenario, unit: TaskVector, target: str, tasks: Sequence[str],
+                   extra: Mapping[str, EvalTask], grid: Sequence[float], min_control: float, progress: Progress,
+                   runtime: Runtime | None) -> dict[str, Any]:
+    """Evaluate theta_0 - alpha tau on validation for each alpha of the grid; pick the paper's alpha."""
+    def score(vector: TaskVector | None, description: str) -> tuple[float, float]:
+        acc = _evaluate(built, vector, unit.mode, tasks, progress, description, split="val", extra=extra,
+                        runtime=runtime)
+        return acc[target], float(np.mean([acc[t] for t in tasks if t != target]))
+
+    target_0, control_0 = score(None, "validation: pretrained")
+    rows = []
+    for a in grid:
+        t_acc, c_acc = (target_0, control_0) if a == 0 else score(unit * float(a), f"validation: alpha {a:.2f}")
+        rows.append({"alpha": float(a), "target": t_acc, "control": c_acc})
+    threshold = min_control * control_0
+    chosen = select_negation_alpha([r["alpha"] for r in rows], [r["target"] for r in rows],
+                                   [r["control"] for r in rows], control_0, min_control)
+    best = rows[chosen] if chosen is not None else {"alpha": 0.0, "target": target_0, "control": control_0}
+    log.info("negation alpha %.2f: validation target %.3f, control %.3f (>= %.3f)", best["alpha"], best["target"],
+             best["control"], threshold)
+    return {"alpha": best["alpha"], "split": "validation", "min_control": min_control,
+            "control_pretrained": control_0, "target_pretrained": target_0, "threshold": threshold, "grid": rows}
+
+
+def imagenet_control(built: BuiltScenario, control: str, control_data: str | Path | None,
+                      task_overrides: Mapping[str, Any] | None, recorded: Mapping[str, Any] | None,
+                      tune_alpha: bool) -> tuple[EvalTask, EvalTask | None] | None:
+    """(report EvalTask, tuning EvalTask or None) on ImageNet validation, or None to use the other tasks.
+
+    Without tuning the whole validation split is reported; with it a seeded 10% (<= 5000)
+    is held out for choosing alpha and the rest is reported."""
+    wanted = control == "imagenet" or (control == "auto" and (
+        control_data is not None or (built.spec.control or {}).get("kind") == "imagenet"))
+    if not wanted:
+        return None
+    from editkit.data.imagenet import load_imagenet_val
+
+    data_root = (task_overrides or {}).get("data_root") or ((recorded or {}).get("tasks") or {}).get("data_root")
+    data_root = data_root or built.spec.data.get("data_root")
+    split = load_imagenet_val(control_data, data_root)
+    if split is None:
+        if control == "imagenet":
+            from editkit.errors import MissingResourceError
+
+            raise MissingResourceError(
+                "no local ImageNet validation copy: pass --control-data DIR (or set EDITKIT_IMAGENET) to a directory "
+                "holding data/validation-*.parquet (the ILSVRC/imagenet-1k layout) or val/<wordnet id>/*.JPEG, "
+                "or use --control tasks"
+            )
+        log.info("no local ImageNet validation copy: control accuracy is measured on the other tasks")
+        return None
+    from editkit.data.vision8 import zero_shot_head_for_task
+    from editkit.models.clip import ClipBackbone
+    from editkit.data.clip_templates import imagenet_classnames
+    from editkit.data.vision8 import TransformedSubset
+    from editkit.data.tasks import TaskData, validation_indices
+
+    backbone = built.backbone
+    if not isinstance(backbone, ClipBackbone):
+        raise ConfigError(f"ImageNet control needs a CLIP backbone (zero-shot head); {backbone.name} is not one")
+    classes = imagenet_classnames()
+    head = zero_shot_head_for_task(backbone, TaskData(IMAGENET, classes, None, None, None), dataset="imagenet")
+    transform = backbone.val_preprocess or backbone.preprocess
+    if not tune_alpha:
+        return EvalTask(IMAGENET, head, TransformedSubset(split, None, transform)), None
+    report_idx, tune_idx = validation_indices(len(split))  # tune on a held-out 10%, report on the rest
+    return (EvalTask(IMAGENET, head, TransformedSubset(split, report_idx, transform)),
+            EvalTask(IMAGENET, head, TransformedSubset(split, tune_idx, transform)))

@@ -1,0 +1,60 @@
+"""Run reports: ``report.json`` and PNG plots in the run directory.
+
+Plots are drawn with matplotlib's headless Agg backend.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from editkit.util.atomic import atomic_write_text
+from editkit.runs.records import StreamResult
+
+
+def write_json(path: Path, data: dict[str, Any]) -> Path:
+    """Write JSON atomically, so a report is never half-written."""
+    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def stream_report(result: StreamResult, *, backbone: str, bank: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "scenario": result.scenario,
+        "mode": result.recipe.mode,
+        "recipe": result.recipe.to_dict(),
+        "backbone": backbone,
+        "bank": str(bank),
+        "seconds": result.seconds,
+        "steps": result.steps,
+        "final": result.final,
+        **(extra or {}),
+    }
+
+
+def plot_stream(result: StreamResult, path: Path) -> Path:
+    """Merged accuracy after each step (absolute, normalized) and each task's accuracy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = list(range(1, len(result.steps) + 1))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(steps, [s["merged"]["absolute"] for s in result.steps], marker="o", label="absolute")
+    left.plot(steps, [s["merged"]["normalized"] for s in result.steps], marker="s", label="normalized")
+    left.set(title=f"{result.scenario} ({result.recipe.mode}): merged model, alpha = 1", xlabel="tasks seen",
+             ylabel="accuracy", ylim=(0, 1.05), xticks=steps)
+    left.legend()
+    for s0 in result.steps:
+        task = s0["task"]
+        xs = [i + 1 for i, s in enumerate(result.steps) if task in s["merged"]["per_task"]]
+        right.plot(xs, [result.steps[x - 1]["merged"]["per_task"][task] for x in xs], marker="o", label=task)
+        right.axhline(s0["single_task"], linestyle=":", linewidth=0.8, color=right.lines[-1].get_color())
+    right.set(title="per task (dotted: single-task)", xlabel="tasks seen", ylabel="accuracy", ylim=(0, 1.05), xticks=steps)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,405 @@
+"""Run a stream: for each experience fine-tune -> bank -> evaluate the merged model.
+
+Works on any Avalanche benchmark (``run_benchmark``) and on editkit scenarios
+(``run_scenario``). After experience t the bank holds tau_0..tau_t and the merged
+model theta_0 + sum_i tau_i (alpha = 1.0, no tuning) is scored on every task seen
+so far. The bank is the source of truth: each step's results are stored in its
+entry's metrics, so an interrupted run resumes from the last banked experience.
+
+Each task may have its own recipe (per-task ``epochs`` turn into steps from the
+size of its train split). Penalty sources are read lazily (only the sampled
+unlabeled inputs are loaded). Under torchrun every process trains on its share of
+each batch and evaluates a slice of each split; only rank 0 writes the bank and
+the report (see ``editkit.train.runtime``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from torch import nn
+from torch.utils.data import Dataset
+
+from editkit.integrations.avalanche.benchmark import Experience, experiences
+from editkit.models.backbone import Backbone
+from editkit.bank.store import Bank
+from editkit.train.runtime import Runtime, default_runtime
+from editkit.errors import BankError, ConfigError, MissingResourceError
+from editkit.settings import default_bank_dir, default_run_dir, torchrun_world
+from editkit.eval.accuracy import EvalTask, addition_summary, evaluate_vector
+from editkit.util.progress import NullProgress, Progress
+from editkit.runs.records import StreamResult
+from editkit.train.recipe import Recipe
+from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
+from editkit.train.loop import fine_tune
+
+log = logging.getLogger(__name__)
+
+HeadFactory = Callable[[Experience], nn.Module]
+StepCallback = Callable[[dict[str, Any]], None]
+
+
+class StreamRunner:
+    """State of one stream run: experiences, heads, sources, bank."""
+
+    def __init__(
+        self,
+        exps: Sequence[Experience],
+        backbone: Backbone,
+        heads: Mapping[str, nn.Module],
+        recipe: Recipe,
+        bank: Bank,
+        *,
+        scenario: str,
+        generic: UnlabeledSource | None,
+        progress: Progress,
+        eval_batch_size: int = 256,
+        scenario_file: str | None = None,
+        task_recipes: Mapping[str, Recipe] | None = None,
+        unlabeled: Mapping[str, Dataset] | None = None,
+        runtime: Runtime | None = None,
+        build: dict[str, Any] | None = None,
+    ) -> None:
+        self.exps = list(exps)
+        self.backbone = backbone
+        self.heads = heads
+        self.recipe = recipe
+        self.bank = bank
+        self.scenario = scenario
+        self.generic = generic
+        self.progress = progress
+        self.eval_batch_size = eval_batch_size
+        self.scenario_file = scenario_file
+        self.task_recipes = dict(task_recipes or {})
+        self.unlabeled = dict(unlabeled or {})
+        self.runtime = runtime or default_runtime(backbone.module)
+        self.build = build
+        self.base = backbone.fingerprint()
+        self._sources: dict[int, UnlabeledSource] = {}
+
+    def recipe_for(self, t: int) -> Recipe:
+        """Experience t's recipe with its number of steps fixed (per-task epochs -> steps)."""
+        exp = self.exps[t]
+        return self.task_recipes.get(exp.name, self.recipe).resolved(len(exp.train))
+
+    # -- sources -------------------------------------------------------------------------------
+    def source(self, index: int) -> UnlabeledSource:
+        """Unlabeled view of experience ``index``'s train split (inputs only, loaded as sampled)."""
+        if index not in self._sources:
+            exp = self.exps[index]
+            dataset = self.unlabeled.get(exp.name, exp.train)
+            self._sources[index] = unlabeled_source(exp.name, dataset, seed=self.recipe.seed + 1 + index)
+        return self._sources[index]
+
+    def regularizer(self, t: int) -> Regularizer | None:
+        recipe = self.recipe_for(t)
+        if not recipe.regularized:
+            return None
+        others = range(t) if recipe.scope == "seen" else [i for i in range(len(self.exps)) if i != t]
+        sources = [self.source(i) for i in others]
+        if recipe.generic and self.generic is not None:
+            sources.append(self.generic)
+        if not sources:
+            log.warning("task %s has no unlabeled source: its vector is not regularized", self.exps[t].name)
+        shard = (self.runtime.rank, self.runtime.world_size) if self.runtime.distributed else None
+        return Regularizer(sources, lam=recipe.lam, schedule=recipe.schedule,
+                           batch_size=recipe.reg_batch_size, squared=recipe.squared, shard=shard)
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def eval_task(self, i: int) -> EvalTask:
+        exp = self.exps[i]
+        return EvalTask(exp.name, self.heads[exp.name], exp.test)
+
+    def evaluate(self, tau, indices: Sequence[int], description: str) -> dict[str, float]:
+        return evaluate_vector(self.backbone.module, self.recipe.mode, tau, [self.eval_task(i) for i in indices],
+                               batch_size=self.eval_batch_size, progress=self.progress, description=description,
+                               runtime=self.runtime)
+
+    # -- one step ------------------------------------------------------------------------------
+    def train(self, t: int) -> dict[str, Any]:
+        """Fine-tune experience t, score its vector alone, bank it (rank 0)."""
+        exp = self.exps[t]
+        head = self.heads[exp.name]
+        recipe = self.recipe_for(t)
+        with self.progress.task(f"[{t + 1}/{len(self.exps)}] {exp.name} ({recipe.mode})", total=recipe.steps) as bar:
+            result = fine_tune(self.backbone.module, head, exp.train, recipe, self.regularizer(t),
+                               on_step=lambda step, rec: bar.advance(1, **rec), runtime=self.runtime)
+        single = self.evaluate(result.task_vector, [t], f"{exp.name}: single-task")[exp.name]
+        pretrained = self.evaluate(None, [t], f"{exp.name}: pretrained")[exp.name]
+        metrics = {"step": t, "task": exp.name, "pretrained": pretrained, "single_task": single,
+                   "train_seconds": result.seconds, "seconds_per_step": result.seconds_per_step,
+                   "scenario_file": self.scenario_file, "train_steps": recipe.steps, "train_size": len(exp.train),
+                   "runtime": self.runtime.describe()}
+        if result.peak_gpu_bytes is not None:
+            metrics["peak_gpu_bytes"] = result.peak_gpu_bytes
+        if self.build:
+            metrics["build"] = self.build
+        if self.runtime.is_main:
+            self.bank.append(exp.name, result.task_vector, task=exp.name, mode=recipe.mode, base=self.base,
+                             scenario=self.scenario, step=t, recipe=recipe.to_dict(), metrics=metrics)
+        self.runtime.barrier()
+        return metrics
+
+    def merge_and_evaluate(self, t: int) -> dict[str, Any]:
+        """Score theta_0 + sum of banked tau_0..tau_t on tasks 0..t; store the numbers in the bank."""
+        names = [self.exps[i].name for i in range(t + 1)]
+        tau = self.bank.merge({n: 1.0 for n in names}, base=self.base)
+        per_task = self.evaluate(tau, range(t + 1), f"merged 0..{t}")
+        single = {n: self.bank.get(n).metrics["single_task"] for n in names}
+        merged = {"per_task": per_task, **addition_summary(per_task, single)}
+        self.runtime.barrier()  # every process has read the bank before rank 0 rewrites the manifest
+        if self.runtime.is_main:
+            self.bank.update_metrics(self.exps[t].name, {"merged": merged})
+        self.runtime.barrier()
+        return merged
+
+    def resumable(self, t: int) -> dict[str, Any] | None:
+        """Banked metrics of experience t if this run already banked it with the same recipe."""
+        name = self.exps[t].name
+        if name not in self.bank:
+            return None
+        entry = self.bank.get(name)
+        if entry.scenario != self.scenario or entry.recipe != self.recipe_for(t).to_dict():
+            raise BankError(
+                f"bank {self.bank.root} holds a vector {name!r} from another run (scenario {entry.scenario!r}, "
+                f"mode {entry.mode!r}); use another --bank directory or remove it"
+            )
+        return dict(entry.metrics)
+
+    def run(self, *, resume: bool, on_step: StepCallback | None = None) -> StreamResult:
+        self._check_processes()
+        self._check_bank(resume)
+        self.runtime.barrier()  # nobody writes before everyone has checked
+        out = StreamResult(self.scenario, self.recipe)
+        start = time.perf_counter()
+        for t in range(len(self.exps)):
+            banked = self.resumable(t) if resume else None
+            metrics = banked if banked is not None else self.train(t)
+            if "merged" not in metrics:
+                metrics["merged"] = self.merge_and_evaluate(t)
+            metrics["resumed"] = banked is not None
+            out.steps.append(metrics)
+            if on_step is not None:
+                on_step(metrics)
+        out.seconds = time.perf_counter() - start
+        return out
+
+    def _check_processes(self) -> None:
+        if not self.runtime.distributed:
+            return
+        bases = self.runtime.all_gather_object(self.base)
+        if len(set(bases)) != 1:
+            raise ConfigError(f"the {self.runtime.world_size} processes built different base models "
+                              f"({', '.join(b[:19] for b in bases)}); load the same weights on every rank")
+
+    def _check_bank(self, resume: bool) -> None:
+        if len(self.bank) and not resume:
+            raise BankError(
+                f"bank {self.bank.root} already holds {', '.join(self.bank.names())}; pass --resume to continue "
+                "that run, or choose another --bank directory"
+            )
+        if self.bank.base is not None and self.bank.base != self.base:
+            raise BankError(f"bank {self.bank.root} was built on another base model than {self.backbone.name}")
+
+
+def run_stream(
+    exps: Sequence[Experience],
+    backbone: Backbone,
+    heads: Mapping[str, nn.Module],
+    recipe: Recipe,
+    bank: Bank | str | Path,
+    *,
+    scenario: str,
+    generic: UnlabeledSource | None = None,
+    resume: bool = False,
+    progress: Progress | None = None,
+    on_step: StepCallback | None = None,
+    scenario_file: str | None = None,
+    task_recipes: Mapping[str, Recipe] | None = None,
+    unlabeled: Mapping[str, Dataset] | None = None,
+    runtime: Runtime | None = None,
+    build: dict[str, Any] | None = None,
+) -> StreamResult:
+    """Fine-tune, bank and evaluate each experience in order (see module docstring).
+
+    ``scenario_file`` is recorded in the bank so ``add`` / ``negate`` can rebuild the tasks later
+    (with ``build``: the backbone / data options the run used).
+    task_recipes: per-experience recipes by name (default: ``recipe`` for all).
+    unlabeled: inputs-only datasets by experience name for the penalty sources
+        (default: the experiences' train splits, read lazily, element 0 of each item).
+    runtime: device / precision / process group (default: one process on the backbone's device).
+        Under data parallelism ``progress`` and ``on_step`` are used on rank 0 only.
+    """
+    names = [e.name for e in exps]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"experience names must be unique, got {names}")
+    missing = [n for n in names if n not in heads]
+    if missing:
+        raise ConfigError(f"no head for task(s) {missing}")
+    bank = bank if isinstance(bank, Bank) else Bank(bank)
+    runtime = runtime or default_runtime(backbone.module)
+    if not runtime.is_main:
+        progress, on_step = None, None
+    runner = StreamRunner(exps, backbone, heads, recipe, bank, scenario=scenario, generic=generic,
+                          progress=progress or NullProgress(), scenario_file=scenario_file, task_recipes=task_recipes,
+                          unlabeled=unlabeled, runtime=runtime, build=build)
+    return runner.run(resume=resume, on_step=on_step)
+
+
+def probe_heads(backbone: Backbone, exps: Sequence[Experience], *, shots: int = 5, seed: int = 0) -> dict[str, nn.Module]:
+    """Few-shot linear-probe heads for experiences of any Avalanche benchmark."""
+    from editkit.scenario.build import probe_head
+    from editkit.data.tasks import TaskData
+
+    return {e.name: probe_head(backbone, TaskData(e.name, [str(c) for c in range(e.num_classes)], e.train, e.val, e.test),
+                               shots=shots, seed=seed) for e in exps}
+
+
+def run_benchmark(
+    benchmark,
+    backbone: Backbone,
+    recipe: Recipe,
+    bank: Bank | str | Path,
+    *,
+    names: Sequence[str] | None = None,
+    heads: Mapping[str, nn.Module] | None = None,
+    scenario: str = "custom",
+    generic: UnlabeledSource | None = None,
+    resume: bool = False,
+    progress: Progress | None = None,
+    on_step: StepCallback | None = None,
+) -> StreamResult:
+    """Run any Avalanche benchmark (train_stream / test_stream with task labels)."""
+    exps = experiences(benchmark, names)
+    heads = heads if heads is not None else probe_heads(backbone, exps, seed=recipe.seed)
+    return run_stream(exps, backbone, heads, recipe, bank, scenario=scenario, generic=generic, resume=resume,
+                      progress=progress, on_step=on_step)
+
+
+def run_scenario(
+    scenario: str | Path,
+    *,
+    bank: str | Path | None = None,
+    run_dir: str | Path | None = None,
+    resume: bool = False,
+    progress: Progress | None = None,
+    on_step: StepCallback | None = None,
+    backbone_overrides: Mapping[str, Any] | None = None,
+    task_overrides: Mapping[str, Any] | None = None,
+    runtime: Runtime | None = None,
+    device: str | None = None,
+    precision: str | None = None,
+    workers: int | None = None,
+    **overrides: Any,
+) -> tuple[StreamResult, dict[str, Any] | None]:
+    """Run a scenario file end to end and write ``report.json`` + ``stream.png`` into the run directory.
+
+    ``overrides`` replace recipe fields (``mode="linear"``, ``steps=20``, ``epochs=2``,
+    ``scope="all"``...) for every task, above the scenario's per-task values.
+    ``backbone_overrides`` replace ``[backbone]`` options (``model``, ``pretrained``...),
+    ``task_overrides`` every task's source options (``data_root``...); ``None`` values keep.
+
+    Before anything is built the scenario's registered checks run: missing weights
+    or data raise :class:`MissingResourceError` with one line per missing piece, and
+    neither the bank nor the run directory is created.
+
+    runtime: where to run; default from ``device`` / ``precision`` / ``workers`` and,
+    under torchrun, the process group (joined here, left at the end). Returns the
+    result and the report dictionary (the report is None on ranks other than 0).
+    """
+    from editkit.train import runtime as distributed
+    from editkit.runs.report import plot_stream, stream_report, write_json
+    from editkit.scenario.spec import load_scenario, task_recipes
+    from editkit.scenario.build import build_scenario, check_scenario
+
+    spec = load_scenario(scenario)
+    recipe = spec.recipe.with_overrides(**overrides)
+    recipes = task_recipes(spec, **overrides)
+    bank_dir = Path(bank) if bank is not None else default_bank_dir(spec.name, recipe.mode)
+    out_dir = Path(run_dir) if run_dir is not None else default_run_dir(spec.name, recipe.mode)
+    backbone_overrides = {k: v for k, v in (backbone_overrides or {}).items() if v is not None}
+    task_overrides = {k: v for k, v in (task_overrides or {}).items() if v is not None}
+    problems = check_scenario(spec, backbone_overrides=backbone_overrides, task_overrides=task_overrides)
+    if problems:
+        raise MissingResourceError(missing_message(spec.name, problems))
+
+    joined = runtime is None and not _group_initialized()
+    if joined and torchrun_world()[1] > 1:
+        # avalanche refuses to be imported by a non-main process of an initialized process group
+        # (it creates loggers at import time): import it before joining the group
+        from editkit.integrations.avalanche.benchmark import import_avalanche
+
+        import_avalanche()
+    runtime = runtime or distributed.setup(device, precision, workers)
+    try:
+        if not runtime.is_main:
+            progress, on_step = None, None
+        built = build_scenario(spec, seed=recipe.seed, progress=progress,
+                               backbone_overrides=backbone_on_device(spec, backbone_overrides, runtime),
+                               task_overrides=task_overrides)
+        built.backbone.module.to(runtime.device)
+        # The Avalanche benchmark defines the stream (order, task labels, class counts); batches come from
+        # the tasks' own datasets: the same (x, y) items without Avalanche's per-item wrapper, which costs
+        # about as much as decoding an image and would slow vision8's loaders.
+        exps = [dataclasses.replace(exp, train=task.train, test=task.test, val=task.val)
+                for exp, task in zip(experiences(built.benchmark(), built.task_names), built.tasks)]
+        scenario_file = str(spec.path.resolve()) if spec.path else None
+        build = {"backbone": _jsonable(backbone_overrides), "tasks": _jsonable(task_overrides)}
+        result = run_stream(exps, built.backbone, built.heads, recipe, bank_dir, scenario=spec.name,
+                            generic=built.generic, resume=resume, progress=progress, on_step=on_step,
+                            scenario_file=scenario_file, task_recipes=recipes,
+                            unlabeled={t.name: t.train for t in built.tasks}, runtime=runtime,
+                            build=build if any(build.values()) else None)
+        report = None
+        if runtime.is_main:
+            plot = plot_stream(result, out_dir / "stream.png")
+            report = stream_report(result, backbone=built.backbone.name, bank=bank_dir,
+                                   extra={"plots": [str(plot)], "runtime": runtime.describe()})
+            write_json(out_dir / "report.json", report)
+        runtime.barrier()
+        return result, report
+    finally:
+        if joined and runtime.distributed:
+            distributed.teardown()
+
+
+def missing_message(scenario: str, problems: Sequence[str]) -> str:
+    """The offline error: a header, then one line per missing piece."""
+    lines = [f"scenario {scenario!r} cannot start: {len(problems)} missing piece{'s' if len(problems) > 1 else ''} "
+             "(nothing was trained, no bank was written)"]
+    lines += [f"  - {problem}" for problem in problems]
+    return "\n".join(lines)
+
+
+def _group_initialized() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def backbone_on_device(spec, overrides: dict[str, Any], runtime: Runtime) -> dict[str, Any]:
+    """Build the backbone straight on the runtime's device when its family takes ``device``."""
+    import inspect
+
+    from editkit.scenario.build import BACKBONES
+
+    builder = BACKBONES.get(spec.backbone.get("family"))
+    if builder is not None and "device" in inspect.signature(builder).parameters and "device" not in overrides:
+        return {**overrides, "device": str(runtime.device)}
+    return overrides
+
+
+def _jsonable(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Options as JSON values; paths made absolute so a later ``negate`` finds them from anywhere."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Path) or (isinstance(value, str) and key in ("data_root", "pretrained", "cache_dir",
+                                                                          "hub_cache_dir") and Path(value).exists()):
+            value = str(Path(value).expanduser().resolve())
+        out[key] = value
+    return out

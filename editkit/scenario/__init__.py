@@ -1,0 +1,1 @@
+"""Scenario files (TOML, under the top-level ``scenarios/``) parsed, checked and built into streams."""

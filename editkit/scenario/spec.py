@@ -1,0 +1,148 @@
+"""Scenarios: declarative files under ``scenarios/`` turned into runnable streams.
+
+A scenario file (TOML) names a backbone, a head kind, an optional generic
+unlabeled source, an ordered list of tasks (each a data source) and a recipe.
+``load_scenario`` parses and validates it; ``build_scenario`` loads the backbone
+and the data, fits or builds the heads, and exposes the tasks as an Avalanche
+benchmark (``train_stream`` / ``valid_stream`` / ``test_stream``, one experience
+per task, task label = position in the stream).
+
+Optional parts of a scenario file:
+
+- ``[data]``: options every task's source receives (``data_root``, ``augment``...);
+  a ``[[tasks]]`` entry's own keys win.
+- per-task recipe values: ``epochs`` / ``steps`` keys of a ``[[tasks]]`` entry, or
+  an inline ``recipe = {...}`` table in it (see :func:`task_recipes` for precedence).
+- ``[control]``: the negation control set (``kind = "imagenet"``; see ``editkit.runs.edit``).
+
+Building (loading what a spec names) is ``editkit.scenario.build``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from editkit.errors import ConfigError
+from editkit.settings import extra_scenario_dirs
+from editkit.train import recipe as recipe_mod
+from editkit.train.recipe import Recipe
+
+#: The built-in scenario files: the top-level ``scenarios/`` folder, installed as the package ``editkit.scenarios``.
+SCENARIO_DIR = Path(str(resources.files("editkit.scenarios")))
+
+
+TASK_RECIPE_KEYS = ("epochs", "steps")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    source: str  # "<kind>:<dataset>", e.g. "packaged:mnist"
+    options: dict[str, Any] = field(default_factory=dict)
+    recipe: dict[str, Any] = field(default_factory=dict)  # per-task recipe overrides
+
+    @property
+    def kind(self) -> str:
+        return self.source.split(":", 1)[0]
+
+    @property
+    def dataset(self) -> str:
+        return self.source.split(":", 1)[1]
+
+
+@dataclass(frozen=True)
+class ScenarioSpec:
+    """A parsed scenario file."""
+
+    name: str
+    description: str
+    backbone: dict[str, Any]
+    heads: dict[str, Any]
+    tasks: tuple[TaskSpec, ...]
+    recipe: Recipe
+    generic: dict[str, Any] | None = None
+    path: Path | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    control: dict[str, Any] | None = None
+
+    @property
+    def task_names(self) -> list[str]:
+        return [t.name for t in self.tasks]
+
+
+def scenario_dirs() -> list[Path]:
+    return extra_scenario_dirs() + [SCENARIO_DIR]
+
+
+def known_scenarios() -> dict[str, Path]:
+    """Scenario name -> file, from ``$EDITKIT_SCENARIOS`` first, then the built-in directory."""
+    found: dict[str, Path] = {}
+    for directory in scenario_dirs():
+        for path in sorted(directory.glob("*.toml")):
+            found.setdefault(path.stem, path)
+    return found
+
+
+def load_scenario(name_or_path: str | Path) -> ScenarioSpec:
+    """Parse a scenario by name (see ``known_scenarios``) or by file path."""
+    path = Path(name_or_path)
+    if not (path.suffix == ".toml" and path.is_file()):
+        known = known_scenarios()
+        if str(name_or_path) not in known:
+            raise ConfigError(f"unknown scenario {str(name_or_path)!r}; known scenarios: {', '.join(sorted(known)) or 'none'}")
+        path = known[str(name_or_path)]
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"scenario file {path} is not valid TOML: {exc}") from exc
+    return parse_scenario(data, path)
+
+
+def parse_scenario(data: dict[str, Any], path: Path | None = None) -> ScenarioSpec:
+    where = path or "scenario"
+    for key in ("name", "backbone", "tasks"):
+        if key not in data:
+            raise ConfigError(f"{where}: missing required key {key!r}")
+    tasks = tuple(_task_spec(t, where) for t in data["tasks"])
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}: task names must be unique, got {names}")
+    if not tasks:
+        raise ConfigError(f"{where}: a scenario needs at least one task")
+    return ScenarioSpec(
+        name=data["name"],
+        description=data.get("description", ""),
+        backbone=dict(data["backbone"]),
+        heads=dict(data.get("heads", {"kind": "probe", "shots": 5})),
+        tasks=tasks,
+        recipe=recipe_mod.from_mapping(data.get("recipe", {})),
+        generic=dict(data["generic"]) if "generic" in data else None,
+        path=path,
+        data=dict(data.get("data", {})),
+        control=dict(data["control"]) if "control" in data else None,
+    )
+
+
+def _task_spec(table: dict[str, Any], where: object) -> TaskSpec:
+    if "name" not in table or "source" not in table or ":" not in table["source"]:
+        raise ConfigError(f"{where}: each [[tasks]] entry needs a name and a source 'kind:dataset', got {table}")
+    recipe = dict(table.get("recipe", {}))
+    recipe.update({k: table[k] for k in TASK_RECIPE_KEYS if k in table})
+    recipe_mod.from_mapping(recipe)  # refuse unknown fields / bad values now, by name
+    options = {k: v for k, v in table.items() if k not in ("name", "source", "recipe", *TASK_RECIPE_KEYS)}
+    return TaskSpec(table["name"], table["source"], options, recipe)
+
+
+def task_recipes(spec: ScenarioSpec, **overrides: Any) -> dict[str, Recipe]:
+    """Each task's recipe: the scenario's ``[recipe]``, then the task's own values, then ``overrides``.
+
+    Later levels win field by field; a level that gives ``steps`` without ``epochs``
+    clears an ``epochs`` from below (so ``--steps 5`` beats per-task epochs, and
+    ``--epochs 2`` beats both). ``None`` overrides mean "keep".
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return {t.name: spec.recipe.with_overrides(**t.recipe).with_overrides(**given) for t in spec.tasks}

@@ -1,0 +1,1 @@
+"""Fine-tuning one task: the recipe, where it runs (``runtime``), and the loop."""

@@ -1,0 +1,219 @@
+"""Fine-tune one task: non-linear, linearized, or linearized + tauJp.
+
+One loop serves all three modes. In ``taujp`` mode the unlabeled reg batches are
+concatenated to the labelled batch so one jvp call yields both the task's logits
+and the penalty's tangents: with BatchNorm frozen the examples do not interact,
+and one call of 32 + 4 examples is much cheaper than two calls of 32 and 4.
+
+Where it runs is a :class:`~editkit.train.runtime.Runtime`: the device, bf16
+autocast on CUDA, DataLoader workers, and under torchrun this process's share of
+each global batch (gradients are averaged over processes once per optimizer step;
+see ``editkit.train.runtime`` for why this is not ``DistributedDataParallel``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from editkit.train.runtime import GlobalBatchSampler, Runtime, default_runtime
+from editkit.core.linearize import LinearizedModel, build_task_model
+from editkit.train.recipe import Recipe
+from editkit.core.taujp import Regularizer
+
+log = logging.getLogger(__name__)
+
+StepCallback = Callable[[int, dict[str, float]], None]
+
+
+@dataclass
+class FineTuneResult:
+    """The task vector and what it cost."""
+
+    task_vector: dict[str, torch.Tensor]
+    seconds: float
+    steps: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    peak_gpu_bytes: int | None = None
+
+    @property
+    def seconds_per_step(self) -> float:
+        return self.seconds / max(1, self.steps)
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """LR multiplier: linear warmup to 1, then cosine decay to 0 (as the official code)."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def labelled_batches(
+    dataset: Dataset, batch_size: int, seed: int, *, runtime: Runtime | None = None,
+    sampler: GlobalBatchSampler | None = None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless seeded shuffled batches of (inputs, labels); extra item fields (task labels) are dropped.
+
+    Epoch ``e`` is the ``e``-th seeded permutation cut into batches of ``batch_size``
+    (the last partial batch dropped when there is a full one). Under data parallelism
+    each process gets its slice of every such global batch.
+    """
+    runtime = runtime or Runtime()
+    sampler = sampler or GlobalBatchSampler(len(dataset), batch_size, seed=seed, rank=runtime.rank,
+                                            world_size=runtime.world_size)
+    workers = runtime.workers
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=workers, pin_memory=runtime.device.type == "cuda",
+                        persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None)
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            yield batch[0], batch[1]
+        epoch += 1
+
+
+def reg_batch_stream(regularizer: Regularizer | None, steps: int) -> Iterator[list[torch.Tensor]]:
+    """The reg batches of steps 0..steps-1; lazy sources are loaded one step ahead in a thread.
+
+    Draws happen in step order either way, so the batches are the same as drawing in the loop.
+    """
+    if regularizer is None:
+        for _ in range(steps):
+            yield []
+        return
+    if not regularizer.lazy:
+        for step in range(steps):
+            yield regularizer.batches(step)
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="editkit-reg") as pool:
+        pending = pool.submit(regularizer.batches, 0) if steps > 0 else None
+        for step in range(steps):
+            current = pending.result()
+            pending = pool.submit(regularizer.batches, step + 1) if step + 1 < steps else None
+            yield current
+
+
+class StepComputer:
+    """Forward pass and loss of one micro-batch for a given mode."""
+
+    def __init__(self, model: nn.Module, head: nn.Module, regularizer: Regularizer | None) -> None:
+        self.model = model
+        self.head = head
+        self.regularizer = regularizer if regularizer is not None and regularizer.active else None
+
+    def loss(
+        self, x: torch.Tensor, y: torch.Tensor, reg_batches: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+        """(cross-entropy, lambda * penalty or None, scalar stats) for one micro-batch."""
+        if reg_batches and self.regularizer is not None and isinstance(self.model, LinearizedModel):
+            primal, tangent = self.model.primal_and_tangent(torch.cat([x, *reg_batches]))
+            n = len(x)
+            features = (primal[:n] + tangent[:n]).float()  # no-op in fp32; leaves bf16 autocast output
+            reg_tangents = torch.split(tangent[n:].float(), [len(b) for b in reg_batches])
+            reg = self.regularizer.loss(reg_tangents)
+        else:
+            features = self.model(x).float()
+            reg = None
+        ce = F.cross_entropy(self.head(features), y)
+        stats = {"ce": ce.item(), "penalty": reg.item() / self.regularizer.lam if reg is not None else 0.0}
+        return ce, reg, stats
+
+
+def fine_tune(
+    module: nn.Module,
+    head: nn.Module,
+    train: Dataset,
+    recipe: Recipe,
+    regularizer: Regularizer | None = None,
+    *,
+    on_step: StepCallback | None = None,
+    runtime: Runtime | None = None,
+) -> FineTuneResult:
+    """Fine-tune ``module`` (theta_0, left untouched) on ``train`` with ``head`` fixed.
+
+    Returns tau = theta_ft - theta_0 over the module's parameters (on the CPU). The
+    regularizer is used only in ``taujp`` mode. The module's values never change,
+    but it is switched to eval mode with gradients off (it is theta_0, shared by
+    every task model).
+
+    runtime: device, precision, workers and process group (default: one process on
+        the module's device, fp32). ``recipe.batch_size`` is the *global* micro-batch:
+        with N processes each computes on its ~batch_size / N slice, and the
+        regularizer should carry ``shard=(rank, N)``.
+    """
+    runtime = runtime or default_runtime(module)
+    torch.manual_seed(recipe.seed)
+    model = build_task_model(module, recipe.mode).to(runtime.device)
+    head.to(runtime.device).eval().requires_grad_(False)
+    computer = StepComputer(model, head, regularizer if recipe.mode == "taujp" else None)
+    params = list(model.theta)
+    optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.steps))
+    sampler = GlobalBatchSampler(len(train), recipe.batch_size, seed=recipe.seed, rank=runtime.rank,
+                                 world_size=runtime.world_size)
+    ce_weight = sampler.shard_fraction  # 1.0 unless processes hold unequal slices
+    batches = labelled_batches(train, recipe.batch_size, recipe.seed, runtime=runtime, sampler=sampler)
+    reg_stream = reg_batch_stream(computer.regularizer, recipe.steps)
+    device, non_blocking = runtime.device, runtime.device.type == "cuda"
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    history: list[dict[str, float]] = []
+    start = time.perf_counter()
+    for step in range(recipe.steps):
+        optimizer.zero_grad(set_to_none=True)
+        reg_batches = [b.to(device, non_blocking=non_blocking) for b in next(reg_stream)]
+        totals = {"ce": 0.0, "penalty": 0.0}
+        for micro in range(recipe.accumulation):
+            x, y = next(batches)
+            x, y = x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
+            with runtime.autocast():
+                ce, reg, stats = computer.loss(x, y, reg_batches if micro == 0 else [])
+            if ce_weight != 1.0:
+                ce = ce * ce_weight
+            # CE is averaged over micro-batches; the penalty is computed once per step at full weight.
+            (ce / recipe.accumulation + (reg if reg is not None else 0.0)).backward()
+            totals["ce"] += stats["ce"] / recipe.accumulation
+            totals["penalty"] += stats["penalty"]
+        grads = [p for p in params if p.grad is not None]
+        if runtime.distributed:
+            runtime.all_reduce_mean([p.grad for p in grads])
+            totals = _mean_over_processes(totals, runtime)
+        grad_norm = nn.utils.clip_grad_norm_(grads, recipe.grad_clip)
+        lr = schedule.get_last_lr()[0]
+        optimizer.step()
+        schedule.step()
+        record = {**totals, "grad_norm": float(grad_norm), "lr": lr}
+        history.append(record)
+        if on_step is not None:
+            on_step(step, record)
+    peak = None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        peak = int(torch.cuda.max_memory_allocated(device))
+    seconds = time.perf_counter() - start
+    reg_stream.close()
+    log.info("fine-tuned %d steps in %.1fs (%s, %s)", recipe.steps, seconds, recipe.mode, runtime.describe())
+    tau = {name: value.cpu() for name, value in model.task_vector().items()}
+    return FineTuneResult(tau, seconds, recipe.steps, history, peak)
+
+
+def _mean_over_processes(totals: dict[str, float], runtime: Runtime) -> dict[str, float]:
+    """Per-step loss statistics averaged over processes (display only)."""
+    values = torch.tensor([totals["ce"], totals["penalty"]], dtype=torch.float64, device=runtime.device)
+    runtime.all_reduce_sum(values)
+    ce, pen = (values / runtime.world_size).tolist()
+    return {"ce": ce, "penalty": pen}

@@ -1,0 +1,298 @@
+"""Where training runs: device, precision, and data-parallel processes (torchrun).
+
+``Runtime`` is what the trainer, the evaluator and the stream runner need to know
+about the machine: the device, whether to autocast to bf16, how many DataLoader
+workers to use, and, under ``torchrun``, this process's rank in the group.
+
+Data parallelism, and why it is not ``DistributedDataParallel``
+---------------------------------------------------------------
+Every process holds the whole task model and computes its gradient on its share
+of each *global* batch; :meth:`Runtime.all_reduce_mean` then averages the
+gradients (bucketed, one all-reduce per ~25 MB) once per optimizer step, after
+all micro-batches of gradient accumulation, and every process applies the same
+clipped AdamW step. That is the arithmetic DDP performs, written out because:
+
+- the tauJp step calls ``LinearizedModel.primal_and_tangent`` (one jvp over the
+  labelled and the unlabeled batch), not ``forward``; DDP only reduces gradients of
+  calls that go through its own ``forward``;
+- with gradient accumulation DDP needs ``no_sync`` on all but the last
+  micro-batch; here there is exactly one reduction per step by construction;
+- parameters without a gradient (a pooler that is never used) need no
+  ``find_unused_parameters``: they have no gradient on any rank and are skipped.
+
+What it costs: communication does not overlap the backward pass (DDP's buckets
+overlap it). For a linearized model, whose backward is the bulk of a step, and
+on one node this is a small fraction of the step.
+
+Batches are sharded so that any number of processes sees exactly the batches of
+one process: :class:`GlobalBatchSampler` draws the single-process global batch
+(the same seeded permutation per epoch, re-drawn at :meth:`~GlobalBatchSampler.set_epoch`)
+and hands each rank a contiguous slice of it. ``torch.utils.data.DistributedSampler``
+would shuffle with ``seed + epoch`` and stride indices across ranks, so a 2-GPU run
+would train on different batches than a 1-GPU run; here the bank a run writes does
+not depend on the number of GPUs (up to float summation order).
+
+Only rank 0 writes the bank and reports; the others wait at :meth:`Runtime.barrier`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch.utils.data import Sampler
+
+from editkit.errors import ConfigError
+from editkit.settings import torchrun_world
+from editkit.util.sharding import shard_bounds
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("auto", "bf16", "fp32")
+BUCKET_BYTES = 25 * 2**20
+#: Collective timeout: rank 0 may evaluate or write a bank while the others wait.
+TIMEOUT = datetime.timedelta(hours=2)
+
+
+def resolve_device(device: str | torch.device | None = None, *, local_rank: int = 0) -> torch.device:
+    """``None`` / ``"auto"``: CUDA (this process's local GPU) when available, else CPU."""
+    if device is None or str(device) == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank % torch.cuda.device_count())
+        return torch.device("cpu")
+    resolved = torch.device(device)
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {device} was asked for but CUDA is not available (torch {torch.__version__})")
+        if resolved.index is None:
+            resolved = torch.device("cuda", local_rank % torch.cuda.device_count())
+    return resolved
+
+
+def resolve_precision(precision: str | None, device: torch.device) -> str:
+    """``auto``: bf16 autocast on CUDA, fp32 elsewhere."""
+    precision = precision or "auto"
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return precision
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Device, precision, loader workers and this process's place in the process group.
+
+    rank / world_size: this process and the number of data-parallel processes (1: none).
+    precision: ``bf16`` runs forward passes under ``torch.autocast(dtype=bfloat16)``
+        (parameters, gradients and optimizer state stay fp32); ``fp32`` does not.
+    workers: DataLoader worker processes for labelled batches and evaluation.
+    """
+
+    device: torch.device = torch.device("cpu")
+    precision: str = "fp32"
+    workers: int = 0
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    def __post_init__(self) -> None:
+        if self.precision not in ("bf16", "fp32"):
+            raise ConfigError(f"precision must be bf16 or fp32 once resolved, got {self.precision!r}")
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank {self.rank} outside a world of {self.world_size}")
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def describe(self) -> str:
+        where = f"{self.device}" + (f" x {self.world_size} processes" if self.distributed else "")
+        return f"{where}, {self.precision}"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # -- collectives (no-ops in a single process) ---------------------------------------------
+    def barrier(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+
+            if dist.get_backend() == "nccl":
+                dist.barrier(device_ids=[self.device.index or 0])
+            else:
+                dist.barrier()
+
+    def all_reduce_mean(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Replace each tensor by its mean over the processes, in place, bucketed by dtype."""
+        if not self.distributed or not tensors:
+            return
+        import torch.distributed as dist
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        for bucket in _buckets(tensors):
+            flat = _flatten_dense_tensors(bucket)
+            dist.all_reduce(flat)
+            flat.div_(self.world_size)
+            for tensor, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                tensor.copy_(reduced)
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.all_reduce(tensor)
+        return tensor
+
+    def all_gather_object(self, value: Any) -> list[Any]:
+        if not self.distributed:
+            return [value]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return out
+
+    def shard_bounds(self, size: int) -> tuple[int, int]:
+        """[start, stop) of this rank's contiguous share of ``size`` items (earlier ranks get the remainder)."""
+        return shard_bounds(size, self.rank, self.world_size)
+
+
+def _buckets(tensors: Sequence[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for tensor in tensors:
+        if bucket and (tensor.dtype != bucket[0].dtype or tensor.device != bucket[0].device or size >= BUCKET_BYTES):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(tensor)
+        size += tensor.numel() * tensor.element_size()
+    if bucket:
+        yield bucket
+
+
+def setup(
+    device: str | torch.device | None = None,
+    precision: str | None = "auto",
+    workers: int | None = None,
+) -> Runtime:
+    """The runtime of this process; under torchrun, joins the process group (NCCL on CUDA, gloo on CPU).
+
+    workers: ``None`` = 0 on CPU, else ``min(8, cpus per process)``.
+    """
+    rank, world, local = torchrun_world()
+    resolved = resolve_device(device, local_rank=local)
+    if resolved.type == "cuda":
+        torch.cuda.set_device(resolved)
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            backend = "nccl" if resolved.type == "cuda" else "gloo"
+            kwargs: dict[str, Any] = {"backend": backend, "timeout": TIMEOUT}
+            if backend == "nccl":
+                kwargs["device_id"] = resolved
+            dist.init_process_group(**kwargs)
+            log.info("rank %d/%d joined a %s process group on %s", rank, world, backend, resolved)
+        rank, world = dist.get_rank(), dist.get_world_size()
+    if workers is None:
+        workers = 0 if resolved.type == "cpu" else min(8, max(1, (os.cpu_count() or 1) // max(1, world)))
+    if workers < 0:
+        raise ConfigError(f"workers must be >= 0, got {workers}")
+    return Runtime(resolved, resolve_precision(precision, resolved), workers, rank, world, local)
+
+
+def teardown() -> None:
+    """Leave the process group if this process joined one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def default_runtime(module: torch.nn.Module | None = None) -> Runtime:
+    """Single process on the module's device, fp32, no workers (the library's default)."""
+    device = torch.device("cpu")
+    if module is not None:
+        first = next(iter(module.parameters()), None)
+        if first is not None:
+            device = first.device
+    return Runtime(device=device)
+
+
+#: ``RandomSampler.__iter__`` draws a second (empty-sliced) ``randperm`` at the end of
+#: every pass, so a pass advances its generator by two permutations.
+DRAWS_PER_EPOCH = 2
+
+
+class GlobalBatchSampler(Sampler[list[int]]):
+    """Batch sampler: this rank's contiguous slice of each single-process global batch.
+
+    Epoch ``e`` shuffles as pass ``e`` of ``RandomSampler(generator=Generator().manual_seed(seed))``
+    does (the single-process loader editkit always used), cut into global batches of ``batch_size`` (the last
+    partial one dropped when there is at least one full batch). Call
+    :meth:`set_epoch` before iterating each epoch, as with ``DistributedSampler``.
+    Use as ``DataLoader(dataset, batch_sampler=...)``.
+    """
+
+    def __init__(self, size: int, batch_size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
+        if size < 1:
+            raise ConfigError("cannot sample batches from an empty dataset")
+        self.size = size
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.drop_last = size >= batch_size
+        self.global_batch = min(batch_size, size)
+        if self.global_batch < world_size:
+            raise ConfigError(
+                f"a global batch of {self.global_batch} examples cannot be split over {world_size} processes"
+            )
+        self.epoch = 0
+        self._states = [torch.Generator().manual_seed(seed).get_state()]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def permutation(self, epoch: int) -> list[int]:
+        generator = torch.Generator()
+        while len(self._states) <= epoch:  # replay earlier epochs' draws once
+            generator.set_state(self._states[-1])
+            for _ in range(DRAWS_PER_EPOCH):
+                torch.randperm(self.size, generator=generator)
+            self._states.append(generator.get_state())
+        generator.set_state(self._states[epoch])
+        return torch.randperm(self.size, generator=generator).tolist()
+
+    def global_batches(self, epoch: int) -> list[list[int]]:
+        order = self.permutation(epoch)
+        stop = (self.size // self.batch_size) * self.batch_size if self.drop_last else self.size
+        return [order[i : i + self.batch_size] for i in range(0, stop, self.batch_size)]
+
+    def shard(self, batch: list[int]) -> list[int]:
+        start, stop = shard_bounds(len(batch), self.rank, self.world_size)
+        return batch[start:stop]
+
+    @property
+    def shard_fraction(self) -> float:
+        """This rank's share of a global batch, times the world size (1.0 when shares are equal)."""
+        start, stop = shard_bounds(self.global_batch, self.rank, self.world_size)
+        return (stop - start) * self.world_size / self.global_batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.global_batches(self.epoch):
+            yield self.shard(batch)
+
+    def __len__(self) -> int:
+        return self.size // self.batch_size if self.drop_last else 1

@@ -1,0 +1,1 @@
+"""Small helpers every layer may use: atomic file writes, peak-memory windows, the progress protocol."""
