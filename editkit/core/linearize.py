@@ -13,7 +13,7 @@ the task vector is ``theta - theta_0``.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -89,39 +89,44 @@ class _TaskModel(nn.Module):
             for n, p in zip(self.names, self.theta):
                 p.copy_(theta0[n] + tau[n].to(p) if n in tau else theta0[n])
 
-    def _call(self, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.module, ({**params, **self.buffers0}), (x,))
+    def _call(self, params: Mapping[str, torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The module at ``params``; ``args``/``kwargs`` are its inputs (e.g. token ids and an attention mask)."""
+        return functional_call(self.module, ({**params, **self.buffers0}), args, kwargs)
 
 
 class NonLinearModel(_TaskModel):
     """f(x; theta): ordinary fine-tuning, expressed with the same theta/theta_0 state."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._call(dict(zip(self.names, self.theta)), x)
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self._call(dict(zip(self.names, self.theta)), *args, **kwargs)
 
 
 class LinearizedModel(_TaskModel):
     """f_lin(x; theta) = f(x; theta_0) + J_theta0 f(x) . (theta - theta_0)."""
 
-    def primal_and_tangent(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(f(x; theta_0), J_theta0 f(x) . tau) from one jvp; gradients flow into theta via tau."""
+    def primal_and_tangent(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(f(x; theta_0), J_theta0 f(x) . tau) from one jvp; gradients flow into theta via tau.
+
+        ``args``/``kwargs`` are the module's inputs. Only theta is differentiated: the
+        inputs (an attention mask among them) are closed over, constants of the jvp.
+        """
         theta0_map = self.theta0
         tau = tuple(p - theta0_map[n] for n, p in zip(self.names, self.theta))
         theta0 = tuple(theta0_map[n] for n in self.names)
 
         def f(*params: torch.Tensor) -> torch.Tensor:
-            return self._call(dict(zip(self.names, params)), x)
+            return self._call(dict(zip(self.names, params)), *args, **kwargs)
 
         with forward_ad_safe_attention():
             return jvp(f, theta0, tau)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        primal, tangent = self.primal_and_tangent(x)
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        primal, tangent = self.primal_and_tangent(*args, **kwargs)
         return primal + tangent
 
-    def tangent(self, x: torch.Tensor) -> torch.Tensor:
+    def tangent(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """J_theta0 f(x) . tau alone: the quantity the tauJp penalty measures."""
-        return self.primal_and_tangent(x)[1]
+        return self.primal_and_tangent(*args, **kwargs)[1]
 
 
 def build_task_model(module: nn.Module, mode: str) -> _TaskModel:

@@ -2,6 +2,9 @@
 
 penalty(tau) = mean over unlabeled x_o of || J_theta0 f(x_o) . tau ||  (backbone features)
 
+For per-token outputs (sequence backbones) the norm runs over the example's real
+positions only: padding is an artefact of batching, so it never counts.
+
 Sources are *unlabeled* views of other tasks' train splits: ``UnlabeledSource``
 holds an inputs tensor only, so the penalty path has no way to read a label.
 ``LazyUnlabeledSource`` serves datasets too big to hold in memory (vision8): it
@@ -41,11 +44,15 @@ def _shard(index: list[int], shard: Shard | None) -> list[int]:
 
 
 class UnlabeledSource:
-    """Inputs of one source, sampled in seeded random order without replacement."""
+    """Inputs of one source, sampled in seeded random order without replacement.
+
+    inputs: anything with ``len`` that a list of indices selects a batch from: an
+        image tensor, or a :class:`~editkit.core.batching.SequenceBatch`.
+    """
 
     lazy = False
 
-    def __init__(self, name: str, inputs: torch.Tensor, *, seed: int = 0) -> None:
+    def __init__(self, name: str, inputs: Any, *, seed: int = 0) -> None:
         if len(inputs) == 0:
             raise ValueError(f"unlabeled source {name!r} is empty")
         self.name = name
@@ -73,11 +80,11 @@ class UnlabeledSource:
             index.append(self._order.pop())
         return index
 
-    def load(self, index: list[int]) -> torch.Tensor:
+    def load(self, index: list[int]) -> Any:
         """Inputs at ``index`` as one batch."""
         return self.inputs[index]
 
-    def next_batch(self, size: int, *, shard: Shard | None = None) -> torch.Tensor:
+    def next_batch(self, size: int, *, shard: Shard | None = None) -> Any:
         """The next ``size`` inputs; with ``shard=(rank, world)`` only this rank's slice of them."""
         return self.load(_shard(self.next_indices(size), shard))
 
@@ -103,16 +110,20 @@ class LazyUnlabeledSource(UnlabeledSource):
 
     Samples indices exactly as ``UnlabeledSource`` does (same seed, same batches) and
     loads and preprocesses only the sampled items via :func:`input_accessor`.
+    ``collate`` makes them one batch: stacked tensors by default, a backbone's
+    ``batching.collate`` for inputs of different lengths.
     """
 
     lazy = True
 
-    def __init__(self, name: str, dataset: Dataset, *, seed: int = 0) -> None:
+    def __init__(self, name: str, dataset: Dataset, *, seed: int = 0,
+                 collate: Callable[[list[Any]], Any] | None = None) -> None:
         if len(dataset) == 0:
             raise ValueError(f"unlabeled source {name!r} is empty")
         self.name = name
         self.dataset = dataset
         self._get = input_accessor(dataset)
+        self._collate = collate
         self._size = len(dataset)
         self._generator = torch.Generator().manual_seed(seed)
         self._order: list[int] = []
@@ -124,20 +135,32 @@ class LazyUnlabeledSource(UnlabeledSource):
     def __len__(self) -> int:
         return self._size
 
-    def load(self, index: list[int]) -> torch.Tensor:
-        return torch.stack([torch.as_tensor(self._get(i)) for i in index])
+    def load(self, index: list[int]) -> Any:
+        items = [self._get(i) for i in index]
+        if self._collate is not None:
+            return self._collate(items)
+        return torch.stack([torch.as_tensor(item) for item in items])
 
 
-def unlabeled_source(name: str, dataset: Dataset, *, seed: int = 0) -> UnlabeledSource:
+def unlabeled_source(name: str, dataset: Dataset, *, seed: int = 0,
+                     collate: Callable[[list[Any]], Any] | None = None) -> UnlabeledSource:
     """Eager for datasets that already hold an inputs tensor, lazy for the rest (same batches either way)."""
     inputs = getattr(dataset, "inputs", None)
     if isinstance(inputs, torch.Tensor):
         return UnlabeledSource(name, inputs, seed=seed)
-    return LazyUnlabeledSource(name, dataset, seed=seed)
+    return LazyUnlabeledSource(name, dataset, seed=seed, collate=collate)
 
 
-def penalty(tangent: torch.Tensor, *, squared: bool = False) -> torch.Tensor:
-    """Mean over the batch of the per-example L2 norm (or squared norm) of J.tau."""
+def penalty(tangent: torch.Tensor, *, squared: bool = False, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over the batch of the per-example L2 norm (or squared norm) of J.tau.
+
+    mask: which positions are real, shaped like the tangent's leading dimensions
+        (``(N, T)`` for per-token tangents ``(N, T, D)``); the others are zeroed
+        before the norm, so a padded position never counts however it was computed.
+    """
+    if mask is not None:
+        mask = mask.bool().reshape(*mask.shape, *(1,) * (tangent.dim() - mask.dim()))
+        tangent = torch.where(mask, tangent, 0.0)
     norms = torch.linalg.vector_norm(tangent.flatten(1), dim=1)
     return (norms.square() if squared else norms).mean()
 
@@ -174,7 +197,7 @@ class Regularizer:
         start, stop = shard_bounds(self.batch_size, *self.shard)
         return (stop - start) * self.shard[1] / self.batch_size
 
-    def _draw(self, source: UnlabeledSource) -> torch.Tensor:
+    def _draw(self, source: UnlabeledSource) -> Any:
         if self.shard is None or self.shard[1] == 1:
             return source.next_batch(self.batch_size)
         return source.next_batch(self.batch_size, shard=self.shard)
@@ -183,7 +206,7 @@ class Regularizer:
     def active(self) -> bool:
         return self.lam > 0 and len(self.sources) > 0
 
-    def batches(self, step: int) -> list[torch.Tensor]:
+    def batches(self, step: int) -> list[Any]:
         """The reg batches of one step (empty when inactive)."""
         if not self.active:
             return []
@@ -191,9 +214,14 @@ class Regularizer:
             return [self._draw(self.sources[step % len(self.sources)])]
         return [self._draw(source) for source in self.sources]
 
-    def loss(self, tangents: Sequence[torch.Tensor]) -> torch.Tensor:
-        """lam * mean over the step's sources of their penalties (of this process's slices, weighted)."""
-        values = [penalty(t, squared=self.squared) for t in tangents]
+    def loss(self, tangents: Sequence[torch.Tensor],
+             masks: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
+        """lam * mean over the step's sources of their penalties (of this process's slices, weighted).
+
+        masks: one per tangent (see :func:`penalty`), or None when no output has padding.
+        """
+        masks = masks if masks is not None else [None] * len(tangents)
+        values = [penalty(t, squared=self.squared, mask=m) for t, m in zip(tangents, masks, strict=True)]
         value = self.lam * torch.stack(values).mean()
         weight = self._shard_weight
         return value if weight == 1.0 else value * weight
