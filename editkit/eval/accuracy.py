@@ -1,5 +1,17 @@
-"""Accuracy of an edited model, per task, and the paper's summary metrics.
+"""Scoring an edited model per task, and the paper's summary metrics.
 
+Evaluation goes through a :class:`Scorer`: one task's score of a task model
+(theta_0 + tau in its mode). :class:`ClassificationScorer` is the one scorer today:
+accuracy of a fixed head's argmax over the backbone's features. Scorers of generated
+text (perplexity, toxicity of samples) plug in beside it: ``evaluate_vector`` needs
+only ``name``, ``batches`` and ``score``.
+
+Classification predictions are a function of the features alone (:func:`classify`).
+That is the capability ``editkit.eval.sweep`` relies on to evaluate any coefficient
+combination of linearized vectors exactly from cached tangents; a scorer without it
+is evaluated by running the model.
+
+Summaries:
 - absolute accuracy: mean over tasks of the merged model's accuracy;
 - normalized accuracy: mean over tasks of merged / single-task accuracy, where
   single-task means the task's own vector alone, fine-tuned in the same mode;
@@ -15,70 +27,100 @@ counts are summed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from editkit.core.batching import Batching, TensorBatching, labelled_collate
 from editkit.train.runtime import Runtime, default_runtime
 from editkit.core.linearize import build_task_model
 from editkit.util.progress import NullProgress, Progress
 
 
+class Scorer(Protocol):
+    """One task's score of an edited model (higher or lower is better as the summary says)."""
+
+    name: str
+
+    def batches(self, batch_size: int, world_size: int) -> int:
+        """How many batches :meth:`score` runs in one process (for progress)."""
+
+    def score(self, model: nn.Module, *, batch_size: int, runtime: Runtime, progress_task=None) -> float:
+        """The score of ``model`` (a task model of theta_0 + tau), identical in every process."""
+
+
+def classify(head: nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """Predicted classes: the argmax of a fixed head's logits over the backbone's features."""
+    return head(features).argmax(dim=1)
+
+
 @dataclass
-class EvalTask:
-    """What is needed to score one task: its fixed head and a labelled split."""
+class ClassificationScorer:
+    """Accuracy on a labelled split under the task's fixed head.
+
+    batching: how the split's inputs are collated and passed to the model (the backbone's).
+    """
 
     name: str
     head: nn.Module
     dataset: Dataset
+    batching: Batching = field(repr=False, default_factory=TensorBatching)
+
+    def batches(self, batch_size: int, world_size: int) -> int:
+        per_process = -(-len(self.dataset) // world_size)  # ceiling division: rank 0 holds the most
+        return -(-per_process // batch_size)
+
+    @torch.no_grad()
+    def score(self, model: nn.Module, *, batch_size: int = 256, runtime: Runtime | None = None,
+              progress_task=None) -> float:
+        runtime = runtime or Runtime()
+        dataset = self.dataset
+        if runtime.distributed:
+            dataset = Subset(dataset, range(runtime.rank, len(dataset), runtime.world_size))
+        device, cuda = runtime.device, runtime.device.type == "cuda"
+        head = self.head.to(device)
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=runtime.workers,
+                            pin_memory=cuda, collate_fn=labelled_collate(self.batching))
+        counts = torch.zeros(2, dtype=torch.int64, device=device)
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=cuda), y.to(device, non_blocking=cuda)
+            args, kwargs = self.batching.arguments(x)
+            with runtime.autocast():
+                features = model(*args, **kwargs)
+            counts[0] += (classify(head, features.float()) == y).sum()
+            counts[1] += len(y)
+            if progress_task is not None:
+                progress_task.advance(1)
+        correct, total = runtime.all_reduce_sum(counts).tolist()
+        return correct / max(1, total)
 
 
-@torch.no_grad()
-def accuracy(model: nn.Module, head: nn.Module, dataset: Dataset, *, batch_size: int = 256, progress_task=None,
-             runtime: Runtime | None = None) -> float:
-    runtime = runtime or Runtime()
-    if runtime.distributed:
-        dataset = Subset(dataset, range(runtime.rank, len(dataset), runtime.world_size))
-    device, cuda = runtime.device, runtime.device.type == "cuda"
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=runtime.workers, pin_memory=cuda)
-    counts = torch.zeros(2, dtype=torch.int64, device=device)
-    for batch in loader:
-        x, y = batch[0].to(device, non_blocking=cuda), batch[1].to(device, non_blocking=cuda)
-        with runtime.autocast():
-            features = model(x)
-        counts[0] += (head(features.float()).argmax(dim=1) == y).sum()
-        counts[1] += len(y)
-        if progress_task is not None:
-            progress_task.advance(1)
-    correct, total = runtime.all_reduce_sum(counts).tolist()
-    return correct / max(1, total)
+EvalTask = ClassificationScorer  # the name the runs layer builds its evaluation tasks with
 
 
 def evaluate_vector(
     module: nn.Module,
     mode: str,
     tau: Mapping[str, torch.Tensor] | None,
-    tasks: Sequence[EvalTask],
+    tasks: Sequence[Scorer],
     *,
     batch_size: int = 256,
     progress: Progress | None = None,
     description: str = "evaluating",
     runtime: Runtime | None = None,
 ) -> dict[str, float]:
-    """Accuracy on each task of theta_0 + tau (in ``mode``'s model), keyed by task name."""
+    """Score on each task of theta_0 + tau (in ``mode``'s model), keyed by task name."""
     runtime = runtime or default_runtime(module)
     model = build_task_model(module, mode).to(runtime.device)
     model.load_task_vector(tau or {})
     model.eval()
-    share = runtime.world_size
-    batches = sum(-(-(-(-len(t.dataset) // share)) // batch_size) for t in tasks)
+    batches = sum(t.batches(batch_size, runtime.world_size) for t in tasks)
     with (progress or NullProgress()).task(description, total=batches) as bar:
-        return {t.name: accuracy(model, t.head.to(runtime.device), t.dataset, batch_size=batch_size, progress_task=bar,
-                                 runtime=runtime) for t in tasks}
+        return {t.name: t.score(model, batch_size=batch_size, runtime=runtime, progress_task=bar) for t in tasks}
 
 
 def addition_summary(per_task: Mapping[str, float], single_task: Mapping[str, float]) -> dict[str, float]:

@@ -6,7 +6,9 @@ on split s" for any coefficients, memoised. For linearized vectors the model is
 f_lin(x; sum c_k tau_k) = f(x; theta_0) + sum c_k J tau_k(x): the tangent is linear
 in the coefficients, so theta_0's features and one tangent per vector per input
 (one jvp) give every coefficient, sum and negation exactly, with no jvp repeated.
-Non-linear vectors need a real forward pass per combination.
+Non-linear vectors need a real forward pass per combination. This exactness is a
+capability of classification scorers: their predictions are a function of the
+features alone (:func:`editkit.eval.accuracy.classify`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from editkit.bank.store import Bank
+from editkit.eval.accuracy import classify
 from editkit.eval.diagnostics import tangent_norms
 from editkit.train.runtime import Runtime
 from editkit.errors import ConfigError
@@ -113,7 +116,7 @@ class TaskSplits:
     @torch.no_grad()
     def pretrained_accuracies(self, heads: Mapping[str, nn.Module], split: str) -> dict[str, float]:
         """theta_0's accuracy on each task's ``split`` under the task's head."""
-        return {n: float((heads[n](self.f0[split][n]).argmax(dim=1) == self.labels[split][n]).double().mean())
+        return {n: float((classify(heads[n], self.f0[split][n]) == self.labels[split][n]).double().mean())
                 for n in self.names}
 
 
@@ -244,7 +247,7 @@ class ModeEvaluator:
 
     def _argmax(self, task: str, features: torch.Tensor) -> torch.Tensor:
         head = self.heads[task]
-        return torch.cat([head(features[i : i + 4096]).argmax(dim=1) for i in range(0, len(features), 4096)])
+        return torch.cat([classify(head, features[i : i + 4096]) for i in range(0, len(features), 4096)])
 
     def accuracies(self, combo: Combo, split: str, tasks: Sequence[str]) -> dict[str, float]:
         preds = self.predictions(combo, split, tasks)

@@ -1,20 +1,28 @@
 """What every backbone family provides to the rest of editkit.
 
 A backbone is a plain ``nn.Module`` that maps a batch of *preprocessed* inputs
-to feature vectors ``(N, D)``: the quantity the tauJp penalty is measured on
-(CLIP: image embeddings before normalization; EfficientNet: pooled pre-activation
-features). Its parameters are theta_0; heads sit on top, fixed.
+to feature vectors ``(N, D)`` (or per-token outputs ``(N, T, D)``): the quantity
+the tauJp penalty is measured on (CLIP: image embeddings before normalization;
+EfficientNet: pooled pre-activation features). Its parameters are theta_0; heads
+sit on top, fixed.
+
+The backbone also owns how its inputs are batched (:attr:`Backbone.batching`):
+collating examples, concatenating a task batch with reg batches, the module's
+call arguments, splitting outputs and the output mask. Training and evaluation
+go through it, so an image backbone and a sequence backbone share one loop.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
+
+from editkit.core.batching import Batching, TensorBatching
 
 
 @dataclass
@@ -25,10 +33,14 @@ class Backbone:
     module: maps preprocessed inputs to features ``(N, feature_dim)``; kept in eval mode
         (BatchNorm statistics and dropout are part of theta_0 and never change).
     feature_dim: D.
-    preprocess: turns one raw example (PIL image / numpy array) into the input tensor
-        the module expects; datasets apply it.
+    preprocess: turns one raw example into the input the module expects (images: a
+        PIL image / numpy array into a tensor); datasets apply it.
     batch_preprocess: optional vectorised version for a uint8 array of images
         ``(N,H,W)`` / ``(N,H,W,3)``; without it images go one by one through PIL.
+    batching: collates preprocessed inputs into batches, concatenates and splits them,
+        and says how the module is called and which outputs are padding
+        (:class:`~editkit.core.batching.TensorBatching` for images,
+        :class:`~editkit.core.batching.SequenceBatching` for token sequences).
     """
 
     name: str
@@ -36,6 +48,7 @@ class Backbone:
     feature_dim: int
     preprocess: Callable = field(repr=False, default=lambda x: x)
     batch_preprocess: Callable[[np.ndarray], torch.Tensor] | None = field(repr=False, default=None)
+    batching: Batching = field(repr=False, default_factory=TensorBatching)
 
     def __post_init__(self) -> None:
         self.module.eval()
@@ -45,11 +58,16 @@ class Backbone:
         return state_fingerprint(self.module.state_dict())
 
     @torch.no_grad()
-    def features(self, inputs: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
-        return torch.cat([self.module(inputs[i : i + batch_size]) for i in range(0, len(inputs), batch_size)])
+    def features(self, inputs: Any, batch_size: int = 256) -> torch.Tensor:
+        """The module's outputs on a batch of preprocessed inputs, computed ``batch_size`` examples at a time."""
+        outputs = []
+        for i in range(0, len(inputs), batch_size):
+            args, kwargs = self.batching.arguments(inputs[i : i + batch_size])
+            outputs.append(self.module(*args, **kwargs))
+        return torch.cat(outputs)
 
     def preprocess_arrays(self, images: np.ndarray) -> torch.Tensor:
-        """Input tensors for a uint8 array of images."""
+        """Input tensors for a uint8 array of images (image backbones only)."""
         if self.batch_preprocess is not None:
             return self.batch_preprocess(images)
         from PIL import Image

@@ -4,6 +4,9 @@ One loop serves all three modes. In ``taujp`` mode the unlabeled reg batches are
 concatenated to the labelled batch so one jvp call yields both the task's logits
 and the penalty's tangents: with BatchNorm frozen the examples do not interact,
 and one call of 32 + 4 examples is much cheaper than two calls of 32 and 4.
+Batches are collated, concatenated, passed to the module and split by the
+backbone's :class:`~editkit.core.batching.Batching` (tensors for images; padded
+token ids with an attention mask for sequences), so the loop assumes no modality.
 
 Where it runs is a :class:`~editkit.train.runtime.Runtime`: the device, bf16
 autocast on CUDA, DataLoader workers, and under torchrun this process's share of
@@ -18,13 +21,14 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from editkit.core.batching import Batching, TensorBatching, labelled_collate
 from editkit.train.runtime import GlobalBatchSampler, Runtime, default_runtime
 from editkit.core.linearize import LinearizedModel, build_task_model
 from editkit.train.recipe import Recipe
@@ -64,29 +68,30 @@ def warmup_cosine(warmup_steps: int, total_steps: int) -> Callable[[int], float]
 
 def labelled_batches(
     dataset: Dataset, batch_size: int, seed: int, *, runtime: Runtime | None = None,
-    sampler: GlobalBatchSampler | None = None,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    sampler: GlobalBatchSampler | None = None, batching: Batching | None = None,
+) -> Iterator[tuple[Any, torch.Tensor]]:
     """Endless seeded shuffled batches of (inputs, labels); extra item fields (task labels) are dropped.
 
     Epoch ``e`` is the ``e``-th seeded permutation cut into batches of ``batch_size``
     (the last partial batch dropped when there is a full one). Under data parallelism
-    each process gets its slice of every such global batch.
+    each process gets its slice of every such global batch. Inputs are collated by
+    ``batching`` (default: stacked tensors).
     """
     runtime = runtime or Runtime()
     sampler = sampler or GlobalBatchSampler(len(dataset), batch_size, seed=seed, rank=runtime.rank,
                                             world_size=runtime.world_size)
     workers = runtime.workers
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=workers, pin_memory=runtime.device.type == "cuda",
+                        collate_fn=labelled_collate(batching or TensorBatching()),
                         persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None)
     epoch = 0
     while True:
         sampler.set_epoch(epoch)
-        for batch in loader:
-            yield batch[0], batch[1]
+        yield from loader
         epoch += 1
 
 
-def reg_batch_stream(regularizer: Regularizer | None, steps: int) -> Iterator[list[torch.Tensor]]:
+def reg_batch_stream(regularizer: Regularizer | None, steps: int) -> Iterator[list[Any]]:
     """The reg batches of steps 0..steps-1; lazy sources are loaded one step ahead in a thread.
 
     Draws happen in step order either way, so the batches are the same as drawing in the loop.
@@ -108,25 +113,37 @@ def reg_batch_stream(regularizer: Regularizer | None, steps: int) -> Iterator[li
 
 
 class StepComputer:
-    """Forward pass and loss of one micro-batch for a given mode."""
+    """Forward pass and loss of one micro-batch for a given mode.
 
-    def __init__(self, model: nn.Module, head: nn.Module, regularizer: Regularizer | None) -> None:
+    batching: how the backbone's inputs are concatenated, passed and split
+        (default: tensors, as for images).
+    """
+
+    def __init__(self, model: nn.Module, head: nn.Module, regularizer: Regularizer | None,
+                 batching: Batching | None = None) -> None:
         self.model = model
         self.head = head
         self.regularizer = regularizer if regularizer is not None and regularizer.active else None
+        self.batching = batching or TensorBatching()
 
     def loss(
-        self, x: torch.Tensor, y: torch.Tensor, reg_batches: list[torch.Tensor]
+        self, x: Any, y: torch.Tensor, reg_batches: list[Any]
     ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
         """(cross-entropy, lambda * penalty or None, scalar stats) for one micro-batch."""
+        batching = self.batching
         if reg_batches and self.regularizer is not None and isinstance(self.model, LinearizedModel):
-            primal, tangent = self.model.primal_and_tangent(torch.cat([x, *reg_batches]))
-            n = len(x)
-            features = (primal[:n] + tangent[:n]).float()  # no-op in fp32; leaves bf16 autocast output
-            reg_tangents = torch.split(tangent[n:].float(), [len(b) for b in reg_batches])
-            reg = self.regularizer.loss(reg_tangents)
+            batch = batching.concat(x, reg_batches)
+            args, kwargs = batching.arguments(batch)
+            primal, tangent = self.model.primal_and_tangent(*args, **kwargs)
+            sizes = [len(x), *(len(b) for b in reg_batches)]
+            task_tangent, *reg_tangents = batching.split(tangent, sizes)
+            features = (batching.split(primal, sizes)[0] + task_tangent).float()  # no-op in fp32; leaves bf16
+            mask = batching.output_mask(batch)
+            reg_masks = batching.split(mask, sizes)[1:] if mask is not None else None
+            reg = self.regularizer.loss([t.float() for t in reg_tangents], reg_masks)
         else:
-            features = self.model(x).float()
+            args, kwargs = batching.arguments(x)
+            features = self.model(*args, **kwargs).float()
             reg = None
         ce = F.cross_entropy(self.head(features), y)
         stats = {"ce": ce.item(), "penalty": reg.item() / self.regularizer.lam if reg is not None else 0.0}
@@ -142,6 +159,7 @@ def fine_tune(
     *,
     on_step: StepCallback | None = None,
     runtime: Runtime | None = None,
+    batching: Batching | None = None,
 ) -> FineTuneResult:
     """Fine-tune ``module`` (theta_0, left untouched) on ``train`` with ``head`` fixed.
 
@@ -154,19 +172,22 @@ def fine_tune(
         the module's device, fp32). ``recipe.batch_size`` is the *global* micro-batch:
         with N processes each computes on its ~batch_size / N slice, and the
         regularizer should carry ``shard=(rank, N)``.
+    batching: the backbone's :class:`~editkit.core.batching.Batching` (default: tensors,
+        as for images); the regularizer's sources must yield batches of the same kind.
     """
     runtime = runtime or default_runtime(module)
     torch.manual_seed(recipe.seed)
     model = build_task_model(module, recipe.mode).to(runtime.device)
     head.to(runtime.device).eval().requires_grad_(False)
-    computer = StepComputer(model, head, regularizer if recipe.mode == "taujp" else None)
+    computer = StepComputer(model, head, regularizer if recipe.mode == "taujp" else None, batching)
     params = list(model.theta)
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.steps))
     sampler = GlobalBatchSampler(len(train), recipe.batch_size, seed=recipe.seed, rank=runtime.rank,
                                  world_size=runtime.world_size)
     ce_weight = sampler.shard_fraction  # 1.0 unless processes hold unequal slices
-    batches = labelled_batches(train, recipe.batch_size, recipe.seed, runtime=runtime, sampler=sampler)
+    batches = labelled_batches(train, recipe.batch_size, recipe.seed, runtime=runtime, sampler=sampler,
+                               batching=computer.batching)
     reg_stream = reg_batch_stream(computer.regularizer, recipe.steps)
     device, non_blocking = runtime.device, runtime.device.type == "cuda"
     if device.type == "cuda":
