@@ -102,7 +102,7 @@ def test_wheel_holds_the_package_and_the_scenarios_and_nothing_else(wheel):
 def test_installed_wheel_lists_scenarios_and_streams_outside_the_checkout(wheel, tmp_path):
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
-    python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    python = venv / "bin" / "python"
     paths = json.loads(_run(python, "-c", "import json, sysconfig; print(json.dumps(sysconfig.get_paths()))",
                             cwd=tmp_path))
     borrowed = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
@@ -118,7 +118,7 @@ def test_installed_wheel_lists_scenarios_and_streams_outside_the_checkout(wheel,
     assert where.is_relative_to(venv), f"imported {where}, not the installed wheel"
     assert not where.is_relative_to(REPO)
 
-    editkit = Path(paths["scripts"]) / ("editkit.exe" if os.name == "nt" else "editkit")
+    editkit = Path(paths["scripts"]) / "editkit"
     listing = _run(editkit, "scenarios", cwd=outside, env=env)
     assert "offline-vision" in listing and "vision8" in listing
 
