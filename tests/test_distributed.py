@@ -172,6 +172,45 @@ def test_two_gloo_processes_bank_the_single_process_vectors(tmp_path):
     assert [s["single_task"] for s in single.steps] == pytest.approx([two.get(n).metrics["single_task"] for n in "ab"])
 
 
+class WithUnusedLayer(nn.Module):
+    """A backbone whose second layer never reaches the features (a pooler nobody uses)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = nn.Linear(4, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+def _unused_worker(rank: int, world: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    from editkit.errors import ConfigError
+    from editkit.train import runtime as distributed
+
+    runtime = distributed.setup("cpu", "fp32", 0)
+    try:
+        _, head, train, _ = _problem()
+        recipe = Recipe(mode="nonlinear", steps=2, batch_size=8, lr=1e-2, warmup=0)
+        # DDP would leave this step's gradients unreduced (and fail only at the next): refused before it applies
+        with pytest.raises(ConfigError, match=r"2 backbone parameters never reach the features \(unused.weight"):
+            fine_tune(WithUnusedLayer(), head, train, recipe, runtime=runtime)
+    finally:
+        distributed.teardown()
+
+
+def test_a_parameter_without_gradient_is_refused_under_data_parallelism():
+    import torch.multiprocessing as mp
+
+    _, head, train, _ = _problem()
+    recipe = Recipe(mode="nonlinear", steps=2, batch_size=8, lr=1e-2, warmup=0)
+    tau = fine_tune(WithUnusedLayer(), head, train, recipe).task_vector  # one process: trains, unused stays at 0
+    assert tau["used.weight"].abs().max() > 0 and tau["unused.weight"].abs().max() == 0
+    mp.start_processes(_unused_worker, args=(2, _free_port()), nprocs=2, start_method="spawn")
+
+
 def test_more_processes_than_a_reg_batch_is_refused():
     from editkit.errors import ConfigError
 

@@ -10,8 +10,8 @@ token ids with an attention mask for sequences), so the loop assumes no modality
 
 Where it runs is a :class:`~editkit.train.runtime.Runtime`: the device, bf16
 autocast on CUDA, DataLoader workers, and under torchrun this process's share of
-each global batch (gradients are averaged over processes once per optimizer step;
-see ``editkit.train.runtime`` for why this is not ``DistributedDataParallel``).
+each global batch (``DistributedDataParallel`` averages the gradients over
+processes once per optimizer step; see ``editkit.train.runtime``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from editkit.core.batching import Batching, TensorBatching, labelled_collate
+from editkit.errors import ConfigError
 from editkit.train.runtime import GlobalBatchSampler, Runtime, default_runtime
 from editkit.core.linearize import LinearizedModel, build_task_model
 from editkit.train.recipe import Recipe
@@ -150,6 +151,26 @@ class StepComputer:
         return ce, reg, stats
 
 
+class SyncedStep(nn.Module):
+    """One micro-batch's :meth:`StepComputer.loss` as a module, for ``DistributedDataParallel`` to wrap.
+
+    DDP reduces the gradients of what runs inside its own ``forward``, and the tauJp step calls
+    ``primal_and_tangent`` rather than the task model's ``forward``; so DDP wraps the whole step.
+    It holds theta, the only trainable parameters (theta_0 and the head are frozen), so theta is
+    what DDP reduces.
+    """
+
+    def __init__(self, computer: StepComputer) -> None:
+        super().__init__()
+        self.computer = computer
+        self.theta = computer.model.theta
+
+    def forward(
+        self, x: Any, y: torch.Tensor, reg_batches: list[Any]
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+        return self.computer.loss(x, y, reg_batches)
+
+
 def fine_tune(
     module: nn.Module,
     head: nn.Module,
@@ -180,6 +201,7 @@ def fine_tune(
     model = build_task_model(module, recipe.mode).to(runtime.device)
     head.to(runtime.device).eval().requires_grad_(False)
     computer = StepComputer(model, head, regularizer if recipe.mode == "taujp" else None, batching)
+    step_loss = runtime.data_parallel(SyncedStep(computer))
     params = list(model.theta)
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.steps))
@@ -201,17 +223,19 @@ def fine_tune(
         for micro in range(recipe.accumulation):
             x, y = next(batches)
             x, y = x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
-            with runtime.autocast():
-                ce, reg, stats = computer.loss(x, y, reg_batches if micro == 0 else [])
-            if ce_weight != 1.0:
-                ce = ce * ce_weight
-            # CE is averaged over micro-batches; the penalty is computed once per step at full weight.
-            (ce / recipe.accumulation + (reg if reg is not None else 0.0)).backward()
+            with runtime.gradient_sync(step_loss, sync=micro == recipe.accumulation - 1):
+                with runtime.autocast():
+                    ce, reg, stats = step_loss(x, y, reg_batches if micro == 0 else [])
+                if ce_weight != 1.0:
+                    ce = ce * ce_weight
+                # CE is averaged over micro-batches; the penalty is computed once per step at full weight.
+                (ce / recipe.accumulation + (reg if reg is not None else 0.0)).backward()
             totals["ce"] += stats["ce"] / recipe.accumulation
             totals["penalty"] += stats["penalty"]
         grads = [p for p in params if p.grad is not None]
         if runtime.distributed:
-            runtime.all_reduce_mean([p.grad for p in grads])
+            if len(grads) < len(params):
+                raise ConfigError(_unused_parameters_message(model, params))
             totals = _mean_over_processes(totals, runtime)
         grad_norm = nn.utils.clip_grad_norm_(grads, recipe.grad_clip)
         lr = schedule.get_last_lr()[0]
@@ -230,6 +254,15 @@ def fine_tune(
     log.info("fine-tuned %d steps in %.1fs (%s, %s)", recipe.steps, seconds, recipe.mode, runtime.describe())
     tau = {name: value.cpu() for name, value in model.task_vector().items()}
     return FineTuneResult(tau, seconds, recipe.steps, history, peak)
+
+
+def _unused_parameters_message(model: nn.Module, params: list[nn.Parameter]) -> str:
+    unused = [name for name, p in zip(model.names, params) if p.grad is None]
+    return (
+        f"{len(unused)} backbone parameters never reach the features ({', '.join(unused[:5])}"
+        f"{', ...' if len(unused) > 5 else ''}): data-parallel training needs every parameter of the backbone's "
+        "module to be used; build the backbone without them"
+    )
 
 
 def _mean_over_processes(totals: dict[str, float], runtime: Runtime) -> dict[str, float]:

@@ -4,25 +4,27 @@
 about the machine: the device, whether to autocast to bf16, how many DataLoader
 workers to use, and, under ``torchrun``, this process's rank in the group.
 
-Data parallelism, and why it is not ``DistributedDataParallel``
----------------------------------------------------------------
+Data parallelism: ``DistributedDataParallel`` over the step
+-----------------------------------------------------------
 Every process holds the whole task model and computes its gradient on its share
-of each *global* batch; :meth:`Runtime.all_reduce_mean` then averages the
-gradients (bucketed, one all-reduce per ~25 MB) once per optimizer step, after
-all micro-batches of gradient accumulation, and every process applies the same
-clipped AdamW step. That is the arithmetic DDP performs, written out because:
+of each *global* batch; :meth:`Runtime.data_parallel` wraps the training step in
+``torch.nn.parallel.DistributedDataParallel``, which averages the gradients of
+theta over the processes (bucketed, overlapping the backward pass) once per
+optimizer step, and every process applies the same clipped AdamW step:
 
-- the tauJp step calls ``LinearizedModel.primal_and_tangent`` (one jvp over the
-  labelled and the unlabeled batch), not ``forward``; DDP only reduces gradients of
-  calls that go through its own ``forward``;
-- with gradient accumulation DDP needs ``no_sync`` on all but the last
-  micro-batch; here there is exactly one reduction per step by construction;
-- parameters without a gradient (a pooler that is never used) need no
-  ``find_unused_parameters``: they have no gradient on any rank and are skipped.
-
-What it costs: communication does not overlap the backward pass (DDP's buckets
-overlap it). For a linearized model, whose backward is the bulk of a step, and
-on one node this is a small fraction of the step.
+- DDP reduces the gradients of what runs inside its own ``forward``. The tauJp
+  step calls ``LinearizedModel.primal_and_tangent`` (one jvp over the labelled and
+  the unlabeled batch), not the task model's ``forward``, so DDP wraps the whole
+  step (see ``editkit.train.loop``), not the task model.
+- Under gradient accumulation all micro-batches but the last run in
+  :meth:`Runtime.gradient_sync`'s ``no_sync``: one reduction per optimizer step.
+- Every parameter of theta must reach the features. DDP without
+  ``find_unused_parameters`` (which costs a walk of the autograd graph every step)
+  would not reduce the gradients of a step in which one gets none, and fail only at
+  the next step; the loop refuses such a backbone after its first backward instead
+  (a parameter that never moves only adds zeros to every banked vector).
+- No buffer is synchronised: the wrapped step holds theta alone; the buffers
+  (BatchNorm statistics) belong to theta_0, frozen and identical everywhere.
 
 Batches are sharded so that any number of processes sees exactly the batches of
 one process: :class:`GlobalBatchSampler` draws the single-process global batch
@@ -42,9 +44,11 @@ import datetime
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Sampler
 
 from editkit.errors import ConfigError
@@ -54,7 +58,6 @@ from editkit.util.sharding import shard_bounds
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "bf16", "fp32")
-BUCKET_BYTES = 25 * 2**20
 #: Collective timeout: rank 0 may evaluate or write a bank while the others wait.
 TIMEOUT = datetime.timedelta(hours=2)
 
@@ -134,19 +137,25 @@ class Runtime:
             else:
                 dist.barrier()
 
-    def all_reduce_mean(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Replace each tensor by its mean over the processes, in place, bucketed by dtype."""
-        if not self.distributed or not tensors:
-            return
-        import torch.distributed as dist
-        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+    def data_parallel(self, step: nn.Module) -> nn.Module:
+        """``step`` wrapped in ``DistributedDataParallel`` (``step`` itself in a single process).
 
-        for bucket in _buckets(tensors):
-            flat = _flatten_dense_tensors(bucket)
-            dist.all_reduce(flat)
-            flat.div_(self.world_size)
-            for tensor, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-                tensor.copy_(reduced)
+        ``step``'s trainable parameters must have the same shapes, in the same order, on every
+        process; DDP copies rank 0's values to the others once, here. ``forward_sync_buffers``
+        is torch's name for the deprecated ``broadcast_buffers``.
+        """
+        if not self.distributed:
+            return step
+        return DistributedDataParallel(
+            step, device_ids=[self.device] if self.device.type == "cuda" else None, forward_sync_buffers=False
+        )
+
+    def gradient_sync(self, step: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+        """Context for one micro-batch's forward and backward: ``sync=False`` keeps its gradients local
+        (DDP's ``no_sync``), so gradient accumulation reduces once, on the last micro-batch."""
+        if sync or not isinstance(step, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return step.no_sync()
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.distributed:
@@ -167,19 +176,6 @@ class Runtime:
     def shard_bounds(self, size: int) -> tuple[int, int]:
         """[start, stop) of this rank's contiguous share of ``size`` items (earlier ranks get the remainder)."""
         return shard_bounds(size, self.rank, self.world_size)
-
-
-def _buckets(tensors: Sequence[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
-    bucket: list[torch.Tensor] = []
-    size = 0
-    for tensor in tensors:
-        if bucket and (tensor.dtype != bucket[0].dtype or tensor.device != bucket[0].device or size >= BUCKET_BYTES):
-            yield bucket
-            bucket, size = [], 0
-        bucket.append(tensor)
-        size += tensor.numel() * tensor.element_size()
-    if bucket:
-        yield bucket
 
 
 def setup(
