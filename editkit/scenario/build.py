@@ -9,7 +9,6 @@ record's ``check`` says, without loading anything large, what is missing
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +22,6 @@ from editkit.models import BACKBONES, HEADS
 from editkit.models.backbone import Backbone
 from editkit.scenario.spec import ScenarioSpec, TaskSpec
 from editkit.util.progress import NullProgress, Progress
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -185,7 +185,7 @@ def _task_spec(table: dict[str, Any], where: object) -> TaskSpec:
     recipe = dict(table.get("recipe", {}))
     recipe.update({k: table[k] for k in TASK_RECIPE_KEYS if k in table})
     recipe_mod.from_mapping(recipe)  # refuse unknown fields / bad values now, by name
-    options = {k: v for k, v in table.items() if k not in ("name", "source", "recipe", *TASK_RECIPE_KEYS)}
+    options = {k: v for k, v in table.items() if k not in TASK_KEYS}
     return TaskSpec(table["name"], table["source"], options, recipe)
 
 
