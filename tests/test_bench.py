@@ -32,7 +32,7 @@ from editkit.eval.accuracy import EvalTask, evaluate_vector
 from editkit.models.heads import LinearHead
 from editkit.util.progress import NullProgress
 from editkit.eval.sweep import ModeEvaluator, SharedModels, TaskSplits
-from editkit.data.tasks import TaskData, TensorTaskDataset, tensor_task
+from editkit.data.tasks import TaskData, TensorTaskDataset
 
 runner = CliRunner()
 STEPS = 3
@@ -193,17 +193,6 @@ def test_file_backed_splits_give_the_same_numbers_as_in_memory_ones(tmp_path, mo
 # --- end to end through the CLI ---------------------------------------------------------------
 
 
-def subset_source(name, backbone, options):
-    """Packaged dataset, first ``train_size`` / ``test_size`` examples (already in seeded random order)."""
-    from editkit.data.packaged import load_packaged
-
-    ds = load_packaged(options["dataset"])
-    n, m = int(options["train_size"]), int(options["test_size"])
-    return tensor_task(name, ds.classes,
-                       backbone.preprocess_arrays(ds.train.images[:n]), torch.from_numpy(ds.train.labels[:n]),
-                       backbone.preprocess_arrays(ds.test.images[:m]), torch.from_numpy(ds.test.labels[:m]))
-
-
 DATASETS = {"digits": "digits", "mnist": "mnist", "fashion": "fashion-mnist"}
 
 
@@ -212,19 +201,12 @@ def write_scenario(directory: Path, tasks=TASKS, name: str = "bench-mini") -> Pa
              "[backbone]", 'family = "efficientnet-lite0"', "image_size = 32",
              "[heads]", 'kind = "probe"', "shots = 5", "[generic]", 'kind = "natural-crops"', "size = 64"]
     for task in tasks:
-        lines += ["[[tasks]]", f'name = "{task}"', f'source = "bench-subset:{DATASETS[task]}"',
+        lines += ["[[tasks]]", f'name = "{task}"', f'source = "packaged:{DATASETS[task]}"',
                   "train_size = 120", f"test_size = {N_TEST}"]
     lines += ["[recipe]", 'mode = "taujp"', "steps = 100", "batch_size = 16", "lr = 1e-4", "reg_batch = 4"]
     path = directory / f"{name}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-@pytest.fixture(scope="module")
-def subset_registered():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(scenario_mod.TASK_SOURCES, "bench-subset", subset_source)
-        yield
 
 
 def bench_args(scenario: Path, root: Path, *extra) -> list[str]:
@@ -234,7 +216,7 @@ def bench_args(scenario: Path, root: Path, *extra) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def bench_run(tmp_path_factory, subset_registered):
+def bench_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     scenario = write_scenario(root)
     result = runner.invoke(app, bench_args(scenario, root))
@@ -395,7 +377,7 @@ def refused(args: list[str], *needles: str) -> str:
     return result.output
 
 
-def test_bad_options_are_refused_before_anything_runs(tmp_path, subset_registered):
+def test_bad_options_are_refused_before_anything_runs(tmp_path):
     scenario = write_scenario(tmp_path)
     run = tmp_path / "run"
     run.mkdir()
@@ -418,7 +400,7 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path, subset_registere
     assert not (tmp_path / "banks").exists()
 
 
-def test_mismatched_banks_are_refused_before_training(tmp_path, subset_registered):
+def test_mismatched_banks_are_refused_before_training(tmp_path):
     scenario = write_scenario(tmp_path)
     run = tmp_path / "run"
     run.mkdir()

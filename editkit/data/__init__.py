@@ -1,5 +1,20 @@
-"""Dataset adapters: packaged offline data (``packaged``), generic natural-image crops
-(``natural``) and the download cache they share (``cache``).
+"""Task data and the sources that produce it.
 
-Submodules are imported on demand; importing this package stays cheap.
+``TASK_SOURCES``: source kind -> record whose ``build(name, dataset, backbone, **options)``
+returns a :class:`~editkit.data.tasks.TaskData` for a scenario's ``source = "kind:dataset"``
+(options: the ``[data]`` table and the ``[[tasks]]`` entry's own keys); its
+``check(name, dataset, **options)`` lists missing data.
+``GENERIC_SOURCES``: kind -> record whose ``build(backbone, seed, **options)`` returns the
+always-available :class:`~editkit.core.taujp.UnlabeledSource` of a ``[generic]`` table.
+
+The built-in sources (packaged offline datasets, vision8, natural-image crops) register
+themselves in their own modules, imported below; what they read from disk or the
+network is loaded only when a builder runs.
 """
+
+from editkit.core.registry import Record, Registry
+
+TASK_SOURCES: Registry[Record] = Registry("task source")
+GENERIC_SOURCES: Registry[Record] = Registry("generic source")
+
+from editkit.data import natural, packaged, vision8  # noqa: E402,F401  (built-in extensions register themselves)

@@ -8,6 +8,8 @@ generic source for exactly this role. ImageNet is not available offline, so thes
 crops stand in for it: a few thousand varied natural-image patches (textures,
 faces, animals, objects, sky) that regularize the first task and can stay in the
 source pool for later ones. The images carry no labels and never should.
+
+Registered here: the generic source ``natural-crops`` (``[generic] kind = "natural-crops"``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import logging
 
 import numpy as np
 
+from editkit.core.registry import Record
+from editkit.core.taujp import UnlabeledSource
+from editkit.data import GENERIC_SOURCES
 from editkit.errors import MissingResourceError
 
 log = logging.getLogger(__name__)
@@ -101,3 +106,14 @@ def natural_crops(n: int = 2000, size: int = 32, seed: int = 0) -> np.ndarray:
         )
         out[i] = np.clip(np.rint(resized), 0, 255).astype(np.uint8)
     return out
+
+
+
+def _generic(backbone, seed: int, size: int = 2000, crop: int = 32) -> UnlabeledSource:
+    """``size`` crops of side ``crop``, drawn with ``seed`` and preprocessed by ``backbone``."""
+    images = natural_crops(n=int(size), size=int(crop), seed=seed)
+    return UnlabeledSource("generic", backbone.preprocess_arrays(images), seed=seed)
+
+
+GENERIC_SOURCES.register("natural-crops", Record.of(_generic, help={
+    "size": "number of crops", "crop": "side of each crop in pixels, before the backbone's preprocessing"}))

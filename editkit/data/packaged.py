@@ -21,6 +21,8 @@ The parsed arrays are cached as ``cache_dir()/"arrays"/<name>.npz`` so later loa
 take milliseconds. Nothing here imports the ``animal_mnist`` package (it needs
 tensorflow): its wheel is read as a zip, and its pickles go through a restricted
 unpickler that only rebuilds numpy arrays.
+
+Registered here: the task source ``packaged`` (``source = "packaged:mnist"``).
 """
 
 from __future__ import annotations
@@ -40,9 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from editkit.util.atomic import atomic_path, atomic_write_bytes
+from editkit.core.registry import Record
+from editkit.data import TASK_SOURCES
 from editkit.data import cache as _cache
+from editkit.data.tasks import TaskData, tensor_task
 from editkit.errors import ConfigError, MissingResourceError
 from editkit.settings import cache_dir
 
@@ -490,3 +496,27 @@ PACKAGED: dict[str, Callable[[], PackagedDataset]] = {
     "fashion-mnist": load_fashion_mnist,
     "animal-mnist": load_animal_mnist,
 }
+
+
+def _source(name: str, dataset: str, backbone, train_size: int | None = None,
+            test_size: int | None = None) -> TaskData:
+    """The packaged ``dataset`` as the scenario task ``name``, preprocessed by ``backbone`` up front.
+
+    ``train_size`` / ``test_size`` keep a prefix (the splits are already in seeded
+    random order), for quick reduced runs.
+    """
+    data = load_packaged(dataset)
+    train, test = data.train, data.test
+    return tensor_task(
+        name,
+        data.classes,
+        backbone.preprocess_arrays(train.images[:train_size]),
+        torch.from_numpy(train.labels[:train_size]),
+        backbone.preprocess_arrays(test.images[:test_size]),
+        torch.from_numpy(test.labels[:test_size]),
+    )
+
+
+TASK_SOURCES.register("packaged", Record.of(_source, help={
+    "train_size": "keep only the first N train examples (default: all)",
+    "test_size": "keep only the first N test examples (default: all)"}))

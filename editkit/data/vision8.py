@@ -20,10 +20,14 @@ Where a dataset is looked for, in order (first complete copy wins):
 backbone's preprocessing lazily, one image per ``__getitem__``; the validation split
 is carved from train by :func:`editkit.data.tasks.validation_indices` (10%, <= 5000,
 seed 0). :func:`check_available` lists, one line each, what is missing.
+
+Registered here: the task source ``vision8`` (``source = "vision8:Cars"``) and the
+head kind ``zero-shot`` (class names x the dataset's prompt templates).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -34,9 +38,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from torch.utils.data import Dataset
 
+from editkit.core.registry import Record
 from editkit.errors import ConfigError, MissingResourceError
 from editkit.settings import DATA_ENV, data_root as resolve_data_root
+from editkit.data import TASK_SOURCES
 from editkit.data.tasks import TaskData, validation_indices
+from editkit.models import HEADS
 from editkit.models.clip import ClipBackbone, check_weights, zero_shot_head
 
 from editkit.data import clip_templates as ct
@@ -432,3 +439,37 @@ def zero_shot_head_for_task(
                 log.info("no prompt templates registered for %r: using %r", key, GENERIC_TEMPLATES[0])
                 templates = GENERIC_TEMPLATES
     return zero_shot_head(backbone, list(task.classes), list(templates), dataset=key, **kwargs)
+
+
+# --------------------------------------------------------------------------- registrations
+
+
+def _source(name: str, dataset: str, backbone: Any, data_root: str | None = None, augment: bool = True,
+            hub_cache_dir: str | None = None, download: bool = False) -> TaskData:
+    """One of the eight datasets as the scenario task ``name``, preprocessed lazily per image."""
+    task = load_task(dataset, backbone, data_root=data_root, augment=bool(augment), hub_cache_dir=hub_cache_dir,
+                     download=bool(download))
+    return dataclasses.replace(task, name=name)
+
+
+def _source_check(name: str, dataset: str, data_root: str | None = None, hub_cache_dir: str | None = None,
+                  download: bool = False, **_: Any) -> list[str]:
+    try:
+        locate(dataset, data_root=data_root, hub_cache_dir=hub_cache_dir, download=bool(download))
+    except MissingResourceError as exc:
+        return [str(exc)]
+    return []
+
+
+TASK_SOURCES.register("vision8", Record.of(_source, check=_source_check, help={
+    "data_root": f"directory holding the datasets (default ${DATA_ENV})",
+    "augment": "open_clip's train-time transform on train batches (the paper's recipe)",
+    "hub_cache_dir": "Hugging Face hub cache to look in (default: the hub's own)",
+    "download": "fetch the parquet copy from the hub when reachable"}))
+
+
+def _zero_shot_kind(backbone: ClipBackbone, task: TaskData, dataset: str, seed: int) -> ZeroShotHead:
+    return zero_shot_head_for_task(backbone, task, dataset=dataset)
+
+
+HEADS.register("zero-shot", Record.of(_zero_shot_kind))

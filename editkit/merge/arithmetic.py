@@ -5,6 +5,8 @@
 from a bank through the bank's streaming merge, which refuses mixed modes or
 bases. Adding is ``{name: alpha}`` for each name; negating one vector is
 ``{name: -alpha}``.
+
+Registered as the merge method ``task-arithmetic``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Mapping, Sequence
 import torch
 
 from editkit.bank.store import Bank, mode_family
+from editkit.core.registry import Record
 from editkit.errors import ConfigError, IncompatibleVectorsError
+from editkit.merge import MERGE_METHODS
 
 
 @dataclass
@@ -76,3 +80,12 @@ def combine(bank: Bank, coefficients: Mapping[str, float], *, base: str | None =
     tensors = bank.merge(coefficients, base=base)
     modes = {bank.get(n).mode for n in coefficients}
     return TaskVector(tensors, modes.pop() if len(modes) == 1 else "linear")
+
+
+def _sum_of_vectors(vectors: Mapping[str, Mapping[str, torch.Tensor]]) -> Mapping[str, Mapping[str, torch.Tensor]]:
+    """Task arithmetic adds every vector as it is: alpha * sum_i tau_i. The input is returned itself (nothing is
+    read), so a caller holding per-vector results (cached tangents) combines them instead of a summed vector."""
+    return vectors
+
+
+MERGE_METHODS.register("task-arithmetic", Record.of(_sum_of_vectors, label="task arithmetic"))

@@ -21,6 +21,8 @@ lambda tuned on validation).
 
 Memory: the trimmed vectors are held at once (one model per vector), and one
 vector's magnitudes are flattened at a time to find its threshold.
+
+Registered as the merge method ``ties`` (its coefficient is lambda).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from typing import Mapping, Sequence
 
 import torch
 
+from editkit.core.registry import Record
 from editkit.errors import ConfigError, IncompatibleVectorsError
+from editkit.merge import MERGE_METHODS
 
 log = logging.getLogger(__name__)
 
@@ -106,3 +110,12 @@ def ties_merge(vectors: Sequence[Vector], *, k: float = TIES_DEFAULT_K,
     total = sum(t.numel() for v in vectors for t in v.values())
     log.info("TIES-merged %d vectors (k=%g, %d of %d entries kept after trimming)", len(vectors), k, kept, total)
     return {key: value * lam for key, value in merged.items()} if lam != 1.0 else merged
+
+
+def _ties_method(vectors: Mapping[str, Vector], k: float = TIES_DEFAULT_K) -> dict[str, dict[str, torch.Tensor]]:
+    """The one TIES-merged vector (lambda = 1: the caller scales it), read in the mapping's order."""
+    return {"ties": ties_merge(list(vectors.values()), k=k)}
+
+
+MERGE_METHODS.register("ties", Record.of(_ties_method, label="TIES-merging",
+                                         help={"k": "fraction of each vector's entries kept by trimming"}))

@@ -1,1 +1,19 @@
-"""Model families (backbones) and the fixed heads on top of them."""
+"""Model families (backbones) and the fixed heads on top of them.
+
+``BACKBONES``: family name -> record whose ``build(**options)`` returns a
+:class:`~editkit.models.backbone.Backbone` (options: the scenario's ``[backbone]``
+table minus ``family``); its ``check(**options)`` lists missing weights.
+``HEADS``: head kind -> record whose ``build(backbone, task, dataset, seed, **options)``
+returns one task's fixed head (options: the ``[heads]`` table minus ``kind``).
+
+The built-in families and heads register themselves in their own modules, imported
+below; heavy libraries (open_clip, the EfficientNet packages, scikit-learn) are
+imported only inside the builders.
+"""
+
+from editkit.core.registry import Record, Registry
+
+BACKBONES: Registry[Record] = Registry("backbone family")
+HEADS: Registry[Record] = Registry("head kind")
+
+from editkit.models import clip, efficientnet, heads  # noqa: E402,F401  (built-in extensions register themselves)

@@ -44,10 +44,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from editkit.core.registry import Record
 from editkit.util.atomic import atomic_path
 from editkit.errors import ConfigError, MissingResourceError
 from editkit.settings import CLIP_CACHE_ENV, cache_dir, clip_cache_dir, offline_mode
 from editkit.util.hub import hf_endpoint, hf_hub_cache, host_reachable
+from editkit.models import BACKBONES
 from editkit.models.heads import ZeroShotHead
 from editkit.models.backbone import Backbone, state_fingerprint
 
@@ -670,3 +672,43 @@ def zero_shot_head(
             save_file({"weight": head.weight.contiguous()}, str(tmp), metadata=meta)
         log.info("zero-shot head %s (%d classes x %d templates) cached at %s", dataset, len(classnames), len(templates), path)
     return head
+
+
+# --------------------------------------------------------------------------- the "clip" backbone family
+
+
+def _family(
+    model: str = "ViT-B-32",
+    pretrained: str | None = "openai",
+    cache_dir: str | None = None,
+    quick_gelu: bool | None = None,
+    device: str | None = None,
+    seed: int = 0,
+) -> ClipBackbone:
+    """:func:`build_clip` on the CPU, then moved to ``device``.
+
+    ``pretrained = "random"``: random weights drawn from ``seed`` (the same in every
+    process and every run, so banks, resumes and torchrun ranks agree on theta_0).
+    """
+    with torch.random.fork_rng(devices=[]):
+        if pretrained is None or str(pretrained).strip().lower() in RANDOM_TAGS:
+            torch.manual_seed(seed)
+        backbone = build_clip(model, pretrained, cache_dir=cache_dir, quick_gelu=quick_gelu)
+    if device and device != "cpu":
+        backbone.clip_model.to(device)
+    return backbone
+
+
+def _family_check(model: str = "ViT-B-32", pretrained: str | None = "openai", cache_dir: str | None = None,
+                  **_: Any) -> list[str]:
+    problem = check_weights(model, pretrained, cache_dir=cache_dir)
+    return [problem] if problem else []
+
+
+BACKBONES.register("clip", Record.of(_family, check=_family_check, help={
+    "model": "open_clip model name (ViT-B-32, ViT-B-16, ViT-L-14, ...), a config .json or local-dir:/path",
+    "pretrained": "open_clip tag, checkpoint file or directory; 'random' for random weights",
+    "cache_dir": "where tag weights are cached (default: settings' CLIP cache)",
+    "quick_gelu": "force QuickGELU on/off (default: decided from the tag or file name)",
+    "device": "device the model is moved to after building on the CPU",
+    "seed": "seed of random weights when pretrained = 'random'"}))

@@ -19,7 +19,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from editkit.core.registry import Record
 from editkit.errors import MissingResourceError
+from editkit.models import BACKBONES
 from editkit.models.backbone import Backbone
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -87,3 +89,8 @@ def build(image_size: int = 32, pretrained: bool = True) -> Backbone:
         preprocess=lambda image: image_batch_to_tensor(np.asarray(image)[None], image_size)[0],
         batch_preprocess=lambda images: image_batch_to_tensor(images, image_size),
     )
+
+
+BACKBONES.register("efficientnet-lite0", Record.of(build, help={
+    "image_size": "input side in pixels (images are resized to it)",
+    "pretrained": "ImageNet weights from pip (false: random initialisation)"}))

@@ -9,6 +9,9 @@ different tasks can be summed. Two kinds:
   (the analogue of a zero-shot head; weak on purpose, so fine-tuning matters).
 - ``ZeroShotHead``: logits = scale * normalize(f) @ T^T, with T the normalized class
   text embeddings (CLIP).
+
+The ``probe`` head kind is registered here; ``zero-shot`` lives with the prompt
+templates it needs (``editkit.data.vision8``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from editkit.core.registry import Record
+from editkit.models import HEADS
 
 
 class LinearHead(nn.Module):
@@ -61,3 +67,24 @@ def fit_probe(features: torch.Tensor, labels: torch.Tensor, num_classes: int, *,
     else:
         weight[clf.classes_], bias[clf.classes_] = clf.coef_, clf.intercept_
     return LinearHead(torch.from_numpy(weight).float(), torch.from_numpy(bias).float())
+
+
+def probe_head(backbone, task, *, shots: int, seed: int) -> LinearHead:
+    """:func:`fit_probe` on theta_0 features of ``shots`` train examples per class of ``task``
+    (a :class:`~editkit.data.tasks.TaskData`), drawn with ``seed``."""
+    targets = getattr(task.train, "targets", None)
+    labels = torch.as_tensor(list(targets) if targets is not None else [item[1] for item in task.train])
+    generator = torch.Generator().manual_seed(seed)
+    chosen = []
+    for c in range(task.num_classes):
+        members = (labels == c).nonzero().flatten()
+        chosen += members[torch.randperm(len(members), generator=generator)[:shots]].tolist()
+    inputs = torch.stack([task.train[i][0] for i in chosen])
+    return fit_probe(backbone.features(inputs), labels[chosen], task.num_classes, seed=seed)
+
+
+def _probe_kind(backbone, task, dataset: str, seed: int, shots: int = 5) -> LinearHead:
+    return probe_head(backbone, task, shots=int(shots), seed=seed)
+
+
+HEADS.register("probe", Record.of(_probe_kind, help={"shots": "labelled train examples per class the probe is fitted on"}))

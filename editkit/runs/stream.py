@@ -253,7 +253,7 @@ def run_stream(
 
 def probe_heads(backbone: Backbone, exps: Sequence[Experience], *, shots: int = 5, seed: int = 0) -> dict[str, nn.Module]:
     """Few-shot linear-probe heads for experiences of any Avalanche benchmark."""
-    from editkit.scenario.build import probe_head
+    from editkit.models.heads import probe_head
     from editkit.data.tasks import TaskData
 
     return {e.name: probe_head(backbone, TaskData(e.name, [str(c) for c in range(e.num_classes)], e.train, e.val, e.test),
@@ -384,12 +384,10 @@ def _group_initialized() -> bool:
 
 def backbone_on_device(spec, overrides: dict[str, Any], runtime: Runtime) -> dict[str, Any]:
     """Build the backbone straight on the runtime's device when its family takes ``device``."""
-    import inspect
+    from editkit.models import BACKBONES
 
-    from editkit.scenario.build import BACKBONES
-
-    builder = BACKBONES.get(spec.backbone.get("family"))
-    if builder is not None and "device" in inspect.signature(builder).parameters and "device" not in overrides:
+    family = spec.backbone.get("family")
+    if family in BACKBONES and "device" in BACKBONES[family].option_names and "device" not in overrides:
         return {**overrides, "device": str(runtime.device)}
     return overrides
 

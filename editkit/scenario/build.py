@@ -1,31 +1,27 @@
 """Building a parsed scenario: the backbone, every task's data, the heads, the generic source.
 
-Backbone families and task sources are registries (``register_backbone`` /
-``register_task_source``); each entry may register a ``check`` that says, without
-loading anything large, what is missing (:func:`check_scenario`), so a run stops
-before training when weights or data are absent.
+Everything a scenario names is looked up in the registries of the layers that
+implement it (``editkit.models.BACKBONES`` / ``HEADS``, ``editkit.data.TASK_SOURCES`` /
+``GENERIC_SOURCES``), so this module knows no family, source or head kind. A
+record's ``check`` says, without loading anything large, what is missing
+(:func:`check_scenario`), so a run stops before training when weights or data are absent.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-import torch
 from torch import nn
 
 from editkit.core.taujp import UnlabeledSource
-from editkit.data.tasks import TaskData, tensor_task
-from editkit.errors import ConfigError, MissingResourceError
+from editkit.data import GENERIC_SOURCES, TASK_SOURCES
+from editkit.data.tasks import TaskData
+from editkit.errors import ConfigError
+from editkit.models import BACKBONES, HEADS
 from editkit.models.backbone import Backbone
-from editkit.models.heads import fit_probe
 from editkit.scenario.spec import ScenarioSpec, TaskSpec
 from editkit.util.progress import NullProgress, Progress
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,169 +51,38 @@ class BuiltScenario:
         return benchmark_from_tasks(self.tasks)
 
 
-BACKBONES: dict[str, Callable[..., Backbone]] = {}
-TASK_SOURCES: dict[str, Callable[[str, Backbone, dict[str, Any]], TaskData]] = {}
-#: family -> check(**backbone options) -> list of missing pieces (one line each)
-BACKBONE_CHECKS: dict[str, Callable[..., list[str]]] = {}
-#: kind -> check(task name, options) -> list of missing pieces (one line each)
-TASK_SOURCE_CHECKS: dict[str, Callable[[str, dict[str, Any]], list[str]]] = {}
-
-
-def register_backbone(family: str, *, check: Callable[..., list[str]] | None = None):
-    """Register a backbone builder ``fn(**options) -> Backbone`` (options: the scenario's
-    ``[backbone]`` table minus ``family``, plus CLI overrides). ``check(**options)``
-    lists what is missing offline without loading anything large."""
-
-    def wrap(fn):
-        BACKBONES[family] = fn
-        if check is not None:
-            BACKBONE_CHECKS[family] = check
-        return fn
-
-    return wrap
-
-
-def register_task_source(kind: str, *, check: Callable[[str, dict[str, Any]], list[str]] | None = None):
-    """Register a task loader ``fn(name, backbone, options) -> TaskData`` for sources ``kind:dataset``
-    (``options["dataset"]`` is the part after the colon). ``check(name, options)`` lists
-    what is missing."""
-
-    def wrap(fn):
-        TASK_SOURCES[kind] = fn
-        if check is not None:
-            TASK_SOURCE_CHECKS[kind] = check
-        return fn
-
-    return wrap
-
-
-@register_backbone("efficientnet-lite0")
-def _efficientnet(image_size: int = 32, pretrained: bool = True) -> Backbone:
-    from editkit.models import efficientnet
-
-    return efficientnet.build(image_size=image_size, pretrained=pretrained)
-
-
-@register_task_source("packaged")
-def _packaged_task(name: str, backbone: Backbone, options: dict[str, Any]) -> TaskData:
-    """A dataset shipped inside pip/Debian packages; ``train_size`` / ``test_size`` keep a prefix (the
-    splits are already in seeded random order), for quick reduced runs."""
-    from editkit.data.packaged import load_packaged
-
-    dataset = load_packaged(options["dataset"])
-    train, test = dataset.train, dataset.test
-    n_train, n_test = options.get("train_size", len(train)), options.get("test_size", len(test))
-    return tensor_task(
-        name,
-        dataset.classes,
-        backbone.preprocess_arrays(train.images[:n_train]),
-        torch.from_numpy(train.labels[:n_train]),
-        backbone.preprocess_arrays(test.images[:n_test]),
-        torch.from_numpy(test.labels[:n_test]),
-    )
-
-
-def _clip_check(model: str = "ViT-B-32", pretrained: str | None = "openai", cache_dir: str | None = None,
-                **_: Any) -> list[str]:
-    from editkit.models.clip import check_weights
-
-    problem = check_weights(model, pretrained, cache_dir=cache_dir)
-    return [problem] if problem else []
-
-
-@register_backbone("clip", check=_clip_check)
-def _clip(
-    model: str = "ViT-B-32",
-    pretrained: str | None = "openai",
-    cache_dir: str | None = None,
-    quick_gelu: bool | None = None,
-    device: str | None = None,
-    seed: int = 0,
-) -> Backbone:
-    """open_clip CLIP (see ``editkit.models.clip.build_clip``), built on the CPU then moved to ``device``.
-
-    ``pretrained = "random"``: random weights drawn from ``seed`` (the same in every
-    process and every run, so banks, resumes and torchrun ranks agree on theta_0).
-    """
-    from editkit.models.clip import RANDOM_TAGS, build_clip
-
-    with torch.random.fork_rng(devices=[]):
-        if pretrained is None or str(pretrained).strip().lower() in RANDOM_TAGS:
-            torch.manual_seed(seed)
-        backbone = build_clip(model, pretrained, cache_dir=cache_dir, quick_gelu=quick_gelu)
-    if device and device != "cpu":
-        backbone.clip_model.to(device)
-    return backbone
-
-
-def _vision8_options(options: dict[str, Any]) -> dict[str, Any]:
-    known = {"dataset", "data_root", "augment", "hub_cache_dir", "download"}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ConfigError(f"vision8 task options {unknown} are unknown; known: {sorted(known)}")
-    return options
-
-
-def _vision8_check(name: str, options: dict[str, Any]) -> list[str]:
-    from editkit.data.vision8 import locate
-
-    options = _vision8_options(options)
-    try:
-        locate(options["dataset"], data_root=options.get("data_root"), hub_cache_dir=options.get("hub_cache_dir"),
-               download=bool(options.get("download", False)))
-    except MissingResourceError as exc:
-        return [str(exc)]
-    return []
-
-
-@register_task_source("vision8", check=_vision8_check)
-def _vision8_task(name: str, backbone: Backbone, options: dict[str, Any]) -> TaskData:
-    """One of the eight CLIP datasets (``vision8:Cars`` ...), preprocessed lazily per image.
-
-    Options: ``data_root`` (else ``$EDITKIT_DATA``), ``augment`` (open_clip's train-time
-    transform for the train split; default true, as the paper), ``hub_cache_dir``,
-    ``download`` (fetch the parquet copy from the hub when reachable; default false).
-    """
-    from editkit.data.vision8 import load_task as load_vision8
-
-    options = _vision8_options(options)
-    task = load_vision8(options["dataset"], backbone, data_root=options.get("data_root"),
-                        augment=bool(options.get("augment", True)), hub_cache_dir=options.get("hub_cache_dir"),
-                        download=bool(options.get("download", False)))
-    return dataclasses.replace(task, name=name)
-
-
 def backbone_options(spec: ScenarioSpec, overrides: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-    """(family, builder options): the scenario's ``[backbone]`` table with ``overrides`` (None = keep) applied."""
+    """(family, builder options): the scenario's ``[backbone]`` table with ``overrides`` (None = keep) applied;
+    an override the family does not take is refused by name."""
     options = dict(spec.backbone)
     family = options.pop("family", None)
-    if family not in BACKBONES:
-        raise ConfigError(f"scenario {spec.name!r}: unknown backbone family {family!r}; known: {', '.join(sorted(BACKBONES))}")
+    record = BACKBONES[family]
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    accepted = inspect.signature(BACKBONES[family]).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
-    unknown = sorted(k for k in given if k not in accepted and not takes_any)
-    if unknown:
-        raise ConfigError(f"backbone family {family!r} has no option(s) {unknown} (it takes {', '.join(accepted)})")
+    record.refuse_unknown(given, f"backbone family {family!r}")
     return family, {**options, **given}
 
 
 def build_backbone(spec: ScenarioSpec, overrides: dict[str, Any] | None = None) -> Backbone:
     family, options = backbone_options(spec, overrides)
-    return BACKBONES[family](**options)
+    return BACKBONES[family].build(**options)
 
 
 def task_options(spec: ScenarioSpec, task: TaskSpec, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Options a task's source receives: ``[data]`` defaults, the task's own keys, then ``overrides``."""
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    return {**spec.data, **task.options, **given, "dataset": task.dataset}
+    """Options a task's source receives: ``[data]`` defaults, the task's own keys, then ``overrides``.
+
+    The scenario file's keys were checked against the source's options when it was
+    loaded. Overrides (``--data-root``, or what a bank recorded) apply to every task
+    whose source takes them and pass by the others: one command line serves
+    scenarios that mix sources.
+    """
+    accepted = TASK_SOURCES[task.kind].option_names
+    given = {k: v for k, v in (overrides or {}).items() if v is not None and k in accepted}
+    return {**spec.data, **task.options, **given}
 
 
-def load_task(task: TaskSpec, backbone: Backbone, options: dict[str, Any] | None = None) -> TaskData:
-    kind, dataset = task.source.split(":", 1)
-    if kind not in TASK_SOURCES:
-        raise ConfigError(f"task {task.name!r}: unknown source kind {kind!r}; known: {', '.join(sorted(TASK_SOURCES))}")
-    return TASK_SOURCES[kind](task.name, backbone, options if options is not None else {"dataset": dataset, **task.options})
+def load_task(task: TaskSpec, backbone: Backbone, options: dict[str, Any]) -> TaskData:
+    """The task's data from its source, given the options :func:`task_options` resolved."""
+    return TASK_SOURCES[task.kind].build(task.name, task.dataset, backbone, **options)
 
 
 def check_scenario(spec: ScenarioSpec, *, backbone_overrides: dict[str, Any] | None = None,
@@ -229,53 +94,28 @@ def check_scenario(spec: ScenarioSpec, *, backbone_overrides: dict[str, Any] | N
     """
     family, options = backbone_options(spec, backbone_overrides)
     problems: list[str] = []
-    if family in BACKBONE_CHECKS:
-        problems += BACKBONE_CHECKS[family](**options)
+    if (check := BACKBONES[family].check) is not None:
+        problems += check(**options)
     for task in spec.tasks:
-        check = TASK_SOURCE_CHECKS.get(task.kind)
-        if check is None:
-            if task.kind not in TASK_SOURCES:
-                problems.append(f"task {task.name!r}: unknown source kind {task.kind!r}; known: {', '.join(sorted(TASK_SOURCES))}")
-            continue
-        problems += check(task.name, task_options(spec, task, task_overrides))
+        if (check := TASK_SOURCES[task.kind].check) is not None:
+            problems += check(task.name, task.dataset, **task_options(spec, task, task_overrides))
     return problems
 
 
-def probe_head(backbone: Backbone, task: TaskData, *, shots: int, seed: int) -> nn.Module:
-    """Logistic-regression probe on theta_0 features of ``shots`` train examples per class."""
-    targets = getattr(task.train, "targets", None)
-    labels = torch.as_tensor(list(targets) if targets is not None else [item[1] for item in task.train])
-    generator = torch.Generator().manual_seed(seed)
-    chosen = []
-    for c in range(task.num_classes):
-        members = (labels == c).nonzero().flatten()
-        chosen += members[torch.randperm(len(members), generator=generator)[:shots]].tolist()
-    inputs = torch.stack([task.train[i][0] for i in chosen])
-    return fit_probe(backbone.features(inputs), labels[chosen], task.num_classes, seed=seed)
-
-
 def build_heads(spec: ScenarioSpec, backbone: Backbone, tasks: list[TaskData], seed: int) -> dict[str, nn.Module]:
-    kind = spec.heads.get("kind", "probe")
-    if kind == "probe":
-        return {t.name: probe_head(backbone, t, shots=int(spec.heads.get("shots", 5)), seed=seed) for t in tasks}
-    if kind == "zero-shot":
-        from editkit.data.vision8 import zero_shot_head_for_task
-
-        datasets = {t.name: t.dataset for t in spec.tasks}
-        return {t.name: zero_shot_head_for_task(backbone, t, dataset=datasets.get(t.name)) for t in tasks}
-    raise ConfigError(f"scenario {spec.name!r}: unknown head kind {kind!r} (probe or zero-shot)")
+    """Each task's fixed head, of the ``[heads]`` table's kind."""
+    options = dict(spec.heads)
+    record = HEADS[options.pop("kind")]
+    datasets = {t.name: t.dataset for t in spec.tasks}
+    return {t.name: record.build(backbone, t, datasets[t.name], seed, **options) for t in tasks}
 
 
 def build_generic(spec: ScenarioSpec, backbone: Backbone, seed: int) -> UnlabeledSource | None:
+    """The ``[generic]`` table's unlabeled source, or None without one."""
     if not spec.generic:
         return None
-    kind = spec.generic.get("kind")
-    if kind != "natural-crops":
-        raise ConfigError(f"scenario {spec.name!r}: unknown generic source {kind!r} (natural-crops)")
-    from editkit.data.natural import natural_crops
-
-    images = natural_crops(n=int(spec.generic.get("size", 2000)), size=int(spec.generic.get("crop", 32)), seed=seed)
-    return UnlabeledSource("generic", backbone.preprocess_arrays(images), seed=seed)
+    options = dict(spec.generic)
+    return GENERIC_SOURCES[options.pop("kind", None)].build(backbone, seed, **options)
 
 
 def build_scenario(

@@ -15,6 +15,12 @@ Optional parts of a scenario file:
   an inline ``recipe = {...}`` table in it (see :func:`task_recipes` for precedence).
 - ``[control]``: the negation control set (``kind = "imagenet"``; see ``editkit.runs.edit``).
 
+Every table is checked when the file is loaded, before anything is built: a key
+that is not a scenario key, not a recipe field, or not an option of the named
+backbone family, head kind, generic source or task source (as their registries
+declare them) is refused by name with the list of known keys. A misspelt option
+must never run with its default and bank vectors.
+
 Building (loading what a spec names) is ``editkit.scenario.build``.
 """
 
@@ -26,7 +32,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from editkit.core.registry import Registry
+from editkit.data import GENERIC_SOURCES, TASK_SOURCES
 from editkit.errors import ConfigError
+from editkit.models import BACKBONES, HEADS
 from editkit.settings import extra_scenario_dirs
 from editkit.train import recipe as recipe_mod
 from editkit.train.recipe import Recipe
@@ -35,7 +44,13 @@ from editkit.train.recipe import Recipe
 SCENARIO_DIR = Path(str(resources.files("editkit.scenarios")))
 
 
+#: The tables and values a scenario file may hold at its top level.
+SCENARIO_KEYS = ("name", "description", "backbone", "heads", "generic", "data", "control", "tasks", "recipe")
 TASK_RECIPE_KEYS = ("epochs", "steps")
+#: Keys of a ``[[tasks]]`` entry besides its source's options.
+TASK_KEYS = ("name", "source", "recipe", *TASK_RECIPE_KEYS)
+CONTROL_KEYS = ("kind",)
+DEFAULT_HEAD_KIND = "probe"
 
 
 @dataclass(frozen=True)
@@ -104,6 +119,7 @@ def load_scenario(name_or_path: str | Path) -> ScenarioSpec:
 
 def parse_scenario(data: dict[str, Any], path: Path | None = None) -> ScenarioSpec:
     where = path or "scenario"
+    _refuse_unknown(data, SCENARIO_KEYS, f"{where}: top level")
     for key in ("name", "backbone", "tasks"):
         if key not in data:
             raise ConfigError(f"{where}: missing required key {key!r}")
@@ -113,11 +129,11 @@ def parse_scenario(data: dict[str, Any], path: Path | None = None) -> ScenarioSp
         raise ConfigError(f"{where}: task names must be unique, got {names}")
     if not tasks:
         raise ConfigError(f"{where}: a scenario needs at least one task")
-    return ScenarioSpec(
+    spec = ScenarioSpec(
         name=data["name"],
         description=data.get("description", ""),
         backbone=dict(data["backbone"]),
-        heads=dict(data.get("heads", {"kind": "probe", "shots": 5})),
+        heads={"kind": DEFAULT_HEAD_KIND, **data.get("heads", {})},
         tasks=tasks,
         recipe=recipe_mod.from_mapping(data.get("recipe", {})),
         generic=dict(data["generic"]) if "generic" in data else None,
@@ -125,6 +141,42 @@ def parse_scenario(data: dict[str, Any], path: Path | None = None) -> ScenarioSp
         data=dict(data.get("data", {})),
         control=dict(data["control"]) if "control" in data else None,
     )
+    _check_options(spec, where)
+    return spec
+
+
+def _refuse_unknown(table: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                          f"known: {', '.join(known)}")
+
+
+def _record(registry: Registry, name: Any, where: str):
+    try:
+        return registry[name]
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _check_options(spec: ScenarioSpec, where: object) -> None:
+    """Every extension table's keys against the options its registry record declares."""
+    backbone = dict(spec.backbone)
+    family = backbone.pop("family", None)
+    _record(BACKBONES, family, f"{where}: [backbone]").refuse_unknown(backbone, f"{where}: [backbone] of family {family!r}")
+    heads = dict(spec.heads)
+    kind = heads.pop("kind")
+    _record(HEADS, kind, f"{where}: [heads]").refuse_unknown(heads, f"{where}: [heads] of kind {kind!r}")
+    if spec.generic is not None:
+        generic = dict(spec.generic)
+        kind = generic.pop("kind", None)
+        _record(GENERIC_SOURCES, kind, f"{where}: [generic]").refuse_unknown(generic, f"{where}: [generic] of kind {kind!r}")
+    if spec.control is not None:
+        _refuse_unknown(spec.control, CONTROL_KEYS, f"{where}: [control]")
+    for task in spec.tasks:
+        source = _record(TASK_SOURCES, task.kind, f"{where}: task {task.name!r}")
+        source.refuse_unknown(task.options, f"{where}: task {task.name!r} (source {task.kind!r})")
+        source.refuse_unknown(spec.data, f"{where}: [data], given to task {task.name!r} (source {task.kind!r})")
 
 
 def _task_spec(table: dict[str, Any], where: object) -> TaskSpec:
@@ -133,7 +185,7 @@ def _task_spec(table: dict[str, Any], where: object) -> TaskSpec:
     recipe = dict(table.get("recipe", {}))
     recipe.update({k: table[k] for k in TASK_RECIPE_KEYS if k in table})
     recipe_mod.from_mapping(recipe)  # refuse unknown fields / bad values now, by name
-    options = {k: v for k, v in table.items() if k not in ("name", "source", "recipe", *TASK_RECIPE_KEYS)}
+    options = {k: v for k, v in table.items() if k not in TASK_KEYS}
     return TaskSpec(table["name"], table["source"], options, recipe)
 
 

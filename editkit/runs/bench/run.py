@@ -68,16 +68,17 @@ from editkit.train.runtime import Runtime, setup
 from editkit.runs.edit import CONTROLS
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError, MissingResourceError
 from editkit.util.memory import PeakRSS
-from editkit.merge.ties import TIES_DEFAULT_K, ties_merge
+from editkit.merge import MERGE_METHODS
+from editkit.merge.ties import TIES_DEFAULT_K
 from editkit.util.progress import NullProgress, Progress
 from editkit.train.recipe import MODES, Recipe
 from editkit.eval.sweep import SPLITS, ModeEvaluator, SharedModels, TaskSplits
 
 log = logging.getLogger(__name__)
 
-METHODS = ("task-arithmetic", "ties")
-METHOD_LABELS = {"pretrained": "pretrained", "task-arithmetic": "task arithmetic", "ties": "TIES-merging",
-                 "single-task": "single-task"}
+METHODS = tuple(MERGE_METHODS)  # every registered merge method
+#: How tables name each row's method: the merge methods' labels and the two reference rows.
+METHOD_LABELS = {"pretrained": "pretrained", **{m: MERGE_METHODS.label(m) for m in METHODS}, "single-task": "single-task"}
 DEFAULT_NEGATION_GRID = 11  # 0, 0.1, ..., 1: non-linear negation costs tasks x grid forwards of every validation split
 DEFAULT_XI_GRID = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)
 DEFAULT_XI_SAMPLES = 250
@@ -429,7 +430,7 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
     if ev.linearized:
         with progress.task(f"{mode}: tangents J·tau (one jvp per input)", total=ev.tangent_batches(tasks)) as bar:
             ev.compute_tangents(tasks, bar=bar)
-    out: dict[str, Any] = {"alpha_search": {}, "rows": [], "merge_seconds": None, "ties_seconds": None}
+    out: dict[str, Any] = {"alpha_search": {}, "rows": [], "merge_seconds": None, "method_seconds": {}}
     single = {s: _single_task(ev, tasks, s) for s in SPLITS}
     out["single"] = single
 
@@ -452,18 +453,19 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
             out["rows"].append(_row(method, mode, coefficient, a, per_task, single["test"],
                                     val_absolute=val["absolute"], val_normalized=val["normalized"]))
 
-    if "task-arithmetic" in config.methods:
-        addition("task-arithmetic", lambda a: {t: a for t in tasks})
-    if "ties" in config.methods:
+    for method in (m for m in METHODS if m in config.methods):  # registry order, whatever order they were named in
         start = time.perf_counter()
-        vectors = [ev.vector(t) for t in tasks]
-        ev.add_vector("ties", ties_merge(vectors, k=config.ties_k))
-        out["ties_seconds"] = time.perf_counter() - start
-        del vectors
-        if ev.linearized:
-            with progress.task(f"{mode}: tangents of the TIES vector", total=ev.tangent_batches(["ties"])) as bar:
-                ev.compute_tangents(["ties"], bar=bar)
-        addition("ties", lambda a: {"ties": a})
+        merged = MERGE_METHODS[method].build(_BankVectors(ev, tasks), **_method_options(config).get(method, {}))
+        built = [name for name in merged if name not in tasks]  # vectors the method made (TIES: its merged one)
+        for name in built:
+            ev.add_vector(name, merged[name])
+        out["method_seconds"][method] = time.perf_counter() - start
+        if built and ev.linearized:
+            with progress.task(f"{mode}: tangents of the {METHOD_LABELS[method]} vector",
+                               total=ev.tangent_batches(built)) as bar:
+                ev.compute_tangents(built, bar=bar)
+        names = built or list(tasks)
+        addition(method, lambda a, names=names: {n: a for n in names})
     out["rows"].append(_row("single-task", mode, None, 1.0, single["test"], single["test"],
                             val_absolute=summarise(single["val"], None)["absolute"]))
 
@@ -476,6 +478,29 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
     out["merge_seconds"] = float(np.median(times))
     out["negation"] = _negation(ev, config, tasks, pretrained, control.name if control else None, progress)
     return out
+
+
+class _BankVectors(Mapping[str, Any]):
+    """A mode's banked vectors by task name, each read from the bank only when a merge method reads it."""
+
+    def __init__(self, ev: ModeEvaluator, tasks: Sequence[str]) -> None:
+        self.ev, self.tasks = ev, list(tasks)
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.tasks:
+            raise KeyError(name)
+        return self.ev.vector(name)
+
+    def __iter__(self):
+        return iter(self.tasks)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+
+def _method_options(config: BenchConfig) -> dict[str, dict[str, Any]]:
+    """Each merge method's options from the bench's settings (``--ties-k`` is TIES' ``k``)."""
+    return {"ties": {"k": config.ties_k}}
 
 
 def _negation(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
@@ -582,7 +607,7 @@ def _cost(state: _ModeState, result: Mapping[str, Any], tasks: Sequence[str]) ->
         "peak_rss_bytes": int(max(rss)) if rss else None,
         "peak_rss_mib": max(rss) / 2**20 if rss else None,
         "merge_seconds": merge,
-        "ties_seconds": result["ties_seconds"],
+        "ties_seconds": result["method_seconds"].get("ties"),  # the report's key since its first version
         "total_seconds": finetune + merge,
         "trained_now": list(state.trained),
         "reused": [t for t in tasks if t not in state.trained],

@@ -1,0 +1,199 @@
+"""Scenario files: every table validated when loaded, and extensions registered from outside scenario/.
+
+The test-only backbone family and task source below are registered from this file and
+built through ``editkit.scenario.build.build_scenario``: the scenario layer needed no edit
+to run them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from editkit.core.registry import Record
+from editkit.data import TASK_SOURCES
+from editkit.data.natural import natural_crops
+from editkit.data.tasks import tensor_task
+from editkit.errors import ConfigError
+from editkit.models import BACKBONES
+from editkit.models.backbone import Backbone
+from editkit.models.heads import probe_head
+from editkit.scenario.build import build_scenario, check_scenario
+from editkit.scenario.spec import SCENARIO_DIR, load_scenario
+
+CROP = 2
+INPUT_DIM = CROP * CROP * 3  # a crop, flattened
+
+
+def toy_backbone(width: int = 3, seed: int = 0) -> Backbone:
+    """Flattened uint8 images (scaled to [0, 1]) through a seeded linear map to ``width`` features."""
+    torch.manual_seed(seed)
+    return Backbone(name=f"toy@{width}", module=nn.Linear(INPUT_DIM, width), feature_dim=width,
+                    batch_preprocess=lambda images: torch.from_numpy(np.asarray(images)).float().reshape(len(images), -1) / 255)
+
+
+def toy_check(width: int = 3, seed: int = 0) -> list[str]:
+    return [] if width > 0 else [f"toy family: width must be positive, got {width}"]
+
+
+def blobs_task(name: str, dataset: str, backbone: Backbone, n: int = 20, spread: float = 0.1, data_root: str | None = None):
+    """Two Gaussian blobs (class 0 around -1, class 1 around +1), seeded by the dataset name's length."""
+    g = torch.Generator().manual_seed(len(dataset))
+    labels = torch.arange(n) % 2
+    inputs = (labels.float() * 2 - 1)[:, None] + spread * torch.randn(n, INPUT_DIM, generator=g)
+    return tensor_task(name, ["minus", "plus"], inputs, labels, inputs[: n // 2], labels[: n // 2])
+
+
+def blobs_check(name: str, dataset: str, n: int = 20, spread: float = 0.1, data_root: str | None = None) -> list[str]:
+    return [] if dataset != "missing" else [f"task {name!r}: blobs {dataset!r} are not on disk"]
+
+
+@pytest.fixture
+def toy_extensions():
+    BACKBONES.register("toy", Record.of(toy_backbone, check=toy_check,
+                                        help={"width": "features per input", "seed": "initialisation seed"}))
+    TASK_SOURCES.register("blobs", Record.of(blobs_task, check=blobs_check, help={
+        "n": "train examples", "spread": "blob standard deviation", "data_root": "unused; taken as vision8's is"}))
+    try:
+        yield
+    finally:
+        BACKBONES.unregister("toy")
+        TASK_SOURCES.unregister("blobs")
+
+
+TOY = """\
+name = "toy"
+[backbone]
+family = "toy"
+width = 4
+[heads]
+kind = "probe"
+shots = 3
+[generic]
+kind = "natural-crops"
+size = 6
+crop = 2
+[data]
+spread = 0.2
+[control]
+kind = "imagenet"
+[[tasks]]
+name = "first"
+source = "blobs:ab"
+n = 30
+steps = 2
+[[tasks]]
+name = "second"
+source = "blobs:abcd"
+recipe = { lr = 1e-3 }
+[recipe]
+mode = "linear"
+steps = 5
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "toy.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_family_and_a_source_registered_outside_scenario_are_built_from_a_file(tmp_path, toy_extensions):
+    spec = load_scenario(write(tmp_path, TOY))
+    built = build_scenario(spec, seed=1)
+    assert built.backbone.name == "toy@4"
+    want = toy_backbone(width=4)
+    assert all(torch.equal(p, q) for p, q in zip(built.backbone.module.parameters(), want.module.parameters()))
+    # each task: the [data] default, its own keys, the dataset after the colon
+    first, second = built.tasks
+    assert (first.name, second.name) == ("first", "second")
+    assert len(first.train) + len(first.val) == 30 and len(second.train) + len(second.val) == 20
+    expected = blobs_task("first", "ab", want, n=30, spread=0.2)
+    assert torch.equal(first.train.inputs, expected.train.inputs) and torch.equal(first.test.inputs, expected.test.inputs)
+    # heads: the probe kind with the file's shots, as probe_head fits it
+    head = probe_head(built.backbone, first, shots=3, seed=1)
+    assert torch.equal(built.heads["first"].weight, head.weight) and torch.equal(built.heads["first"].bias, head.bias)
+    # the generic source: natural crops of the file's size and side, through the backbone's preprocessing
+    crops = natural_crops(n=6, size=2, seed=1)
+    assert torch.equal(built.generic.inputs, built.backbone.preprocess_arrays(crops))
+
+
+def test_checks_and_overrides_reach_the_registered_extensions(tmp_path, toy_extensions):
+    spec = load_scenario(write(tmp_path, TOY.replace('"blobs:abcd"', '"blobs:missing"')))
+    assert check_scenario(spec) == ["task 'second': blobs 'missing' are not on disk"]
+    assert check_scenario(spec, backbone_overrides={"width": 0}) == [
+        "toy family: width must be positive, got 0", "task 'second': blobs 'missing' are not on disk"]
+    with pytest.raises(ConfigError, match="backbone family 'toy': unknown option 'model'; known: width, seed"):
+        check_scenario(spec, backbone_overrides={"model": "ViT-B-32"})
+
+
+def test_task_overrides_reach_only_sources_that_take_them(tmp_path, toy_extensions):
+    from editkit.scenario.build import task_options
+
+    text = TOY + '[[tasks]]\nname = "digits"\nsource = "packaged:digits"\ntest_size = 7\n'
+    spec = load_scenario(write(tmp_path, text.replace("[data]\nspread = 0.2\n", "")))
+    first, second, digits = spec.tasks
+    overrides = {"data_root": "/data", "n": None}
+    assert task_options(spec, first, overrides) == {"n": 30, "data_root": "/data"}
+    assert task_options(spec, second, overrides) == {"data_root": "/data"}
+    assert task_options(spec, digits, overrides) == {"test_size": 7}  # packaged data has no data root
+
+
+@pytest.mark.parametrize("table, edit, bad, known", [
+    ("top level", ("[backbone]", "seeed = 3\n[backbone]"), "seeed", "name, description, backbone"),
+    ("[backbone]", ("width = 4", "width = 4\nwidht = 5"), "widht", "width, seed"),
+    ("[heads]", ("shots = 3", "shotz = 50"), "shotz", "shots"),
+    ("[generic]", ("size = 6", "sise = 10"), "sise", "size, crop"),
+    ("[data]", ("spread = 0.2", "spreed = 0.2"), "spreed", "n, spread, data_root"),
+    ("[control]", ('kind = "imagenet"', 'kind = "imagenet"\ndata = "x"'), "data", "kind"),
+    ("[[tasks]]", ("n = 30", "m = 30"), "m", "n, spread, data_root"),
+    ("[recipe]", ('mode = "linear"', 'mode = "linear"\nlr_decay = 0.5'), "lr_decay", "lr"),
+    ("task recipe", ("recipe = { lr = 1e-3 }", "recipe = { lrr = 1e-3 }"), "lrr", "lr"),
+])
+def test_an_unknown_key_in_any_table_is_refused_by_name_when_loaded(tmp_path, toy_extensions, table, edit, bad, known):
+    assert TOY.count(edit[0]) == 1
+    with pytest.raises(ConfigError) as err:
+        load_scenario(write(tmp_path, TOY.replace(*edit)))
+    message = str(err.value)
+    assert repr(bad) in message, message
+    assert known in message, message
+
+
+def test_the_reported_defect_no_longer_runs_with_defaults(tmp_path):
+    """`shotz = 50` under [heads] and `sise = 10` under [generic] used to run with shots 5 and 2000 crops."""
+    text = (SCENARIO_DIR / "offline-vision.toml").read_text()
+    text = text.replace("shots = 5", "shotz = 50")
+    with pytest.raises(ConfigError, match=r"\[heads\] of kind 'probe': unknown option 'shotz'; known: shots"):
+        load_scenario(write(tmp_path, text))
+    text = text.replace("shotz = 50", "shots = 5").replace("size = 2000", "sise = 10")
+    with pytest.raises(ConfigError, match=r"\[generic\] of kind 'natural-crops': unknown option 'sise'; known: size, crop"):
+        load_scenario(write(tmp_path, text))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (('family = "toy"', 'family = "resnet"'), "[backbone]: unknown backbone family 'resnet'; known: clip, efficientnet-lite0, toy"),
+    (('kind = "probe"', 'kind = "knn"'), "[heads]: unknown head kind 'knn'; known: probe, zero-shot"),
+    (('kind = "natural-crops"', 'kind = "noise"'), "[generic]: unknown generic source 'noise'; known: natural-crops"),
+    (('"blobs:ab"', '"blob:ab"'), "task 'first': unknown task source 'blob'; known: blobs, packaged, vision8"),
+])
+def test_unknown_extension_names_list_the_registered_ones(tmp_path, toy_extensions, edit, message):
+    with pytest.raises(ConfigError) as err:
+        load_scenario(write(tmp_path, TOY.replace(*edit)))
+    assert message in str(err.value)
+
+
+def test_a_file_without_heads_gets_five_shot_probes(tmp_path, toy_extensions):
+    spec = load_scenario(write(tmp_path, TOY.replace("[heads]\nkind = \"probe\"\nshots = 3\n", "")))
+    assert spec.heads == {"kind": "probe"}
+    built = build_scenario(spec, seed=0)
+    head = probe_head(built.backbone, built.tasks[0], shots=5, seed=0)
+    assert torch.equal(built.heads["first"].weight, head.weight)
+
+
+@pytest.mark.parametrize("name", ["offline-vision", "vision8"])
+def test_the_built_in_scenarios_pass_validation(name):
+    assert load_scenario(name).name == name
