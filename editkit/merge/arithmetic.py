@@ -14,7 +14,8 @@ from typing import Mapping, Sequence
 
 import torch
 
-from editkit.bank.store import Bank, mode_family
+from editkit.bank.store import Bank
+from editkit.core.modes import mode_family
 from editkit.errors import ConfigError, IncompatibleVectorsError
 
 

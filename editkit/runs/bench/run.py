@@ -70,7 +70,8 @@ from editkit.errors import BankError, ConfigError, IncompatibleVectorsError, Mis
 from editkit.util.memory import PeakRSS
 from editkit.merge.ties import TIES_DEFAULT_K, ties_merge
 from editkit.util.progress import NullProgress, Progress
-from editkit.train.recipe import MODES, Recipe
+from editkit.core.modes import Mode
+from editkit.train.recipe import Recipe
 from editkit.eval.sweep import SPLITS, ModeEvaluator, SharedModels, TaskSplits
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ class BenchConfig:
     """
 
     scenario: str | Path = "offline-vision"
-    modes: Sequence[str] = MODES
+    modes: Sequence[str] = tuple(Mode)
     methods: Sequence[str] = METHODS
     bank_root: Path = BANKS_DIR
     run_dir: Path | None = None
@@ -141,7 +142,7 @@ class BenchConfig:
 
     def validated(self) -> "BenchConfig":
         """A copy with names parsed and every value checked (raises ConfigError)."""
-        modes = parse_names(self.modes, MODES, "modes")
+        modes = parse_names(self.modes, tuple(Mode), "modes")
         methods = parse_names(self.methods, METHODS, "methods")
         if self.alphas is not None:
             alphas = [float(a) for a in self.alphas]
