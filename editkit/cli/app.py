@@ -104,7 +104,7 @@ def stream(
 
     Data-parallel on N GPUs: torchrun --nproc_per_node N -m editkit stream ... (rank 0 writes the bank and reports).
     """
-    from editkit.cli.console import RichProgress, console, step_table
+    from editkit.cli.console import RichProgress, console, pct, step_table
     from editkit.runs.stream import run_scenario
 
     backbone_overrides, task_overrides = _overrides(model, pretrained, clip_cache, data_root)
@@ -129,7 +129,7 @@ def stream(
     final = report["final"]
     console.print(
         f"[bold]final merged model (alpha = 1.0, {report['mode']}, scope {report['recipe']['scope']}):[/bold] "
-        f"absolute {100 * final['absolute']:.1f}  normalized {100 * final['normalized']:.1f}  "
+        f"absolute {pct(final['absolute'])}  normalized {pct(final['normalized'])}  "
         f"({result.seconds:.0f} s)"
     )
     console.print(f"bank: {report['bank']}   report: {Path(report['plots'][0]).parent / 'report.json'}")

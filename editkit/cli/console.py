@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from editkit.runs.report import pct
+
 console = Console(stderr=False)
 err_console = Console(stderr=True)
 
@@ -38,10 +40,6 @@ class RichProgress:
                    TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
         with Progress(*columns, console=self.console, transient=True) as progress:
             yield _RichTask(progress, progress.add_task(description, total=total, info=""))
-
-
-def pct(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:.1f}"
 
 
 def step_table(step: Mapping[str, Any], single: Mapping[str, float]) -> Table:

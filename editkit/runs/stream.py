@@ -349,7 +349,7 @@ def run_scenario(
         exps = [dataclasses.replace(exp, train=task.train, test=task.test, val=task.val)
                 for exp, task in zip(experiences(built.benchmark(), built.task_names), built.tasks)]
         scenario_file = str(spec.path.resolve()) if spec.path else None
-        build = {"backbone": _jsonable(backbone_overrides), "tasks": _jsonable(task_overrides)}
+        build = {"backbone": _absolute_paths(backbone_overrides), "tasks": _absolute_paths(task_overrides)}
         result = run_stream(exps, built.backbone, built.heads, recipe, bank_dir, scenario=spec.name,
                             generic=built.generic, resume=resume, progress=progress, on_step=on_step,
                             scenario_file=scenario_file, task_recipes=recipes,
@@ -394,8 +394,8 @@ def backbone_on_device(spec, overrides: dict[str, Any], runtime: Runtime) -> dic
     return overrides
 
 
-def _jsonable(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Options as JSON values; paths made absolute so a later ``negate`` finds them from anywhere."""
+def _absolute_paths(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Options with their paths made absolute strings, so a later ``negate`` finds them from anywhere."""
     out: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(value, Path) or (isinstance(value, str) and key in ("data_root", "pretrained", "cache_dir",

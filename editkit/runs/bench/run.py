@@ -62,10 +62,12 @@ from torch import nn
 
 from editkit.bank.store import Bank, _short
 from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha_grid, search_alpha, select_negation_alpha
+from editkit.eval.accuracy import AdditionSummary, addition_summary
 from editkit.eval.diagnostics import correlation, disentanglement_error, off_diagonal, pair_interference
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world, BANKS_DIR
 from editkit.train.runtime import Runtime, setup
 from editkit.runs.edit import CONTROLS
+from editkit.runs.report import jsonable, write_json
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError, MissingResourceError
 from editkit.util.memory import PeakRSS
 from editkit.merge.ties import TIES_DEFAULT_K, ties_merge
@@ -194,20 +196,10 @@ def _given(options: Mapping[str, Any] | None) -> dict[str, Any]:
 # --- summaries --------------------------------------------------------------------------------
 
 
-def summarise(per_task: Mapping[str, float], single: Mapping[str, float] | None) -> dict[str, float | None]:
-    """absolute = mean accuracy; normalized = mean of accuracy / single-task accuracy (None without singles)."""
-    names = list(per_task)
-    absolute = float(np.mean([per_task[n] for n in names]))
-    if single is None:
-        return {"absolute": absolute, "normalized": None}
-    normalized = float(np.mean([per_task[n] / single[n] if single[n] > 0 else 0.0 for n in names]))
-    return {"absolute": absolute, "normalized": normalized}
-
-
 def _row(method: str, mode: str | None, coefficient: str | None, alpha: float | None, per_task: Mapping[str, float],
          single: Mapping[str, float] | None, **extra: Any) -> dict[str, Any]:
     return {"method": method, "label": METHOD_LABELS[method], "mode": mode, "coefficient": coefficient, "alpha": alpha,
-            "per_task": dict(per_task), **summarise(per_task, single), **extra}
+            "per_task": dict(per_task), **addition_summary(per_task, single), **extra}
 
 
 # --- the bench --------------------------------------------------------------------------------
@@ -435,10 +427,10 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
     out["single"] = single
 
     def addition(method: str, combo_of: Callable[[float], dict[str, float]]) -> None:
-        summaries: list[dict[str, float | None]] = []
+        summaries: list[AdditionSummary] = []
 
         def validation_absolute(a: float) -> float:
-            summaries.append(summarise(ev.accuracies(combo_of(a), "val", tasks), single["val"]))
+            summaries.append(addition_summary(ev.accuracies(combo_of(a), "val", tasks), single["val"]))
             bar.advance(1)
             return summaries[-1]["absolute"]
 
@@ -449,7 +441,7 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
                                        "chosen": chosen}
         for coefficient, a in (("1.0", 1.0), ("tuned", chosen)):
             per_task = ev.accuracies(combo_of(a), "test", tasks)
-            val = summarise(ev.accuracies(combo_of(a), "val", tasks), single["val"])
+            val = addition_summary(ev.accuracies(combo_of(a), "val", tasks), single["val"])
             out["rows"].append(_row(method, mode, coefficient, a, per_task, single["test"],
                                     val_absolute=val["absolute"], val_normalized=val["normalized"]))
 
@@ -466,7 +458,7 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
                 ev.compute_tangents(["ties"], bar=bar)
         addition("ties", lambda a: {"ties": a})
     out["rows"].append(_row("single-task", mode, None, 1.0, single["test"], single["test"],
-                            val_absolute=summarise(single["val"], None)["absolute"]))
+                            val_absolute=addition_summary(single["val"], None)["absolute"]))
 
     # merging time: the bank's streamed sum of every vector (median of 3)
     times = []
@@ -543,14 +535,14 @@ def _diagnostics(evaluators: Mapping[str, ModeEvaluator], results: Mapping[str, 
         with progress.task(f"{mode}: pairwise merges (alpha = 1)", total=len(tasks) * (len(tasks) - 1) // 2) as bar:
             for a, b in combinations(tasks, 2):
                 accs = ev.accuracies({a: 1.0, b: 1.0}, "test", [a, b])
-                s = summarise(accs, single)
+                s = addition_summary(accs, single)
                 pairs.append({"mode": mode, "pair": [a, b], "taujp": pair_interference(matrix, index[a], index[b]),
                               "absolute": s["absolute"], "normalized": s["normalized"]})
                 bar.advance(1)
         merged = ev.accuracies({t: 1.0 for t in tasks}, "test", tasks)
         per_method.append({"mode": mode, "mean_off_diagonal": float(off_diagonal(matrix).mean()),
                            "mean_diagonal": float(np.diag(matrix).mean()),
-                           **summarise(merged, single)})
+                           **addition_summary(merged, single)})
         grid = list(config.xi_grid)
         with progress.task(f"{mode}: weight disentanglement xi ({pair[0]}, {pair[1]})", total=len(grid) ** 2) as bar:
             def predict(t: int, a1: float, a2: float, ev: ModeEvaluator = ev) -> torch.Tensor:
@@ -620,7 +612,7 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
             pretrained: Mapping[str, Mapping[str, float]], results: Mapping[str, dict[str, Any]],
             diagnostics: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
     rows = [_row("pretrained", None, None, None, pretrained["test"], None,
-                 val_absolute=summarise(pretrained["val"], None)["absolute"])]
+                 val_absolute=addition_summary(pretrained["val"], None)["absolute"])]
     for mode in states:
         rows += results[mode]["rows"]
     streams = {}
@@ -634,7 +626,7 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
                        "merged": {"per_task": s["merged"]["per_task"], "absolute": s["merged"]["absolute"],
                                   "normalized": s["merged"]["normalized"]}} for s in state.stream.steps],
         }
-    return _jsonable({
+    return jsonable({
         "scenario": spec.name,
         "scenario_file": str(spec.path) if spec.path else None,
         "backbone": built.backbone.name,
@@ -659,28 +651,9 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
     })
 
 
-def _jsonable(value: Any) -> Any:
-    """Plain JSON types; NaN/inf become None."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.floating, float)):
-        value = float(value)
-        return value if math.isfinite(value) else None
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.bool_,)):
-        return bool(value)
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
 def _write_outputs(report: dict[str, Any], run_dir: Path) -> None:
     """PNGs rendered into a temporary sibling directory, moved into place, then report.json (atomic)."""
     from editkit.runs.bench.plots import render_all
-    from editkit.runs.report import write_json
 
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=".bench-"))
