@@ -105,6 +105,7 @@ def stream(
     Data-parallel on N GPUs: torchrun --nproc_per_node N -m editkit stream ... (rank 0 writes the bank and reports).
     """
     from editkit.cli.console import RichProgress, console, pct, step_table
+    from editkit.runs.records import StepRecord
     from editkit.runs.stream import run_scenario
 
     backbone_overrides, task_overrides = _overrides(model, pretrained, clip_cache, data_root)
@@ -114,8 +115,8 @@ def stream(
     progress = RichProgress()
     singles: dict[str, float] = {}
 
-    def show(step: dict) -> None:
-        singles[step["task"]] = step["single_task"]
+    def show(step: StepRecord) -> None:
+        singles[step.task] = step.single_task
         console.print(step_table(step, singles))
 
     result, report = run_scenario(

@@ -66,7 +66,7 @@ def stream_report(result: StreamResult, *, backbone: str, bank: Path, extra: dic
         "backbone": backbone,
         "bank": str(bank),
         "seconds": result.seconds,
-        "steps": result.steps,
+        "steps": [step.to_dict() for step in result.steps],
         "final": result.final,
         **(extra or {}),
     }
@@ -77,16 +77,15 @@ def plot_stream(result: StreamResult, path: Path) -> Path:
     plt = pyplot()
     steps = list(range(1, len(result.steps) + 1))
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(steps, [s["merged"]["absolute"] for s in result.steps], marker="o", label="absolute")
-    left.plot(steps, [s["merged"]["normalized"] for s in result.steps], marker="s", label="normalized")
+    left.plot(steps, [s.merged["absolute"] for s in result.steps], marker="o", label="absolute")
+    left.plot(steps, [s.merged["normalized"] for s in result.steps], marker="s", label="normalized")
     left.set(title=f"{result.scenario} ({result.recipe.mode}): merged model, alpha = 1", xlabel="tasks seen",
              ylabel="accuracy", ylim=(0, 1.05), xticks=steps)
     left.legend()
     for s0 in result.steps:
-        task = s0["task"]
-        xs = [i + 1 for i, s in enumerate(result.steps) if task in s["merged"]["per_task"]]
-        right.plot(xs, [result.steps[x - 1]["merged"]["per_task"][task] for x in xs], marker="o", label=task)
-        right.axhline(s0["single_task"], linestyle=":", linewidth=0.8, color=right.lines[-1].get_color())
+        xs = [i + 1 for i, s in enumerate(result.steps) if s0.task in s.merged["per_task"]]
+        right.plot(xs, [result.steps[x - 1].merged["per_task"][s0.task] for x in xs], marker="o", label=s0.task)
+        right.axhline(s0.single_task, linestyle=":", linewidth=0.8, color=right.lines[-1].get_color())
     right.set(title="per task (dotted: single-task)", xlabel="tasks seen", ylabel="accuracy", ylim=(0, 1.05), xticks=steps)
     right.legend(fontsize=8)
     fig.tight_layout()

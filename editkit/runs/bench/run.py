@@ -54,7 +54,7 @@ import time
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypedDict
 
 import numpy as np
 import torch
@@ -67,6 +67,7 @@ from editkit.eval.diagnostics import correlation, disentanglement_error, off_dia
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world, BANKS_DIR
 from editkit.train.runtime import Runtime, setup
 from editkit.runs.edit import CONTROLS
+from editkit.runs.records import StepRecord, StreamResult
 from editkit.runs.report import jsonable, write_json
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError, MissingResourceError
 from editkit.util.memory import PeakRSS
@@ -193,11 +194,51 @@ def _given(options: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (options or {}).items() if v is not None}
 
 
-# --- summaries --------------------------------------------------------------------------------
+# --- report rows --------------------------------------------------------------------------------
+
+
+class AdditionRow(TypedDict, total=False):
+    """One row of the task-addition table (``report["addition"]["rows"]``); the ``val_*`` keys are
+    the same summary on the validation splits (absent where there is nothing to tune)."""
+
+    method: str  # pretrained | task-arithmetic | ties | single-task
+    label: str
+    mode: str | None
+    coefficient: str | None  # "1.0" | "tuned" | None
+    alpha: float | None
+    per_task: dict[str, float]
+    absolute: float
+    normalized: float | None
+    val_absolute: float
+    val_normalized: float | None
+
+
+class StreamSection(TypedDict):
+    """``report["streams"][mode]``: where the mode's vectors came from and the stream's numbers."""
+
+    bank: str
+    seconds: float
+    trained: list[str]
+    steps: list[dict[str, Any]]  # StepRecord fields: step, task, resumed, single_task, pretrained, merged
+
+
+class CostSection(TypedDict):
+    """``report["cost"][mode]``: fine-tuning (from the bank's per-step records) and merging cost."""
+
+    finetune_seconds: float
+    steps: int
+    seconds_per_step: float | None
+    peak_rss_bytes: int | None
+    peak_rss_mib: float | None
+    merge_seconds: float
+    ties_seconds: float | None
+    total_seconds: float
+    trained_now: list[str]
+    reused: list[str]
 
 
 def _row(method: str, mode: str | None, coefficient: str | None, alpha: float | None, per_task: Mapping[str, float],
-         single: Mapping[str, float] | None, **extra: Any) -> dict[str, Any]:
+         single: Mapping[str, float] | None, **extra: Any) -> AdditionRow:
     return {"method": method, "label": METHOD_LABELS[method], "mode": mode, "coefficient": coefficient, "alpha": alpha,
             "per_task": dict(per_task), **addition_summary(per_task, single), **extra}
 
@@ -221,7 +262,7 @@ class _ModeState:
     recipe: Recipe  # the scenario's [recipe] with this bench's overrides
     bank: Bank
     task_recipes: dict[str, dict[str, Any]] = field(default_factory=dict)  # resolved, as the bank records them
-    stream: Any = None  # StreamResult
+    stream: StreamResult | None = None
     stream_seconds: float = 0.0
     trained: list[str] = field(default_factory=list)
 
@@ -373,12 +414,12 @@ def _run_streams(config: BenchConfig, states: Mapping[str, _ModeState], progress
     for state in states.values():
         start = time.perf_counter()
         with PeakRSS() as rss, tempfile.TemporaryDirectory(prefix="editkit-bench-stream-") as scratch:
-            def on_step(metrics: dict, state: _ModeState = state, rss: PeakRSS = rss) -> None:
+            def on_step(record: StepRecord, state: _ModeState = state, rss: PeakRSS = rss) -> None:
                 peak = rss.window()
-                if not metrics.get("resumed"):
-                    state.trained.append(metrics["task"])
-                    state.bank.update_metrics(metrics["task"], {RSS_METRIC: peak})
-                    metrics[RSS_METRIC] = peak
+                if not record.resumed:
+                    state.trained.append(record.task)
+                    state.bank.update_metrics(record.task, {RSS_METRIC: peak})
+                    record.extra[RSS_METRIC] = peak
 
             state.stream, _ = run_scenario(config.scenario, bank=state.bank.root, run_dir=scratch, resume=True,
                                            progress=progress, on_step=on_step, mode=state.mode, steps=config.steps,
@@ -561,7 +602,7 @@ def _diagnostics(evaluators: Mapping[str, ModeEvaluator], results: Mapping[str, 
     }
 
 
-def _cost(state: _ModeState, result: Mapping[str, Any], tasks: Sequence[str]) -> dict[str, Any]:
+def _cost(state: _ModeState, result: Mapping[str, Any], tasks: Sequence[str]) -> CostSection:
     entries = {e.name: e for e in state.bank.entries()}
     metrics = [entries[t].metrics for t in tasks]
     finetune = float(sum(m.get("train_seconds", 0.0) for m in metrics))
@@ -615,16 +656,14 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
                  val_absolute=addition_summary(pretrained["val"], None)["absolute"])]
     for mode in states:
         rows += results[mode]["rows"]
-    streams = {}
+    streams: dict[str, StreamSection] = {}
     for mode, state in states.items():
         streams[mode] = {
             "bank": str(state.bank.root),
             "seconds": state.stream_seconds,
             "trained": list(state.trained),
-            "steps": [{"step": s["step"], "task": s["task"], "resumed": bool(s.get("resumed")),
-                       "single_task": s["single_task"], "pretrained": s["pretrained"],
-                       "merged": {"per_task": s["merged"]["per_task"], "absolute": s["merged"]["absolute"],
-                                  "normalized": s["merged"]["normalized"]}} for s in state.stream.steps],
+            "steps": [{"step": s.step, "task": s.task, "resumed": s.resumed, "single_task": s.single_task,
+                       "pretrained": s.pretrained, "merged": dict(s.merged)} for s in state.stream.steps],
         }
     return jsonable({
         "scenario": spec.name,
