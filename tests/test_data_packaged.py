@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from editkit import settings
-from editkit.data import cache, natural, packaged
+from editkit.data import cache, natural, packaged, sources
 from editkit.errors import ConfigError, MissingResourceError
 
 
@@ -192,15 +192,15 @@ def test_idx_roundtrip(tmp_path):
     for name, arr in [("i.gz", imgs), ("l.gz", labels), ("f", floats)]:
         data = _idx_bytes(arr)
         (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
-        got = packaged.read_idx(tmp_path / name)
+        got = sources.read_idx(tmp_path / name)
         assert got.dtype == arr.dtype and np.array_equal(got, arr)
         assert got.flags.writeable
     assert int.from_bytes(_idx_bytes(imgs)[:4], "big") == 2051
     assert int.from_bytes(_idx_bytes(labels)[:4], "big") == 2049
     with pytest.raises(ValueError):
-        packaged.parse_idx(_idx_bytes(imgs)[:-1])
+        sources.parse_idx(_idx_bytes(imgs)[:-1])
     with pytest.raises(ValueError):
-        packaged.parse_idx(b"\x01\x02\x08\x01" + bytes(8))
+        sources.parse_idx(b"\x01\x02\x08\x01" + bytes(8))
 
 
 def test_fashion_from_system_dir(tmp_path, monkeypatch):
@@ -283,8 +283,8 @@ def test_animal_mnist_from_fake_wheel(tmp_path, monkeypatch):
         assert np.array_equal(part.labels, labels[idx])
     # second load comes from the .npz, without the wheel or the builder
     assert (settings.cache_dir() / "arrays" / "animal-mnist.npz").is_file()
-    monkeypatch.setitem(packaged._BUILDERS, "animal-mnist", _no_network)
-    again = packaged.PACKAGED["animal-mnist"]()
+    monkeypatch.setitem(packaged.PACKAGED, "animal-mnist", _no_network)
+    again = packaged.load_packaged("animal-mnist")
     assert again.classes == ds.classes
     assert np.array_equal(again.train.images, ds.train.images)
     assert np.array_equal(again.test.labels, ds.test.labels)
@@ -347,13 +347,13 @@ def test_real_mnist_and_npz_cache(monkeypatch):
     _check_split(ds, 10, 4000, 1000, (28, 28))
     assert np.bincount(ds.test.labels).tolist() == [100] * 10
     assert ds.train.images.max() == 255
-    monkeypatch.setitem(packaged._BUILDERS, "mnist", _no_network)
+    monkeypatch.setitem(packaged.PACKAGED, "mnist", _no_network)
     cached = packaged.load_packaged("mnist")
     assert np.array_equal(cached.train.images, ds.train.images)
     assert np.array_equal(cached.test.labels, ds.test.labels)
     # a damaged cache file is rebuilt, not fatal
     (settings.cache_dir() / "arrays" / "mnist.npz").write_bytes(b"garbage")
-    monkeypatch.setitem(packaged._BUILDERS, "mnist", lambda: ds)
+    monkeypatch.setitem(packaged.PACKAGED, "mnist", lambda: ds)
     assert np.array_equal(packaged.load_packaged("mnist").train.labels, ds.train.labels)
 
 

@@ -169,7 +169,7 @@ def test_two_gloo_processes_bank_the_single_process_vectors(tmp_path):
         # evaluation was sharded over the two processes and summed: the same accuracies
         assert two.get(name).metrics["single_task"] == pytest.approx(one.get(name).metrics["single_task"])
         assert two.get(name).metrics["merged"]["per_task"] == pytest.approx(one.get(name).metrics["merged"]["per_task"])
-    assert [s["single_task"] for s in single.steps] == pytest.approx([two.get(n).metrics["single_task"] for n in "ab"])
+    assert [s.single_task for s in single.steps] == pytest.approx([two.get(n).metrics["single_task"] for n in "ab"])
 
 
 class WithUnusedLayer(nn.Module):

@@ -14,9 +14,10 @@ from torch.utils.data import DataLoader
 import editkit  # noqa: F401  (torchvision shim)
 from editkit.data import clip_templates as ct
 from editkit.data import sources, vision8
-from editkit.data.vision8 import VISION8, VISION8_ORDER, check_available, get_dataset, load_task, locate
+from editkit.data.vision8 import VISION8, VISION8_ORDER, get_dataset, load_task, locate
 from editkit.errors import ConfigError, MissingResourceError
 from editkit.data.tasks import validation_indices
+from editkit.scenario.spec import load_scenario
 
 from fixtures_vision import (
     decode_marks,
@@ -67,8 +68,10 @@ def _labels_and_marks(dataset):
 
 def test_registry_matches_the_paper():
     assert VISION8_ORDER == ["Cars", "DTD", "EuroSAT", "GTSRB", "MNIST", "RESISC45", "SUN397", "SVHN"]
-    assert vision8.VISION8_EPOCHS == {"Cars": 35, "DTD": 76, "EuroSAT": 12, "GTSRB": 11, "MNIST": 5,
-                                      "RESISC45": 15, "SUN397": 14, "SVHN": 4}
+    spec = load_scenario("vision8")
+    assert spec.task_names == VISION8_ORDER
+    assert {t.name: t.recipe["epochs"] for t in spec.tasks} == {"Cars": 35, "DTD": 76, "EuroSAT": 12, "GTSRB": 11,
+                                                               "MNIST": 5, "RESISC45": 15, "SUN397": 14, "SVHN": 4}
     sizes = {name: VISION8[name].num_classes for name in VISION8_ORDER}
     assert sizes == {"Cars": 196, "DTD": 47, "EuroSAT": 10, "GTSRB": 43, "MNIST": 10,
                      "RESISC45": 45, "SUN397": 397, "SVHN": 10}
@@ -79,7 +82,7 @@ def test_registry_matches_the_paper():
         assert len(set(entry.classnames)) == len(entry.classnames)
         assert all(t.count("{}") == 1 for t in entry.templates)
     assert get_dataset("stanford_cars").name == "Cars" and get_dataset("sun397").name == "SUN397"
-    assert ct.render_prompts("stop", ct.GTSRB_TEMPLATES)[0] == 'a zoomed in photo of a "stop" traffic sign.'
+    assert ct.GTSRB_TEMPLATES[0].format("stop") == 'a zoomed in photo of a "stop" traffic sign.'
     with pytest.raises(ConfigError, match="ImageNet"):
         get_dataset("ImageNet")
     assert len(ct.imagenet_classnames()) == 1000 and len(ct.imagenet_templates()) == 80
@@ -114,8 +117,6 @@ def test_hf_parquet_copy_under_data_root(tmp_path):
         assert np.array_equal(x[:, 0].numpy(), y)  # the image carries its label
         assert np.array_equal(x[:, 1].numpy(), indices % 256)  # and its row
     assert marks.calls == 52
-    unlabeled = vision8.UnlabeledView(task.val)
-    assert len(unlabeled) == 4 and torch.equal(unlabeled[0], task.val[0][0])
 
 
 def test_parquet_with_clip_preprocess_and_a_dataloader(tmp_path):
@@ -128,7 +129,7 @@ def test_parquet_with_clip_preprocess_and_a_dataloader(tmp_path):
     x, y = next(iter(DataLoader(task.train, batch_size=8)))
     assert x.shape == (8, 3, 32, 32) and x.dtype == torch.float32 and y.dtype == torch.int64
     assert backbone.features(x).shape == (8, 16)
-    head = vision8.task_head(task, backbone)
+    head = vision8.zero_shot_head_for_task(backbone, task)
     assert head.weight.shape == (10, 16)
     augmented = load_task("MNIST", backbone, data_root=tmp_path, augment=True)
     assert augmented.train.transform is backbone.train_preprocess
@@ -204,6 +205,14 @@ def test_mnist_idx_torchvision_layout(tmp_path):
     assert task.classes == [str(i) for i in range(10)]
 
 
+def test_mnist_idx_truncated_file_is_a_missing_resource(tmp_path):
+    write_mnist_idx(tmp_path / "mnist", n_train=30, n_test=10, gz=False)
+    images = tmp_path / "mnist" / "MNIST" / "raw" / "t10k-images-idx3-ubyte"
+    images.write_bytes(images.read_bytes()[:-1])  # a half-written copy must not pass as data
+    with pytest.raises(MissingResourceError, match="MNIST test .* unreadable"):
+        locate("MNIST", data_root=tmp_path).splits()
+
+
 def test_svhn_mat(tmp_path):
     labels = write_svhn_mat(tmp_path / "svhn", n_train=20, n_test=10)
     task = load_task("SVHN", Marks(), data_root=tmp_path)
@@ -237,16 +246,3 @@ def test_missing_test_split_is_reported(tmp_path, hub):
     write_hf_parquet(tmp_path / "cars", sizes={"train": 6}, num_classes=3)
     with pytest.raises(MissingResourceError, match="Cars"):
         locate("Cars", data_root=tmp_path, hub_cache_dir=hub)
-
-
-def test_check_available_lists_each_missing_piece(tmp_path, hub):
-    write_hf_parquet(tmp_path / "mnist", sizes={"train": 10, "test": 4}, num_classes=10)
-    lines = check_available(["MNIST", "SVHN", "DTD"], "ViT-B-32", "openai", tmp_path,
-                            cache_dir=tmp_path / "clip", hub_cache_dir=hub)
-    assert len(lines) == 3
-    assert "ViT-B-32/openai" in lines[0]
-    assert lines[1].startswith("dataset SVHN not found") and lines[2].startswith("dataset DTD not found")
-    assert all("\n" not in line for line in lines)
-    from editkit.models.clip import TINY_MODEL_NAME
-
-    assert check_available(["MNIST"], TINY_MODEL_NAME, None, tmp_path, hub_cache_dir=hub) == []

@@ -39,7 +39,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,6 +51,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from editkit.util.atomic import TMP_MARKER, atomic_path, atomic_write_bytes, fsync_dir
+from editkit.core.modes import Family, Mode
 from editkit.errors import BankError, CorruptVectorError, IncompatibleVectorsError
 
 logger = logging.getLogger(__name__)
@@ -60,11 +61,6 @@ MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".lock"
 VECTOR_SUFFIX = ".safetensors"
 
-MODES = ("nonlinear", "linear", "taujp")
-LINEARIZED_MODES = frozenset({"linear", "taujp"})
-FAMILY_LINEARIZED = "linearized"
-FAMILY_NONLINEAR = "nonlinear"
-
 # Filesystem-safe on every platform; the length cap keeps "<name>.safetensors" and
 # its temporary sibling under the usual 255-byte filename limit.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -73,27 +69,9 @@ _LOCK_TIMEOUT_S = 600.0
 _HASH_CHUNK = 1 << 20
 
 
-# --------------------------------------------------------------------------- modes
-
-
-def is_linearized(mode: str) -> bool:
-    """True for vectors trained in the tangent space ("linear", "taujp").
-
-    Both live in the same linearized parameter space, so they may be combined with
-    each other but never with a "nonlinear" vector.
-    """
-    _check_mode(mode)
-    return mode in LINEARIZED_MODES
-
-
-def mode_family(mode: str) -> str:
-    """``"linearized"`` or ``"nonlinear"``: the family that decides what may be mixed."""
-    return FAMILY_LINEARIZED if is_linearized(mode) else FAMILY_NONLINEAR
-
-
 def _check_mode(mode: str) -> None:
-    if mode not in MODES:
-        raise BankError(f"unknown vector mode {mode!r}; expected one of {', '.join(MODES)}")
+    if mode not in tuple(Mode):
+        raise BankError(f"unknown vector mode {mode!r}; expected one of {', '.join(Mode)}")
 
 
 def _short(fingerprint: str | None) -> str:
@@ -124,8 +102,8 @@ class VectorEntry:
     metrics: dict = field(default_factory=dict)
 
     @property
-    def family(self) -> str:
-        return mode_family(self.mode)
+    def family(self) -> Family:
+        return Mode(self.mode).family
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -336,11 +314,6 @@ class Bank:
             known = ", ".join(e.name for e in manifest.vectors) or "none"
             raise BankError(f"no vector named {name!r} in bank {self.root} (known: {known})")
         return entry
-
-    def mode_of(self, names: Iterable[str]) -> str:
-        """The family ("linearized" or "nonlinear") shared by ``names``; refuses a mix."""
-        manifest = self._read_manifest()
-        return _common_family([self._get(manifest, n) for n in names])
 
     # ---- append
 
@@ -567,7 +540,7 @@ def _json_copy(value: dict | None, what: str) -> dict:
         raise BankError(f"{what} must be JSON-serialisable: {exc}") from exc
 
 
-def _common_family(entries: list[VectorEntry]) -> str:
+def _common_family(entries: list[VectorEntry]) -> Family:
     if not entries:
         raise BankError("no vectors selected")
     families = {e.family for e in entries}

@@ -104,7 +104,8 @@ def stream(
 
     Data-parallel on N GPUs: torchrun --nproc_per_node N -m editkit stream ... (rank 0 writes the bank and reports).
     """
-    from editkit.cli.console import RichProgress, console, step_table
+    from editkit.cli.console import RichProgress, console, pct, step_table
+    from editkit.runs.records import StepRecord
     from editkit.runs.stream import run_scenario
 
     backbone_overrides, task_overrides = _overrides(model, pretrained, clip_cache, data_root)
@@ -114,8 +115,8 @@ def stream(
     progress = RichProgress()
     singles: dict[str, float] = {}
 
-    def show(step: dict) -> None:
-        singles[step["task"]] = step["single_task"]
+    def show(step: StepRecord) -> None:
+        singles[step.task] = step.single_task
         console.print(step_table(step, singles))
 
     result, report = run_scenario(
@@ -129,7 +130,7 @@ def stream(
     final = report["final"]
     console.print(
         f"[bold]final merged model (alpha = 1.0, {report['mode']}, scope {report['recipe']['scope']}):[/bold] "
-        f"absolute {100 * final['absolute']:.1f}  normalized {100 * final['normalized']:.1f}  "
+        f"absolute {pct(final['absolute'])}  normalized {pct(final['normalized'])}  "
         f"({result.seconds:.0f} s)"
     )
     console.print(f"bank: {report['bank']}   report: {Path(report['plots'][0]).parent / 'report.json'}")

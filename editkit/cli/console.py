@@ -6,11 +6,14 @@ Used by the CLI and available to scripts; library modules never print.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Mapping
+from typing import Iterator, Mapping
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+
+from editkit.runs.records import StepRecord
+from editkit.runs.report import pct
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)
@@ -40,15 +43,11 @@ class RichProgress:
             yield _RichTask(progress, progress.add_task(description, total=total, info=""))
 
 
-def pct(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:.1f}"
-
-
-def step_table(step: Mapping[str, Any], single: Mapping[str, float]) -> Table:
+def step_table(step: StepRecord, single: Mapping[str, float]) -> Table:
     """One stream step: the merged model (alpha = 1) on every task seen so far."""
-    merged = step["merged"]
-    title = (f"after {step['task']} (step {step['step'] + 1})" + ("  [resumed from bank]" if step.get("resumed") else "")
-             + f"  —  {step.get('seconds_per_step', 0):.2f} s/step")
+    merged = step.merged
+    title = (f"after {step.task} (step {step.step + 1})" + ("  [resumed from bank]" if step.resumed else "")
+             + f"  —  {step.seconds_per_step or 0:.2f} s/step")
     return accuracy_table(title, merged["per_task"], single={t: single[t] for t in merged["per_task"]},
                           summary={"absolute": merged["absolute"], "normalized": merged["normalized"]})
 

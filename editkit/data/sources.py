@@ -20,7 +20,8 @@ items are ``(PIL.Image, int)`` (decoded lazily, one image per ``__getitem__``) a
     class order, so a class missing from test cannot shift labels.
 ``MnistIdxSource``
     MNIST idx files (torchvision's layout ``root/MNIST/raw/`` or the four files in
-    one directory; ``.gz`` or not).
+    one directory; ``.gz`` or not), read by :func:`read_idx`, the one idx reader
+    (Fashion-MNIST's packaged copy goes through it too).
 ``SvhnMatSource``
     SVHN's ``train_32x32.mat`` / ``test_32x32.mat`` (torchvision's layout; label 10 -> 0).
 
@@ -46,7 +47,7 @@ from torch.utils.data import Dataset
 
 from editkit.errors import MissingResourceError
 from editkit.settings import offline_mode
-from editkit.util.hub import hf_endpoint, host_reachable
+from editkit.util.hub import hf_endpoint, hf_hub_cache, host_reachable
 
 log = logging.getLogger(__name__)
 
@@ -359,16 +360,47 @@ MNIST_FILES = {
 }
 
 
-def read_idx(path: Path) -> np.ndarray:
-    """An idx file (``.gz`` or plain) as a uint8 numpy array of its declared shape."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:
-        data = fh.read()
-    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
-        raise MissingResourceError(f"{path} is not an unsigned-byte idx file")
-    ndim = data[3]
-    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+_IDX_DTYPES = {
+    0x08: np.dtype(np.uint8),
+    0x09: np.dtype(np.int8),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+
+def parse_idx(data: bytes) -> np.ndarray:
+    """Decode an idx file (the MNIST format): magic ``00 00 <type> <ndim>``, then
+    ``ndim`` big-endian uint32 sizes, then the values row-major.
+
+    Images have magic 2051 (ubyte, 3 dims), labels 2049 (ubyte, 1 dim). Returns a
+    writable array in native byte order. Raises ValueError on anything malformed,
+    a truncated payload included (a half-downloaded file must not pass as data).
+    """
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
+        raise ValueError(f"not an idx file (magic bytes {data[:4]!r})")
+    dtype, ndim = _IDX_DTYPES[data[2]], data[3]
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise ValueError("idx header truncated")
+    dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
+    count = int(np.prod(dims, dtype=np.int64))
+    if len(data) - header != count * dtype.itemsize:
+        raise ValueError(
+            f"idx payload is {len(data) - header} bytes, dims {dims} need {count * dtype.itemsize}"
+        )
+    arr = np.frombuffer(data, dtype=dtype, count=count, offset=header).reshape(dims)
+    return arr.astype(dtype.newbyteorder("="), copy=True)
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read an idx file, gzip-compressed if its name ends in ``.gz`` (see :func:`parse_idx`)."""
+    path = Path(path)
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        raw = gzip.decompress(raw)
+    return parse_idx(raw)
 
 
 def _idx_file(directory: Path, stem: str) -> Path | None:
@@ -408,8 +440,13 @@ class MnistIdxSource(DataSource):
     def _load(self) -> dict[str, ImageSplit]:
         out = {}
         for split, (images_stem, labels_stem) in MNIST_FILES.items():
-            images = read_idx(_idx_file(self.raw_dir, images_stem))
-            labels = read_idx(_idx_file(self.raw_dir, labels_stem)).astype(np.int64)
+            images_path, labels_path = _idx_file(self.raw_dir, images_stem), _idx_file(self.raw_dir, labels_stem)
+            try:
+                images, labels = read_idx(images_path), read_idx(labels_path).astype(np.int64)
+            except (OSError, ValueError, EOFError) as exc:
+                raise MissingResourceError(f"MNIST {split} in {self.raw_dir} is unreadable ({exc})") from exc
+            if images.dtype != np.uint8:
+                raise MissingResourceError(f"{images_path} holds {images.dtype} values, not unsigned-byte images")
             if len(images) != len(labels):
                 raise MissingResourceError(f"MNIST {split} in {self.raw_dir}: {len(images)} images but {len(labels)} labels")
             out[split] = ImageSplit(labels, _ArrayImages(images), source=f"MNIST idx {self.raw_dir} {split}")
@@ -476,15 +513,6 @@ def detect_source(
     return None
 
 
-def hub_cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The Hugging Face hub cache searched for dataset repositories (``cache_dir`` or HF's default)."""
-    if cache_dir:
-        return Path(cache_dir).expanduser()
-    from huggingface_hub import constants
-
-    return Path(constants.HF_HUB_CACHE)
-
-
 def hub_snapshot(
     repo_id: str,
     *,
@@ -500,7 +528,7 @@ def hub_snapshot(
     """
     from huggingface_hub import snapshot_download
 
-    kwargs: dict[str, Any] = dict(repo_type="dataset", cache_dir=str(hub_cache_root(cache_dir)), revision=revision)
+    kwargs: dict[str, Any] = dict(repo_type="dataset", cache_dir=str(hf_hub_cache(cache_dir)), revision=revision)
     try:
         return Path(snapshot_download(repo_id, local_files_only=True, **kwargs))
     except Exception as exc:  # LocalEntryNotFoundError and friends

@@ -1,8 +1,7 @@
 """vision8: the eight CLIP datasets of task arithmetic and the tauJp paper.
 
 The registry (:data:`VISION8`) holds, per dataset: class names and prompt templates
-(:mod:`editkit.data.clip_templates`), the paper's fine-tuning epochs (DESIGN.md §2),
-the Hugging Face repositories of its canonical parquet copy, and the directory
+(:mod:`editkit.data.clip_templates`), the Hugging Face repositories of its canonical parquet copy, and the directory
 names looked for under a data root. :data:`VISION8_ORDER` is the paper's incremental
 order (Cars, DTD, EuroSAT, GTSRB, MNIST, RESISC45, SUN397, SVHN).
 
@@ -19,7 +18,7 @@ Where a dataset is looked for, in order (first complete copy wins):
 :func:`load_task` builds a :class:`~editkit.data.tasks.TaskData` whose splits apply the
 backbone's preprocessing lazily, one image per ``__getitem__``; the validation split
 is carved from train by :func:`editkit.data.tasks.validation_indices` (10%, <= 5000,
-seed 0). :func:`check_available` lists, one line each, what is missing.
+seed 0).
 
 Registered here: the task source ``vision8`` (``source = "vision8:Cars"``) and the
 head kind ``zero-shot`` (class names x the dataset's prompt templates).
@@ -44,7 +43,8 @@ from editkit.settings import DATA_ENV, data_root as resolve_data_root
 from editkit.data import TASK_SOURCES
 from editkit.data.tasks import TaskData, validation_indices
 from editkit.models import HEADS
-from editkit.models.clip import ClipBackbone, check_weights, zero_shot_head
+from editkit.models.clip import ClipBackbone, ZeroShotHead, check_weights, zero_shot_head
+from editkit.util.hub import hf_hub_cache
 
 from editkit.data import clip_templates as ct
 from editkit.data.sources import (
@@ -52,7 +52,6 @@ from editkit.data.sources import (
     ImageSplit,
     ParquetSource,
     detect_source,
-    hub_cache_root,
     hub_snapshot,
 )
 
@@ -74,11 +73,11 @@ class HubRepo:
 
 @dataclass(frozen=True)
 class VisionDataset:
-    """One vision8 dataset: names, prompts, recipe epochs and where its data may live.
+    """One vision8 dataset: names, prompts and where its data may live (the paper's
+    fine-tuning epochs are recipe values: they live in ``scenarios/vision8.toml``).
 
     name: canonical name (``"Cars"``); aliases: other accepted spellings.
     classnames: CLIP class names in label order; templates: prompt patterns (``{}``).
-    epochs: the paper's fine-tuning epochs.
     hub: Hugging Face dataset repositories holding the canonical parquet copy.
     dirs: directory names tried under a data root.
     formats: on-disk formats accepted locally (see ``editkit.data.sources.FORMATS``).
@@ -89,7 +88,6 @@ class VisionDataset:
     name: str
     classnames: tuple[str, ...]
     templates: tuple[str, ...]
-    epochs: int
     hub: tuple[HubRepo, ...]
     dirs: tuple[str, ...]
     formats: tuple[str, ...] = ("parquet", "imagefolder")
@@ -101,29 +99,25 @@ class VisionDataset:
         return len(self.classnames)
 
 
-def _entry(name: str, epochs: int, hub: tuple[HubRepo, ...], dirs: tuple[str, ...], **kw: Any) -> VisionDataset:
-    return VisionDataset(
-        name=name, classnames=ct.CLASSNAMES[name], templates=ct.TEMPLATES[name], epochs=epochs,
-        hub=hub, dirs=dirs, **kw,
-    )
+def _entry(name: str, hub: tuple[HubRepo, ...], dirs: tuple[str, ...], **kw: Any) -> VisionDataset:
+    return VisionDataset(name=name, classnames=ct.CLASSNAMES[name], templates=ct.TEMPLATES[name], hub=hub, dirs=dirs, **kw)
 
 
 VISION8: dict[str, VisionDataset] = {
     d.name: d
     for d in (
-        _entry("Cars", 35, (HubRepo("tanganke/stanford_cars"),),
+        _entry("Cars", (HubRepo("tanganke/stanford_cars"),),
                ("stanford_cars", "cars", "Cars", "stanford-cars", "StanfordCars"),
                aliases=("stanford_cars", "stanford-cars", "stanfordcars")),
-        _entry("DTD", 76, (HubRepo("tanganke/dtd"),), ("dtd", "DTD")),
-        _entry("EuroSAT", 12, (HubRepo("tanganke/eurosat"),), ("eurosat", "EuroSAT", "EuroSAT_splits"),
+        _entry("DTD", (HubRepo("tanganke/dtd"),), ("dtd", "DTD")),
+        _entry("EuroSAT", (HubRepo("tanganke/eurosat"),), ("eurosat", "EuroSAT", "EuroSAT_splits"),
                folder_names=ct.EUROSAT_FOLDERS),
-        _entry("GTSRB", 11, (HubRepo("tanganke/gtsrb"),), ("gtsrb", "GTSRB")),
-        _entry("MNIST", 5, (HubRepo("ylecun/mnist", "mnist"), HubRepo("mnist", "mnist")), ("mnist", "MNIST"),
+        _entry("GTSRB", (HubRepo("tanganke/gtsrb"),), ("gtsrb", "GTSRB")),
+        _entry("MNIST", (HubRepo("ylecun/mnist", "mnist"), HubRepo("mnist", "mnist")), ("mnist", "MNIST"),
                formats=("parquet", "imagefolder", "mnist-idx")),
-        _entry("RESISC45", 15, (HubRepo("tanganke/resisc45"),), ("resisc45", "RESISC45", "NWPU-RESISC45")),
-        _entry("SUN397", 14, (HubRepo("tanganke/sun397"),), ("sun397", "SUN397")),
-        _entry("SVHN", 4,
-               (HubRepo("ufldl-stanford/svhn", "cropped_digits"), HubRepo("svhn", "cropped_digits"),
+        _entry("RESISC45", (HubRepo("tanganke/resisc45"),), ("resisc45", "RESISC45", "NWPU-RESISC45")),
+        _entry("SUN397", (HubRepo("tanganke/sun397"),), ("sun397", "SUN397")),
+        _entry("SVHN", (HubRepo("ufldl-stanford/svhn", "cropped_digits"), HubRepo("svhn", "cropped_digits"),
                 HubRepo("tanganke/svhn")),
                ("svhn", "SVHN"), formats=("parquet", "imagefolder", "svhn-mat")),
     )
@@ -131,8 +125,6 @@ VISION8: dict[str, VisionDataset] = {
 
 #: The paper's incremental order (its §4.3).
 VISION8_ORDER: list[str] = ["Cars", "DTD", "EuroSAT", "GTSRB", "MNIST", "RESISC45", "SUN397", "SVHN"]
-#: The paper's fine-tuning epochs per dataset.
-VISION8_EPOCHS: dict[str, int] = {name: VISION8[name].epochs for name in VISION8_ORDER}
 
 
 def get_dataset(name: str) -> VisionDataset:
@@ -203,7 +195,7 @@ def locate(
                 return source
             found = sorted(p.name for p in directory.iterdir())[:6]
             problems.append(f"{directory} holds none of the accepted layouts (it has: {', '.join(found) or 'nothing'})")
-    hub_root = hub_cache_root(hub_cache_dir)
+    hub_root = hf_hub_cache(hub_cache_dir)
     for repo in entry.hub:
         snapshot = hub_snapshot(
             repo.repo_id, cache_dir=hub_cache_dir, download=download, allow_patterns=repo.allow_patterns()
@@ -303,28 +295,6 @@ class TransformedSubset(Dataset):
         return self.transform(image) if self.transform is not None else image
 
 
-class UnlabeledView(Dataset):
-    """Inputs only (no labels) of a labelled dataset: what the tauJp penalty may see.
-
-    Reads through the dataset's ``input(i)`` when it has one (``TransformedSubset``),
-    so not even the label lookup happens.
-    """
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
-        method = getattr(dataset, "input", None)
-        self._get = method if callable(method) else (lambda i: dataset[i][0])
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Any:
-        return self._get(index)
-
-    def input(self, index: int) -> Any:
-        return self._get(index)
-
-
 def load_task(
     name: str,
     backbone: Any,
@@ -369,42 +339,6 @@ def load_task(
         val=TransformedSubset(train, val_idx, eval_tf),
         test=TransformedSubset(test, None, eval_tf),
     )
-
-
-def task_head(task: TaskData, backbone: Any, **kwargs: Any):
-    """The frozen zero-shot head of a loaded vision8 task (its class names x the dataset's templates).
-
-    Keyword arguments go to :func:`editkit.models.clip.zero_shot_head` (``cache``, ``cache_root``).
-    """
-    entry = get_dataset(task.name)
-    return zero_shot_head(backbone, task.classes, entry.templates, dataset=entry.name, **kwargs)
-
-
-def check_available(
-    names: Sequence[str],
-    model_name: str,
-    pretrained: str | os.PathLike | None,
-    data_root: str | os.PathLike | None = None,
-    *,
-    cache_dir: str | os.PathLike | None = None,
-    hub_cache_dir: str | os.PathLike | None = None,
-    probe_network: bool = True,
-) -> list[str]:
-    """One human line per missing piece (CLIP weights, each dataset); empty when all is there.
-
-    Reads nothing large and downloads nothing. Unknown dataset names raise :class:`ConfigError`.
-    """
-    entries = [get_dataset(n) for n in names]
-    missing: list[str] = []
-    weights = check_weights(model_name, pretrained, cache_dir=cache_dir, probe_network=probe_network)
-    if weights:
-        missing.append(weights)
-    for entry in entries:
-        try:
-            locate(entry.name, data_root=data_root, hub_cache_dir=hub_cache_dir)
-        except MissingResourceError as exc:
-            missing.append(str(exc))
-    return missing
 
 
 GENERIC_TEMPLATES: tuple[str, ...] = ("a photo of a {}.",)

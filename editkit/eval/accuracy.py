@@ -28,7 +28,7 @@ counts are summed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence
+from typing import Mapping, Protocol, Sequence, TypedDict
 
 import numpy as np
 import torch
@@ -123,13 +123,22 @@ def evaluate_vector(
         return {t.name: t.score(model, batch_size=batch_size, runtime=runtime, progress_task=bar) for t in tasks}
 
 
-def addition_summary(per_task: Mapping[str, float], single_task: Mapping[str, float]) -> dict[str, float]:
-    """``absolute`` = mean accuracy; ``normalized`` = mean of per-task accuracy / single-task accuracy."""
+class AdditionSummary(TypedDict):
+    """The paper's two task-addition numbers; ``normalized`` is None when there are no single-task references."""
+
+    absolute: float
+    normalized: float | None
+
+
+def addition_summary(per_task: Mapping[str, float], single_task: Mapping[str, float] | None) -> AdditionSummary:
+    """``absolute`` = mean accuracy; ``normalized`` = mean of per-task accuracy / single-task accuracy
+    (a task whose single-task accuracy is 0 counts 0), or None when ``single_task`` is None."""
     names = list(per_task)
-    return {
-        "absolute": float(np.mean([per_task[n] for n in names])),
-        "normalized": float(np.mean([per_task[n] / single_task[n] if single_task[n] > 0 else 0.0 for n in names])),
-    }
+    absolute = float(np.mean([per_task[n] for n in names]))
+    if single_task is None:
+        return {"absolute": absolute, "normalized": None}
+    normalized = float(np.mean([per_task[n] / single_task[n] if single_task[n] > 0 else 0.0 for n in names]))
+    return {"absolute": absolute, "normalized": normalized}
 
 
 def negation_summary(target: str, per_task: Mapping[str, float], pretrained: Mapping[str, float]) -> dict[str, float]:

@@ -16,7 +16,8 @@ from typing import Mapping, Sequence
 
 import torch
 
-from editkit.bank.store import Bank, mode_family
+from editkit.bank.store import Bank
+from editkit.core.modes import mode_family
 from editkit.core.registry import Record
 from editkit.errors import ConfigError, IncompatibleVectorsError
 from editkit.merge import MERGE_METHODS

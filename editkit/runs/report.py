@@ -1,13 +1,19 @@
-"""Run reports: ``report.json`` and PNG plots in the run directory.
+"""How run results reach people: ``report.json``, PNG plots, and numbers as percentages.
 
-Plots are drawn with matplotlib's headless Agg backend.
+Every report (stream, bench, ``add`` / ``negate --json``) is written by
+:func:`write_json`, every figure drawn by :func:`pyplot`'s headless backend, and
+every accuracy shown in a table goes through :func:`pct`, so the same number
+reads the same everywhere.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
+
+import numpy as np
 
 from editkit.util.atomic import atomic_write_text
 from editkit.runs.records import StreamResult
@@ -18,6 +24,40 @@ def write_json(path: Path, data: dict[str, Any]) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
+def jsonable(value: Any) -> Any:
+    """``value`` in plain JSON types (numpy scalars unwrapped, paths as strings); NaN and inf
+    become None, because JSON has no spelling for them and readers should see "no number"."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (np.floating, float)):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def pct(value: float | None) -> str:
+    """An accuracy in [0, 1] as a percentage with one decimal (``0.7953`` -> ``"79.5"``); None -> ``"—"``."""
+    return "—" if value is None else f"{100 * value:.1f}"
+
+
+def pyplot():
+    """matplotlib's pyplot on the headless Agg backend (runs write PNGs; they never open windows)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def stream_report(result: StreamResult, *, backbone: str, bank: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "scenario": result.scenario,
@@ -26,7 +66,7 @@ def stream_report(result: StreamResult, *, backbone: str, bank: Path, extra: dic
         "backbone": backbone,
         "bank": str(bank),
         "seconds": result.seconds,
-        "steps": result.steps,
+        "steps": [step.to_dict() for step in result.steps],
         "final": result.final,
         **(extra or {}),
     }
@@ -34,23 +74,18 @@ def stream_report(result: StreamResult, *, backbone: str, bank: Path, extra: dic
 
 def plot_stream(result: StreamResult, path: Path) -> Path:
     """Merged accuracy after each step (absolute, normalized) and each task's accuracy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     steps = list(range(1, len(result.steps) + 1))
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(steps, [s["merged"]["absolute"] for s in result.steps], marker="o", label="absolute")
-    left.plot(steps, [s["merged"]["normalized"] for s in result.steps], marker="s", label="normalized")
+    left.plot(steps, [s.merged["absolute"] for s in result.steps], marker="o", label="absolute")
+    left.plot(steps, [s.merged["normalized"] for s in result.steps], marker="s", label="normalized")
     left.set(title=f"{result.scenario} ({result.recipe.mode}): merged model, alpha = 1", xlabel="tasks seen",
              ylabel="accuracy", ylim=(0, 1.05), xticks=steps)
     left.legend()
     for s0 in result.steps:
-        task = s0["task"]
-        xs = [i + 1 for i, s in enumerate(result.steps) if task in s["merged"]["per_task"]]
-        right.plot(xs, [result.steps[x - 1]["merged"]["per_task"][task] for x in xs], marker="o", label=task)
-        right.axhline(s0["single_task"], linestyle=":", linewidth=0.8, color=right.lines[-1].get_color())
+        xs = [i + 1 for i, s in enumerate(result.steps) if s0.task in s.merged["per_task"]]
+        right.plot(xs, [result.steps[x - 1].merged["per_task"][s0.task] for x in xs], marker="o", label=s0.task)
+        right.axhline(s0.single_task, linestyle=":", linewidth=0.8, color=right.lines[-1].get_color())
     right.set(title="per task (dotted: single-task)", xlabel="tasks seen", ylabel="accuracy", ylim=(0, 1.05), xticks=steps)
     right.legend(fontsize=8)
     fig.tight_layout()

@@ -18,9 +18,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from torch import nn
 from torch.utils.data import Dataset
@@ -33,15 +32,12 @@ from editkit.errors import BankError, ConfigError, MissingResourceError
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world
 from editkit.eval.accuracy import EvalTask, addition_summary, evaluate_vector
 from editkit.util.progress import NullProgress, Progress
-from editkit.runs.records import StreamResult
+from editkit.runs.records import MergedScores, StepRecord, StreamResult, StreamStepCallback
 from editkit.train.recipe import Recipe
 from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
 
 log = logging.getLogger(__name__)
-
-HeadFactory = Callable[[Experience], nn.Module]
-StepCallback = Callable[[dict[str, Any]], None]
 
 
 class StreamRunner:
@@ -121,7 +117,7 @@ class StreamRunner:
                                runtime=self.runtime)
 
     # -- one step ------------------------------------------------------------------------------
-    def train(self, t: int) -> dict[str, Any]:
+    def train(self, t: int) -> StepRecord:
         """Fine-tune experience t, score its vector alone, bank it (rank 0)."""
         exp = self.exps[t]
         head = self.heads[exp.name]
@@ -131,35 +127,32 @@ class StreamRunner:
                                on_step=lambda step, rec: bar.advance(1, **rec), runtime=self.runtime)
         single = self.evaluate(result.task_vector, [t], f"{exp.name}: single-task")[exp.name]
         pretrained = self.evaluate(None, [t], f"{exp.name}: pretrained")[exp.name]
-        metrics = {"step": t, "task": exp.name, "pretrained": pretrained, "single_task": single,
-                   "train_seconds": result.seconds, "seconds_per_step": result.seconds_per_step,
-                   "scenario_file": self.scenario_file, "train_steps": recipe.steps, "train_size": len(exp.train),
-                   "runtime": self.runtime.describe()}
-        if result.peak_gpu_bytes is not None:
-            metrics["peak_gpu_bytes"] = result.peak_gpu_bytes
-        if self.build:
-            metrics["build"] = self.build
+        record = StepRecord(step=t, task=exp.name, pretrained=pretrained, single_task=single,
+                            train_seconds=result.seconds, seconds_per_step=result.seconds_per_step,
+                            scenario_file=self.scenario_file, train_steps=recipe.steps, train_size=len(exp.train),
+                            runtime=self.runtime.describe(), peak_gpu_bytes=result.peak_gpu_bytes,
+                            build=self.build or None)
         if self.runtime.is_main:
             self.bank.append(exp.name, result.task_vector, task=exp.name, mode=recipe.mode, base=self.base,
-                             scenario=self.scenario, step=t, recipe=recipe.to_dict(), metrics=metrics)
+                             scenario=self.scenario, step=t, recipe=recipe.to_dict(), metrics=record.metrics())
         self.runtime.barrier()
-        return metrics
+        return record
 
-    def merge_and_evaluate(self, t: int) -> dict[str, Any]:
+    def merge_and_evaluate(self, t: int) -> MergedScores:
         """Score theta_0 + sum of banked tau_0..tau_t on tasks 0..t; store the numbers in the bank."""
         names = [self.exps[i].name for i in range(t + 1)]
         tau = self.bank.merge({n: 1.0 for n in names}, base=self.base)
         per_task = self.evaluate(tau, range(t + 1), f"merged 0..{t}")
         single = {n: self.bank.get(n).metrics["single_task"] for n in names}
-        merged = {"per_task": per_task, **addition_summary(per_task, single)}
+        merged = MergedScores(per_task=per_task, **addition_summary(per_task, single))
         self.runtime.barrier()  # every process has read the bank before rank 0 rewrites the manifest
         if self.runtime.is_main:
             self.bank.update_metrics(self.exps[t].name, {"merged": merged})
         self.runtime.barrier()
         return merged
 
-    def resumable(self, t: int) -> dict[str, Any] | None:
-        """Banked metrics of experience t if this run already banked it with the same recipe."""
+    def resumable(self, t: int) -> StepRecord | None:
+        """The banked record of experience t if this run already banked it with the same recipe."""
         name = self.exps[t].name
         if name not in self.bank:
             return None
@@ -169,9 +162,9 @@ class StreamRunner:
                 f"bank {self.bank.root} holds a vector {name!r} from another run (scenario {entry.scenario!r}, "
                 f"mode {entry.mode!r}); use another --bank directory or remove it"
             )
-        return dict(entry.metrics)
+        return StepRecord.from_dict(entry.metrics)
 
-    def run(self, *, resume: bool, on_step: StepCallback | None = None) -> StreamResult:
+    def run(self, *, resume: bool, on_step: StreamStepCallback | None = None) -> StreamResult:
         self._check_processes()
         self._check_bank(resume)
         self.runtime.barrier()  # nobody writes before everyone has checked
@@ -179,13 +172,13 @@ class StreamRunner:
         start = time.perf_counter()
         for t in range(len(self.exps)):
             banked = self.resumable(t) if resume else None
-            metrics = banked if banked is not None else self.train(t)
-            if "merged" not in metrics:
-                metrics["merged"] = self.merge_and_evaluate(t)
-            metrics["resumed"] = banked is not None
-            out.steps.append(metrics)
+            record = banked if banked is not None else self.train(t)
+            if record.merged is None:
+                record.merged = self.merge_and_evaluate(t)
+            record.resumed = banked is not None
+            out.steps.append(record)
             if on_step is not None:
-                on_step(metrics)
+                on_step(record)
         out.seconds = time.perf_counter() - start
         return out
 
@@ -218,7 +211,7 @@ def run_stream(
     generic: UnlabeledSource | None = None,
     resume: bool = False,
     progress: Progress | None = None,
-    on_step: StepCallback | None = None,
+    on_step: StreamStepCallback | None = None,
     scenario_file: str | None = None,
     task_recipes: Mapping[str, Recipe] | None = None,
     unlabeled: Mapping[str, Dataset] | None = None,
@@ -272,7 +265,7 @@ def run_benchmark(
     generic: UnlabeledSource | None = None,
     resume: bool = False,
     progress: Progress | None = None,
-    on_step: StepCallback | None = None,
+    on_step: StreamStepCallback | None = None,
 ) -> StreamResult:
     """Run any Avalanche benchmark (train_stream / test_stream with task labels)."""
     exps = experiences(benchmark, names)
@@ -288,7 +281,7 @@ def run_scenario(
     run_dir: str | Path | None = None,
     resume: bool = False,
     progress: Progress | None = None,
-    on_step: StepCallback | None = None,
+    on_step: StreamStepCallback | None = None,
     backbone_overrides: Mapping[str, Any] | None = None,
     task_overrides: Mapping[str, Any] | None = None,
     runtime: Runtime | None = None,
@@ -349,7 +342,7 @@ def run_scenario(
         exps = [dataclasses.replace(exp, train=task.train, test=task.test, val=task.val)
                 for exp, task in zip(experiences(built.benchmark(), built.task_names), built.tasks)]
         scenario_file = str(spec.path.resolve()) if spec.path else None
-        build = {"backbone": _jsonable(backbone_overrides), "tasks": _jsonable(task_overrides)}
+        build = {"backbone": _absolute_paths(backbone_overrides), "tasks": _absolute_paths(task_overrides)}
         result = run_stream(exps, built.backbone, built.heads, recipe, bank_dir, scenario=spec.name,
                             generic=built.generic, resume=resume, progress=progress, on_step=on_step,
                             scenario_file=scenario_file, task_recipes=recipes,
@@ -392,8 +385,8 @@ def backbone_on_device(spec, overrides: dict[str, Any], runtime: Runtime) -> dic
     return overrides
 
 
-def _jsonable(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Options as JSON values; paths made absolute so a later ``negate`` finds them from anywhere."""
+def _absolute_paths(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Options with their paths made absolute strings, so a later ``negate`` finds them from anywhere."""
     out: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(value, Path) or (isinstance(value, str) and key in ("data_root", "pretrained", "cache_dir",

@@ -37,7 +37,7 @@ from editkit.core.taujp import Regularizer
 
 log = logging.getLogger(__name__)
 
-StepCallback = Callable[[int, dict[str, float]], None]
+TrainStepCallback = Callable[[int, dict[str, float]], None]  # called after each optimizer step: (index, its losses)
 
 
 @dataclass
@@ -178,7 +178,7 @@ def fine_tune(
     recipe: Recipe,
     regularizer: Regularizer | None = None,
     *,
-    on_step: StepCallback | None = None,
+    on_step: TrainStepCallback | None = None,
     runtime: Runtime | None = None,
     batching: Batching | None = None,
 ) -> FineTuneResult:

@@ -1,7 +1,7 @@
 """The fine-tuning recipe: every knob of one task's training, in one dataclass.
 
 Scenario files give a recipe; the CLI and the Python API override single fields.
-Defaults are the offline-vision values; vision8 sets the paper's (DESIGN.md §2).
+Defaults are the offline-vision values; the vision8 scenario sets the paper's.
 
 Length of training: ``steps`` optimizer steps, or, when ``epochs`` is set, as many
 steps as that many passes over the task's train split take
@@ -18,9 +18,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from editkit.core.modes import Mode
 from editkit.errors import ConfigError
 
-MODES = ("nonlinear", "linear", "taujp")
 SCHEDULES = ("cyclic", "strict")
 SCOPES = ("seen", "all")
 
@@ -43,7 +43,7 @@ class Recipe:
         :meth:`resolved`); None (the default) means ``steps`` as given.
     """
 
-    mode: str = "taujp"
+    mode: Mode = Mode.TAUJP
     steps: int = 100
     batch_size: int = 32
     lr: float = 1e-4
@@ -61,7 +61,8 @@ class Recipe:
     epochs: float | None = None
 
     def __post_init__(self) -> None:
-        _check_choice("mode", self.mode, MODES)
+        _check_choice("mode", self.mode, tuple(Mode))
+        object.__setattr__(self, "mode", Mode(self.mode))  # frozen; a str enum, so to_dict() keeps the string
         _check_choice("schedule", self.schedule, SCHEDULES)
         _check_choice("scope", self.scope, SCOPES)
         for name in ("steps", "batch_size", "accumulation"):
@@ -84,7 +85,7 @@ class Recipe:
 
     @property
     def regularized(self) -> bool:
-        return self.mode == "taujp" and self.lam > 0
+        return self.mode.penalized and self.lam > 0
 
     @property
     def examples_per_step(self) -> int:

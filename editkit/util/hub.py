@@ -5,6 +5,7 @@ Nothing here downloads; callers decide (and ``editkit.settings.offline_mode`` ca
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from pathlib import Path
@@ -49,10 +50,11 @@ def hf_endpoint() -> str:
         return "https://huggingface.co"
 
 
-def hf_hub_cache(cache_dir: Path | None) -> Path:
-    """``cache_dir``, else the hub cache huggingface_hub uses (``HF_HOME`` / ``HF_HUB_CACHE``)."""
-    if cache_dir is not None:
-        return cache_dir
+def hf_hub_cache(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The hub cache to read: ``cache_dir`` (``~`` expanded), else the one huggingface_hub uses
+    (``HF_HOME`` / ``HF_HUB_CACHE``). CLIP weights and dataset snapshots are both looked up here."""
+    if cache_dir:
+        return Path(cache_dir).expanduser()
     from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE)

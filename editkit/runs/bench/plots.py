@@ -11,22 +11,15 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from editkit.runs.report import pyplot
+
 MODE_COLORS = {"nonlinear": "tab:red", "linear": "tab:blue", "taujp": "tab:green"}
 DPI = 110
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _save(fig, path: Path, *, tight: bool = True) -> Path:
     """Write ``fig`` as a PNG and free it (``tight=False`` for figures with constrained layout)."""
-    plt = _plt()
+    plt = pyplot()
     if tight:
         fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -41,7 +34,7 @@ def _color(mode: str) -> str:
 
 def plot_alpha_curves(report: Mapping[str, Any], path: Path) -> Path:
     """Validation accuracy of each method vs its coefficient, one panel per mode; the chosen one marked."""
-    plt = _plt()
+    plt = pyplot()
     modes = list(report["alpha_search"])
     fig, axes = plt.subplots(1, len(modes), figsize=(4.2 * len(modes), 3.6), squeeze=False)
     pretrained = np.mean(list(report["pretrained"]["val"].values()))
@@ -67,7 +60,7 @@ def plot_alpha_curves(report: Mapping[str, Any], path: Path) -> Path:
 
 def plot_incremental(report: Mapping[str, Any], path: Path) -> Path:
     """Merged model (alpha = 1) after each stream step: absolute and normalized accuracy, one line per mode."""
-    plt = _plt()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for mode, stream in report["streams"].items():
         steps = list(range(1, len(stream["steps"]) + 1))
@@ -85,7 +78,7 @@ def plot_incremental(report: Mapping[str, Any], path: Path) -> Path:
 
 def plot_taujp_matrices(report: Mapping[str, Any], path: Path) -> Path:
     """tauJp matrix per mode on a shared colour scale."""
-    plt = _plt()
+    plt = pyplot()
     taujp = report["taujp"]
     tasks, matrices = taujp["tasks"], taujp["matrices"]
     vmax = max(float(np.max(m)) for m in matrices.values()) or 1.0
@@ -111,7 +104,7 @@ def plot_taujp_matrices(report: Mapping[str, Any], path: Path) -> Path:
 
 def plot_correlation(report: Mapping[str, Any], path: Path) -> Path:
     """Off-diagonal tauJp of each task pair vs normalized accuracy of the pair's merge (alpha = 1)."""
-    plt = _plt()
+    plt = pyplot()
     taujp = report["taujp"]
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     for mode in report["modes"]:
@@ -132,7 +125,7 @@ def plot_correlation(report: Mapping[str, Any], path: Path) -> Path:
 
 def plot_xi(report: Mapping[str, Any], path: Path) -> Path:
     """xi(alpha_1, alpha_2) heatmaps per mode, shared colour scale."""
-    plt = _plt()
+    plt = pyplot()
     xi = report["xi"]
     grid = xi["grid"]
     modes = list(xi["modes"])
@@ -154,7 +147,7 @@ def plot_xi(report: Mapping[str, Any], path: Path) -> Path:
 
 def plot_negation(report: Mapping[str, Any], path: Path) -> Path:
     """Validation target and control accuracy vs alpha for each negated task, one panel per mode."""
-    plt = _plt()
+    plt = pyplot()
     modes = list(report["negation"])
     fig, axes = plt.subplots(1, len(modes), figsize=(4.2 * len(modes), 3.6), squeeze=False)
     for ax, mode in zip(axes[0], modes):

@@ -54,7 +54,7 @@ import time
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypedDict
 
 import numpy as np
 import torch
@@ -62,16 +62,20 @@ from torch import nn
 
 from editkit.bank.store import Bank, _short
 from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha_grid, search_alpha, select_negation_alpha
+from editkit.eval.accuracy import AdditionSummary, addition_summary
 from editkit.eval.diagnostics import correlation, disentanglement_error, off_diagonal, pair_interference
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world, BANKS_DIR
 from editkit.train.runtime import Runtime, setup
 from editkit.runs.edit import CONTROLS
+from editkit.runs.records import StepRecord, StreamResult
+from editkit.runs.report import jsonable, write_json
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError, MissingResourceError
 from editkit.util.memory import PeakRSS
 from editkit.merge import MERGE_METHODS
 from editkit.merge.ties import TIES_DEFAULT_K
 from editkit.util.progress import NullProgress, Progress
-from editkit.train.recipe import MODES, Recipe
+from editkit.core.modes import Mode
+from editkit.train.recipe import Recipe
 from editkit.eval.sweep import SPLITS, ModeEvaluator, SharedModels, TaskSplits
 
 log = logging.getLogger(__name__)
@@ -115,7 +119,7 @@ class BenchConfig:
     """
 
     scenario: str | Path = "offline-vision"
-    modes: Sequence[str] = MODES
+    modes: Sequence[str] = tuple(Mode)
     methods: Sequence[str] = METHODS
     bank_root: Path = BANKS_DIR
     run_dir: Path | None = None
@@ -142,7 +146,7 @@ class BenchConfig:
 
     def validated(self) -> "BenchConfig":
         """A copy with names parsed and every value checked (raises ConfigError)."""
-        modes = parse_names(self.modes, MODES, "modes")
+        modes = parse_names(self.modes, tuple(Mode), "modes")
         methods = parse_names(self.methods, METHODS, "methods")
         if self.alphas is not None:
             alphas = [float(a) for a in self.alphas]
@@ -191,23 +195,53 @@ def _given(options: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (options or {}).items() if v is not None}
 
 
-# --- summaries --------------------------------------------------------------------------------
+# --- report rows --------------------------------------------------------------------------------
 
 
-def summarise(per_task: Mapping[str, float], single: Mapping[str, float] | None) -> dict[str, float | None]:
-    """absolute = mean accuracy; normalized = mean of accuracy / single-task accuracy (None without singles)."""
-    names = list(per_task)
-    absolute = float(np.mean([per_task[n] for n in names]))
-    if single is None:
-        return {"absolute": absolute, "normalized": None}
-    normalized = float(np.mean([per_task[n] / single[n] if single[n] > 0 else 0.0 for n in names]))
-    return {"absolute": absolute, "normalized": normalized}
+class AdditionRow(TypedDict, total=False):
+    """One row of the task-addition table (``report["addition"]["rows"]``); the ``val_*`` keys are
+    the same summary on the validation splits (absent where there is nothing to tune)."""
+
+    method: str  # pretrained | task-arithmetic | ties | single-task
+    label: str
+    mode: str | None
+    coefficient: str | None  # "1.0" | "tuned" | None
+    alpha: float | None
+    per_task: dict[str, float]
+    absolute: float
+    normalized: float | None
+    val_absolute: float
+    val_normalized: float | None
+
+
+class StreamSection(TypedDict):
+    """``report["streams"][mode]``: where the mode's vectors came from and the stream's numbers."""
+
+    bank: str
+    seconds: float
+    trained: list[str]
+    steps: list[dict[str, Any]]  # StepRecord fields: step, task, resumed, single_task, pretrained, merged
+
+
+class CostSection(TypedDict):
+    """``report["cost"][mode]``: fine-tuning (from the bank's per-step records) and merging cost."""
+
+    finetune_seconds: float
+    steps: int
+    seconds_per_step: float | None
+    peak_rss_bytes: int | None
+    peak_rss_mib: float | None
+    merge_seconds: float
+    ties_seconds: float | None
+    total_seconds: float
+    trained_now: list[str]
+    reused: list[str]
 
 
 def _row(method: str, mode: str | None, coefficient: str | None, alpha: float | None, per_task: Mapping[str, float],
-         single: Mapping[str, float] | None, **extra: Any) -> dict[str, Any]:
+         single: Mapping[str, float] | None, **extra: Any) -> AdditionRow:
     return {"method": method, "label": METHOD_LABELS[method], "mode": mode, "coefficient": coefficient, "alpha": alpha,
-            "per_task": dict(per_task), **summarise(per_task, single), **extra}
+            "per_task": dict(per_task), **addition_summary(per_task, single), **extra}
 
 
 # --- the bench --------------------------------------------------------------------------------
@@ -229,7 +263,7 @@ class _ModeState:
     recipe: Recipe  # the scenario's [recipe] with this bench's overrides
     bank: Bank
     task_recipes: dict[str, dict[str, Any]] = field(default_factory=dict)  # resolved, as the bank records them
-    stream: Any = None  # StreamResult
+    stream: StreamResult | None = None
     stream_seconds: float = 0.0
     trained: list[str] = field(default_factory=list)
 
@@ -381,12 +415,12 @@ def _run_streams(config: BenchConfig, states: Mapping[str, _ModeState], progress
     for state in states.values():
         start = time.perf_counter()
         with PeakRSS() as rss, tempfile.TemporaryDirectory(prefix="editkit-bench-stream-") as scratch:
-            def on_step(metrics: dict, state: _ModeState = state, rss: PeakRSS = rss) -> None:
+            def on_step(record: StepRecord, state: _ModeState = state, rss: PeakRSS = rss) -> None:
                 peak = rss.window()
-                if not metrics.get("resumed"):
-                    state.trained.append(metrics["task"])
-                    state.bank.update_metrics(metrics["task"], {RSS_METRIC: peak})
-                    metrics[RSS_METRIC] = peak
+                if not record.resumed:
+                    state.trained.append(record.task)
+                    state.bank.update_metrics(record.task, {RSS_METRIC: peak})
+                    record.extra[RSS_METRIC] = peak
 
             state.stream, _ = run_scenario(config.scenario, bank=state.bank.root, run_dir=scratch, resume=True,
                                            progress=progress, on_step=on_step, mode=state.mode, steps=config.steps,
@@ -435,10 +469,10 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
     out["single"] = single
 
     def addition(method: str, combo_of: Callable[[float], dict[str, float]]) -> None:
-        summaries: list[dict[str, float | None]] = []
+        summaries: list[AdditionSummary] = []
 
         def validation_absolute(a: float) -> float:
-            summaries.append(summarise(ev.accuracies(combo_of(a), "val", tasks), single["val"]))
+            summaries.append(addition_summary(ev.accuracies(combo_of(a), "val", tasks), single["val"]))
             bar.advance(1)
             return summaries[-1]["absolute"]
 
@@ -449,7 +483,7 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
                                        "chosen": chosen}
         for coefficient, a in (("1.0", 1.0), ("tuned", chosen)):
             per_task = ev.accuracies(combo_of(a), "test", tasks)
-            val = summarise(ev.accuracies(combo_of(a), "val", tasks), single["val"])
+            val = addition_summary(ev.accuracies(combo_of(a), "val", tasks), single["val"])
             out["rows"].append(_row(method, mode, coefficient, a, per_task, single["test"],
                                     val_absolute=val["absolute"], val_normalized=val["normalized"]))
 
@@ -467,7 +501,7 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
         names = built or list(tasks)
         addition(method, lambda a, names=names: {n: a for n in names})
     out["rows"].append(_row("single-task", mode, None, 1.0, single["test"], single["test"],
-                            val_absolute=summarise(single["val"], None)["absolute"]))
+                            val_absolute=addition_summary(single["val"], None)["absolute"]))
 
     # merging time: the bank's streamed sum of every vector (median of 3)
     times = []
@@ -567,14 +601,14 @@ def _diagnostics(evaluators: Mapping[str, ModeEvaluator], results: Mapping[str, 
         with progress.task(f"{mode}: pairwise merges (alpha = 1)", total=len(tasks) * (len(tasks) - 1) // 2) as bar:
             for a, b in combinations(tasks, 2):
                 accs = ev.accuracies({a: 1.0, b: 1.0}, "test", [a, b])
-                s = summarise(accs, single)
+                s = addition_summary(accs, single)
                 pairs.append({"mode": mode, "pair": [a, b], "taujp": pair_interference(matrix, index[a], index[b]),
                               "absolute": s["absolute"], "normalized": s["normalized"]})
                 bar.advance(1)
         merged = ev.accuracies({t: 1.0 for t in tasks}, "test", tasks)
         per_method.append({"mode": mode, "mean_off_diagonal": float(off_diagonal(matrix).mean()),
                            "mean_diagonal": float(np.diag(matrix).mean()),
-                           **summarise(merged, single)})
+                           **addition_summary(merged, single)})
         grid = list(config.xi_grid)
         with progress.task(f"{mode}: weight disentanglement xi ({pair[0]}, {pair[1]})", total=len(grid) ** 2) as bar:
             def predict(t: int, a1: float, a2: float, ev: ModeEvaluator = ev) -> torch.Tensor:
@@ -593,7 +627,7 @@ def _diagnostics(evaluators: Mapping[str, ModeEvaluator], results: Mapping[str, 
     }
 
 
-def _cost(state: _ModeState, result: Mapping[str, Any], tasks: Sequence[str]) -> dict[str, Any]:
+def _cost(state: _ModeState, result: Mapping[str, Any], tasks: Sequence[str]) -> CostSection:
     entries = {e.name: e for e in state.bank.entries()}
     metrics = [entries[t].metrics for t in tasks]
     finetune = float(sum(m.get("train_seconds", 0.0) for m in metrics))
@@ -644,21 +678,19 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
             pretrained: Mapping[str, Mapping[str, float]], results: Mapping[str, dict[str, Any]],
             diagnostics: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
     rows = [_row("pretrained", None, None, None, pretrained["test"], None,
-                 val_absolute=summarise(pretrained["val"], None)["absolute"])]
+                 val_absolute=addition_summary(pretrained["val"], None)["absolute"])]
     for mode in states:
         rows += results[mode]["rows"]
-    streams = {}
+    streams: dict[str, StreamSection] = {}
     for mode, state in states.items():
         streams[mode] = {
             "bank": str(state.bank.root),
             "seconds": state.stream_seconds,
             "trained": list(state.trained),
-            "steps": [{"step": s["step"], "task": s["task"], "resumed": bool(s.get("resumed")),
-                       "single_task": s["single_task"], "pretrained": s["pretrained"],
-                       "merged": {"per_task": s["merged"]["per_task"], "absolute": s["merged"]["absolute"],
-                                  "normalized": s["merged"]["normalized"]}} for s in state.stream.steps],
+            "steps": [{"step": s.step, "task": s.task, "resumed": s.resumed, "single_task": s.single_task,
+                       "pretrained": s.pretrained, "merged": dict(s.merged)} for s in state.stream.steps],
         }
-    return _jsonable({
+    return jsonable({
         "scenario": spec.name,
         "scenario_file": str(spec.path) if spec.path else None,
         "backbone": built.backbone.name,
@@ -683,28 +715,9 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
     })
 
 
-def _jsonable(value: Any) -> Any:
-    """Plain JSON types; NaN/inf become None."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.floating, float)):
-        value = float(value)
-        return value if math.isfinite(value) else None
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.bool_,)):
-        return bool(value)
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
 def _write_outputs(report: dict[str, Any], run_dir: Path) -> None:
     """PNGs rendered into a temporary sibling directory, moved into place, then report.json (atomic)."""
     from editkit.runs.bench.plots import render_all
-    from editkit.runs.report import write_json
 
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=".bench-"))

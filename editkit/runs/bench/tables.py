@@ -12,9 +12,7 @@ from rich.table import Table
 
 from editkit.runs.bench.run import METHOD_LABELS
 from editkit.merge.coefficients import NEGATION_RETAIN
-
-def _pct(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:.1f}"
+from editkit.runs.report import pct
 
 
 def _num(value: float | None, digits: int = 2) -> str:
@@ -43,8 +41,8 @@ def addition_table(report: Mapping[str, Any]):
             coef = f"{symbol}={_num(row['alpha'])} (tuned)"
         else:
             coef = f"{symbol}={_num(row['alpha'])}"
-        table.add_row(row["label"], row["mode"] or "—", coef, *[_pct(row["per_task"][t]) for t in tasks],
-                      _pct(row["absolute"]), _pct(row["normalized"]))
+        table.add_row(row["label"], row["mode"] or "—", coef, *[pct(row["per_task"][t]) for t in tasks],
+                      pct(row["absolute"]), pct(row["normalized"]))
     return table
 
 
@@ -58,13 +56,13 @@ def negation_table(report: Mapping[str, Any]):
         table.add_column(column, justify="left" if column in ("mode", "task") else "right")
     for mode, neg in report["negation"].items():
         for row in neg["rows"]:
-            table.add_row(mode, row["task"], _pct(row["pretrained"]["target"]), _pct(row["pretrained"]["control"]),
-                          _pct(row["alpha1"]["target"]), _pct(row["alpha1"]["control"]), _num(row["tuned"]["alpha"]),
-                          _pct(row["tuned"]["target"]), _pct(row["tuned"]["control"]))
+            table.add_row(mode, row["task"], pct(row["pretrained"]["target"]), pct(row["pretrained"]["control"]),
+                          pct(row["alpha1"]["target"]), pct(row["alpha1"]["control"]), _num(row["tuned"]["alpha"]),
+                          pct(row["tuned"]["target"]), pct(row["tuned"]["control"]))
         m = neg["mean"]
-        table.add_row(mode, "[bold]mean[/bold]", _pct(m["pretrained"]["target"]), _pct(m["pretrained"]["control"]),
-                      _pct(m["alpha1"]["target"]), _pct(m["alpha1"]["control"]), "",
-                      _pct(m["tuned"]["target"]), _pct(m["tuned"]["control"]), end_section=True)
+        table.add_row(mode, "[bold]mean[/bold]", pct(m["pretrained"]["target"]), pct(m["pretrained"]["control"]),
+                      pct(m["alpha1"]["target"]), pct(m["alpha1"]["control"]), "",
+                      pct(m["tuned"]["target"]), pct(m["tuned"]["control"]), end_section=True)
     at_top = [f"{mode} {row['task']}" for mode, neg in report["negation"].items() for row in neg["rows"]
               if row["tuned"]["alpha"] is not None and row["tuned"]["alpha"] == max(neg["alphas"])]
     if at_top:
@@ -89,7 +87,7 @@ def taujp_table(report: Mapping[str, Any]):
     for mode, matrix in taujp["matrices"].items():
         for a, (task, row) in enumerate(zip(taujp["tasks"], matrix)):
             last = a == len(matrix) - 1
-            extra = (_num(summary[mode]["mean_off_diagonal"], 3), _pct(summary[mode]["normalized"])) if a == 0 else ("", "")
+            extra = (_num(summary[mode]["mean_off_diagonal"], 3), pct(summary[mode]["normalized"])) if a == 0 else ("", "")
             table.add_row(mode if a == 0 else "", task, *[_num(v, 3) for v in row], *extra, end_section=last)
     corr = taujp["correlation"]
     table.caption = (f"pairs (mode × task pair): pearson r = {_num(corr['pearson'], 3)}, "
@@ -135,10 +133,10 @@ def claim_line(report: Mapping[str, Any]) -> str | None:
     ours, best = claims["taujp_alpha1"], claims["best_baseline_absolute"]
     verdict = "beats" if claims["beats_absolute"] else "does not beat"
     where = f"{METHOD_LABELS[best['method']]}" + (f" ({best['mode']}, α={_num(best['alpha'])})" if best["mode"] else "")
-    line = (f"τJp at α=1.0 {verdict} every baseline at its tuned coefficient: absolute {_pct(ours['absolute'])} vs "
-            f"best baseline {_pct(best['absolute'])} [{where}]")
+    line = (f"τJp at α=1.0 {verdict} every baseline at its tuned coefficient: absolute {pct(ours['absolute'])} vs "
+            f"best baseline {pct(best['absolute'])} [{where}]")
     norm = claims.get("best_baseline_normalized")
     if norm is not None:
-        line += (f"; normalized {_pct(ours['normalized'])} vs {_pct(norm['normalized'])} "
+        line += (f"; normalized {pct(ours['normalized'])} vs {pct(norm['normalized'])} "
                  f"[{METHOD_LABELS[norm['method']]} ({norm['mode']}, α={_num(norm['alpha'])})]")
     return line

@@ -1,0 +1,91 @@
+"""Recipe precedence and arithmetic, unit by unit (the stream tests cover them only end to end).
+
+Levels, lowest first: the scenario's ``[recipe]`` table, a task's own values
+(``epochs`` / ``steps`` keys or an inline ``recipe = {...}``), then overrides
+(the CLI's options). Expected step counts are computed by hand in the comments.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from editkit.core.modes import Mode
+from editkit.errors import ConfigError
+from editkit.scenario.spec import parse_scenario, task_recipes
+from editkit.train.recipe import Recipe, from_mapping
+
+
+def scenario(recipe: dict, *tasks: dict):
+    return parse_scenario({"name": "unit", "backbone": {"family": "efficientnet-lite0"},
+                           "tasks": [{"name": f"t{i}", "source": "packaged:digits", **t} for i, t in enumerate(tasks)],
+                           "recipe": recipe})
+
+
+def test_each_level_beats_the_one_below_field_by_field():
+    spec = scenario({"lr": 0.5, "batch_size": 16, "lam": 0.3},
+                    {}, {"recipe": {"lr": 0.25}}, {"recipe": {"lr": 0.25, "lam": 0.0}})
+    plain = task_recipes(spec)
+    assert [plain[t].lr for t in ("t0", "t1", "t2")] == [0.5, 0.25, 0.25]
+    assert [plain[t].lam for t in ("t0", "t1", "t2")] == [0.3, 0.3, 0.0]
+    assert all(r.batch_size == 16 and r.seed == Recipe().seed for r in plain.values())  # untouched: defaults
+    over = task_recipes(spec, lr=0.125, lam=None)  # None keeps
+    assert [over[t].lr for t in ("t0", "t1", "t2")] == [0.125] * 3
+    assert [over[t].lam for t in ("t0", "t1", "t2")] == [0.3, 0.3, 0.0]
+
+
+def test_steps_clears_inherited_epochs_and_epochs_beat_steps():
+    spec = scenario({"steps": 7}, {"epochs": 2}, {}, {"steps": 3})
+    plain = task_recipes(spec)
+    assert (plain["t0"].steps, plain["t0"].epochs) == (7, 2)  # epochs recorded; steps fixed later by resolved()
+    assert (plain["t1"].steps, plain["t1"].epochs) == (7, None)
+    assert (plain["t2"].steps, plain["t2"].epochs) == (3, None)
+    by_steps = task_recipes(spec, steps=5)  # --steps 5 beats per-task epochs
+    assert {(r.steps, r.epochs) for r in by_steps.values()} == {(5, None)}
+    by_epochs = task_recipes(spec, epochs=1.5)  # --epochs beats both
+    assert {r.epochs for r in by_epochs.values()} == {1.5}
+    # a task's epochs beat the scenario table's steps, whatever the table says
+    assert scenario({"epochs": 4}, {"steps": 9}).recipe.epochs == 4
+    assert task_recipes(scenario({"epochs": 4}, {"steps": 9}))["t0"].epochs is None
+
+
+def test_resolved_turns_epochs_into_steps_by_hand():
+    # 1000 examples, 32 x 2 per step: ceil(1000 / 64) = 16 steps per epoch
+    recipe = Recipe(batch_size=32, accumulation=2, epochs=2.5, warmup=0.1)
+    assert recipe.examples_per_step == 64 and recipe.steps_per_epoch(1000) == 16
+    resolved = recipe.resolved(1000)
+    assert resolved.steps == 40 and resolved.epochs == 2.5  # 2.5 x 16
+    assert resolved.warmup_steps == 4  # round(0.1 x 40)
+    assert Recipe(batch_size=32, epochs=1 / 3).resolved(100).steps == 2  # ceil(1/3 x ceil(100/32) = 4/3)
+    assert Recipe(batch_size=32, epochs=0.01).resolved(10).steps == 1  # never fewer than one step
+    assert Recipe(batch_size=32, epochs=3).resolved(96).steps == 9  # exact: 3 x 3, no float round-up
+    fixed = Recipe(steps=11)
+    assert fixed.resolved(10_000) is fixed  # without epochs: the recipe itself
+    assert Recipe(warmup=5, steps=11).warmup_steps == 5  # >= 1: a number of steps
+
+
+def test_reg_batch_default_is_an_eighth_of_the_batch():
+    assert Recipe(batch_size=32).reg_batch_size == 4
+    assert Recipe(batch_size=5).reg_batch_size == 1
+    assert Recipe(batch_size=32, reg_batch=9).reg_batch_size == 9
+
+
+def test_mode_is_a_mode_and_serialises_as_its_string():
+    recipe = Recipe().with_overrides(mode="linear")
+    assert recipe.mode is Mode.LINEAR and recipe.to_dict()["mode"] == "linear"
+    assert json.loads(json.dumps(recipe.to_dict()))["mode"] == "linear"
+    assert Recipe(mode="taujp", lam=0.1).regularized and not Recipe(mode="taujp", lam=0).regularized
+    assert not Recipe(mode="linear", lam=0.1).regularized
+    assert "epochs" not in Recipe().to_dict() and Recipe(epochs=2).to_dict()["epochs"] == 2
+
+
+def test_refusals_name_the_problem():
+    with pytest.raises(ConfigError, match="not one of nonlinear, linear, taujp"):
+        Recipe(mode="tangent")
+    with pytest.raises(ConfigError, match=r"unknown recipe field\(s\) \['stepz'\]"):
+        from_mapping({"stepz": 3})
+    with pytest.raises(ConfigError, match="steps or epochs, not both"):
+        from_mapping({"steps": 3, "epochs": 1})
+    with pytest.raises(ConfigError, match="unknown recipe field"):
+        scenario({}, {"recipe": {"lrr": 1}})
