@@ -1,0 +1,1 @@
+"""What users run: streams, add / negate, the bench, and their reports."""
