@@ -22,6 +22,7 @@ from editkit.data.tasks import TaskData, tensor_task
 from editkit.errors import ConfigError, MissingResourceError
 from editkit.models.backbone import Backbone
 from editkit.models.heads import fit_probe
+from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import ScenarioSpec, TaskSpec
 from editkit.util.progress import NullProgress, Progress
 
@@ -187,14 +188,18 @@ def _vision8_task(name: str, backbone: Backbone, options: dict[str, Any]) -> Tas
     return dataclasses.replace(task, name=name)
 
 
-def backbone_options(spec: ScenarioSpec, overrides: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-    """(family, builder options): the scenario's ``[backbone]`` table with ``overrides`` (None = keep) applied."""
+def backbone_options(spec: ScenarioSpec, build: BuildOptions | None = None,
+                     device: str | None = None) -> tuple[str, dict[str, Any]]:
+    """(family, builder options): the scenario's ``[backbone]`` table with ``build``'s set options applied;
+    ``device`` is passed on to families whose builder takes one (they build straight on it)."""
     options = dict(spec.backbone)
     family = options.pop("family", None)
     if family not in BACKBONES:
         raise ConfigError(f"scenario {spec.name!r}: unknown backbone family {family!r}; known: {', '.join(sorted(BACKBONES))}")
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    given = (build or BuildOptions()).backbone()
     accepted = inspect.signature(BACKBONES[family]).parameters
+    if device is not None and "device" in accepted:
+        given["device"] = device
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
     unknown = sorted(k for k in given if k not in accepted and not takes_any)
     if unknown:
@@ -202,15 +207,14 @@ def backbone_options(spec: ScenarioSpec, overrides: dict[str, Any] | None = None
     return family, {**options, **given}
 
 
-def build_backbone(spec: ScenarioSpec, overrides: dict[str, Any] | None = None) -> Backbone:
-    family, options = backbone_options(spec, overrides)
+def build_backbone(spec: ScenarioSpec, build: BuildOptions | None = None, device: str | None = None) -> Backbone:
+    family, options = backbone_options(spec, build, device)
     return BACKBONES[family](**options)
 
 
-def task_options(spec: ScenarioSpec, task: TaskSpec, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Options a task's source receives: ``[data]`` defaults, the task's own keys, then ``overrides``."""
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    return {**spec.data, **task.options, **given, "dataset": task.dataset}
+def task_options(spec: ScenarioSpec, task: TaskSpec, build: BuildOptions | None = None) -> dict[str, Any]:
+    """Options a task's source receives: ``[data]`` defaults, the task's own keys, then ``build``'s set options."""
+    return {**spec.data, **task.options, **(build or BuildOptions()).tasks(), "dataset": task.dataset}
 
 
 def load_task(task: TaskSpec, backbone: Backbone, options: dict[str, Any] | None = None) -> TaskData:
@@ -220,14 +224,13 @@ def load_task(task: TaskSpec, backbone: Backbone, options: dict[str, Any] | None
     return TASK_SOURCES[kind](task.name, backbone, options if options is not None else {"dataset": dataset, **task.options})
 
 
-def check_scenario(spec: ScenarioSpec, *, backbone_overrides: dict[str, Any] | None = None,
-                   task_overrides: dict[str, Any] | None = None) -> list[str]:
+def check_scenario(spec: ScenarioSpec, build: BuildOptions | None = None) -> list[str]:
     """One line per missing piece (weights, each task's data); empty when the scenario can be built.
 
     Uses the registered checks only: families and sources without one (packaged
     data, EfficientNet from pip) are taken as present. Downloads nothing.
     """
-    family, options = backbone_options(spec, backbone_overrides)
+    family, options = backbone_options(spec, build)
     problems: list[str] = []
     if family in BACKBONE_CHECKS:
         problems += BACKBONE_CHECKS[family](**options)
@@ -237,7 +240,7 @@ def check_scenario(spec: ScenarioSpec, *, backbone_overrides: dict[str, Any] | N
             if task.kind not in TASK_SOURCES:
                 problems.append(f"task {task.name!r}: unknown source kind {task.kind!r}; known: {', '.join(sorted(TASK_SOURCES))}")
             continue
-        problems += check(task.name, task_options(spec, task, task_overrides))
+        problems += check(task.name, task_options(spec, task, build))
     return problems
 
 
@@ -283,21 +286,21 @@ def build_scenario(
     *,
     seed: int = 0,
     progress: Progress | None = None,
-    backbone_overrides: dict[str, Any] | None = None,
-    task_overrides: dict[str, Any] | None = None,
+    build: BuildOptions | None = None,
+    device: str | None = None,
 ) -> BuiltScenario:
     """Load backbone, every task's data, heads and the generic source.
 
-    backbone_overrides / task_overrides: values replacing the scenario file's
-    ``[backbone]`` options / every task's source options (``None`` values = keep).
+    build: options laid over the scenario file's ``[backbone]`` table and every task's
+    source options; device: where backbone families that take one build the model.
     """
     progress = progress or NullProgress()
     with progress.task(f"loading {spec.name}", total=len(spec.tasks) + 2) as bar:
-        backbone = build_backbone(spec, backbone_overrides)
+        backbone = build_backbone(spec, build, device)
         bar.advance()
         tasks = []
         for task in spec.tasks:
-            tasks.append(load_task(task, backbone, task_options(spec, task, task_overrides)))
+            tasks.append(load_task(task, backbone, task_options(spec, task, build)))
             bar.advance()
         heads = build_heads(spec, backbone, tasks, seed)
         generic = build_generic(spec, backbone, seed)
