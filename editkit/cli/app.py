@@ -11,6 +11,7 @@ the commands that need them, so ``editkit --help`` stays fast.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from pathlib import Path
@@ -64,9 +65,10 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log librar
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 
-#: Option groups: recipe fields (every command that runs streams) and build options, unset = keep.
-RECIPE = Fields(Recipe, keep=True, keep_help="(default: the scenario's)")
-BUILD = Fields(BuildOptions, keep=True, keep_help="(default: the scenario's)")
+#: Option groups: recipe fields (the commands that run streams) and build options; unset keeps the value below.
+KEEP_SCENARIO = "(default: the scenario's)"
+RECIPE = Fields(Recipe, keep=True, keep_help=KEEP_SCENARIO)
+BUILD = Fields(BuildOptions, keep=True, keep_help=KEEP_SCENARIO)
 REBUILD = Fields(BuildOptions, keep=True, keep_help="(default: what the stream was given, else the scenario's)")
 
 
@@ -305,8 +307,8 @@ def bank_verify(bank: Path = BankOption) -> None:
 
 @app.command()
 @friendly_errors
-@with_options(settings=Fields(BenchConfig), recipe=Fields(Recipe, exclude=("mode",), keep=True,
-                                                          keep_help="(default: the scenario's)"), build=BUILD)
+@with_options(settings=Fields(BenchConfig), recipe=dataclasses.replace(RECIPE, exclude=("mode",)),  # modes: --modes
+              build=BUILD)
 def bench(
     settings: dict,
     recipe: dict,
