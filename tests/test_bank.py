@@ -314,6 +314,35 @@ def test_update_metrics_merges(bank: Bank) -> None:
         bank.update_metrics("zzz", {"acc": 1.0})
 
 
+def test_provenance_is_stored_apart_from_metrics_and_survives_metric_updates(bank: Bank) -> None:
+    provenance = {"scenario_file": "/scenarios/mini.toml", "build": {"backbone": {"model": "ViT-B-32"}, "tasks": {}}}
+    add(bank, "a", metrics={"acc": 0.1}, provenance=provenance)
+    bank.update_metrics("a", {"acc": 0.9})
+    entry = Bank(bank.root).get("a")
+    assert entry.provenance == provenance and entry.metrics == {"acc": 0.9}
+    stored = json.loads(bank.manifest_path.read_text())["vectors"][0]
+    assert stored["provenance"] == provenance and "build" not in stored["metrics"]
+
+
+def test_manifest_written_before_provenance_existed_is_understood(bank: Bank) -> None:
+    """Older streams kept the scenario file and the build options inside ``metrics``."""
+    add(bank, "a")
+    manifest = json.loads(bank.manifest_path.read_text())
+    old = {key: value for key, value in manifest["vectors"][0].items() if key != "provenance"}
+    build = {"backbone": {"pretrained": "/weights/clip.pt"}, "tasks": {"data_root": "/data"}}
+    old["metrics"] = {"single_task": 0.8, "scenario_file": "/scenarios/mini.toml", "build": build}
+    manifest["vectors"] = [old]
+    bank.manifest_path.write_text(json.dumps(manifest))
+
+    entry = bank.get("a")
+    assert entry.provenance == {"scenario_file": "/scenarios/mini.toml", "build": build}
+    assert entry.metrics == {"single_task": 0.8}
+    assert torch.equal(bank.load("a")["w"], vector(0)["w"]) and bank.verify() == []
+    bank.update_metrics("a", {"merged": 0.7})  # a rewrite stores the new layout
+    stored = json.loads(bank.manifest_path.read_text())["vectors"][0]
+    assert stored["provenance"]["build"] == build and stored["metrics"] == {"single_task": 0.8, "merged": 0.7}
+
+
 # --------------------------------------------------------------------------- crash injection
 
 

@@ -389,7 +389,9 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path):
     refused(base + ["--grid", "1"], "at least 2")
     refused(base + ["--negation-grid", "0"], "empty")
     refused(base + ["--negation-max", "0"], "positive")
-    refused(base + ["--control", "imagenett"], "imagenett")
+    bad_choice = runner.invoke(app, base + ["--control", "imagenett"])  # the command line knows the choices
+    assert bad_choice.exit_code == 2 and "imagenett" in bad_choice.output and "Traceback" not in bad_choice.output
+    refused(base + ["--steps", "0"], "steps must be >= 1")
     refused(base + ["--control", "imagenet"], "ImageNet")  # no local copy: refused before any training
     if not torch.cuda.is_available():
         refused(base + ["--device", "cuda"], "CUDA is not available")

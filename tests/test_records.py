@@ -7,10 +7,10 @@ import json
 from editkit.runs.records import StepRecord, StreamResult
 from editkit.train.recipe import Recipe
 
-BANKED = {  # a bank entry's metrics as the stream writes them (CUDA run with build options, then merged)
+BANKED = {  # a bank entry's metrics as the stream writes them (CUDA run, then merged)
     "step": 1, "task": "digits", "pretrained": 0.1, "single_task": 0.9, "train_seconds": 12.5,
-    "seconds_per_step": 0.125, "scenario_file": "/s/offline-vision.toml", "train_steps": 100, "train_size": 1297,
-    "runtime": "cuda:0, bf16", "peak_gpu_bytes": 123456, "build": {"backbone": {}, "tasks": {"data_root": "/d"}},
+    "seconds_per_step": 0.125, "train_steps": 100, "train_size": 1297,
+    "runtime": "cuda:0, bf16", "peak_gpu_bytes": 123456,
     "merged": {"per_task": {"mnist": 0.8, "digits": 0.7}, "absolute": 0.75, "normalized": 0.8},
     "bench_peak_rss_bytes": 2 ** 30,  # added to the entry later by the bench
 }
@@ -26,11 +26,11 @@ def test_round_trip_keeps_every_key_and_value():
 
 
 def test_optional_keys_stay_absent_and_nullable_ones_stay_null():
-    cpu = {k: v for k, v in BANKED.items() if k not in ("peak_gpu_bytes", "build", "merged", "bench_peak_rss_bytes")}
-    cpu["scenario_file"] = None  # a stream built in Python, without a scenario file, records null
+    cpu = {k: v for k, v in BANKED.items() if k not in ("peak_gpu_bytes", "merged", "bench_peak_rss_bytes")}
+    cpu["train_seconds"] = None  # a step resumed from an old bank without timings keeps null
     record = StepRecord.from_dict(cpu)
-    assert record.merged is None and record.peak_gpu_bytes is None and record.build is None
-    assert record.metrics() == cpu  # no peak_gpu_bytes / build / merged keys appear; scenario_file stays null
+    assert record.merged is None and record.peak_gpu_bytes is None
+    assert record.metrics() == cpu  # no peak_gpu_bytes / merged keys appear; train_seconds stays null
     assert "resumed" not in record.metrics()
 
 

@@ -23,6 +23,7 @@ from editkit.models import BACKBONES
 from editkit.models.backbone import Backbone
 from editkit.models.heads import probe_head
 from editkit.scenario.build import build_scenario, check_scenario
+from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import SCENARIO_DIR, load_scenario
 
 CROP = 2
@@ -125,10 +126,11 @@ def test_a_family_and_a_source_registered_outside_scenario_are_built_from_a_file
 def test_checks_and_overrides_reach_the_registered_extensions(tmp_path, toy_extensions):
     spec = load_scenario(write(tmp_path, TOY.replace('"blobs:abcd"', '"blobs:missing"')))
     assert check_scenario(spec) == ["task 'second': blobs 'missing' are not on disk"]
-    assert check_scenario(spec, backbone_overrides={"width": 0}) == [
+    narrow = load_scenario(write(tmp_path, TOY.replace('"blobs:abcd"', '"blobs:missing"').replace("width = 4", "width = 0")))
+    assert check_scenario(narrow) == [
         "toy family: width must be positive, got 0", "task 'second': blobs 'missing' are not on disk"]
     with pytest.raises(ConfigError, match="backbone family 'toy': unknown option 'model'; known: width, seed"):
-        check_scenario(spec, backbone_overrides={"model": "ViT-B-32"})
+        check_scenario(spec, BuildOptions(model="ViT-B-32"))
 
 
 def test_task_overrides_reach_only_sources_that_take_them(tmp_path, toy_extensions):
@@ -137,10 +139,10 @@ def test_task_overrides_reach_only_sources_that_take_them(tmp_path, toy_extensio
     text = TOY + '[[tasks]]\nname = "digits"\nsource = "packaged:digits"\ntest_size = 7\n'
     spec = load_scenario(write(tmp_path, text.replace("[data]\nspread = 0.2\n", "")))
     first, second, digits = spec.tasks
-    overrides = {"data_root": "/data", "n": None}
-    assert task_options(spec, first, overrides) == {"n": 30, "data_root": "/data"}
-    assert task_options(spec, second, overrides) == {"data_root": "/data"}
-    assert task_options(spec, digits, overrides) == {"test_size": 7}  # packaged data has no data root
+    build = BuildOptions(data_root="/data")
+    assert task_options(spec, first, build) == {"n": 30, "data_root": "/data"}
+    assert task_options(spec, second, build) == {"data_root": "/data"}
+    assert task_options(spec, digits, build) == {"test_size": 7}  # packaged data has no data root
 
 
 @pytest.mark.parametrize("table, edit, bad, known", [

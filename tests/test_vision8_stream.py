@@ -125,7 +125,7 @@ def single_run(env, data_root, scenario):
     return out, result
 
 
-def test_stream_runs_end_to_end_with_per_task_epochs(single_run, data_root, env):
+def test_stream_runs_end_to_end_with_per_task_epochs(single_run, data_root, scenario, env):
     out, result = single_run
     assert "final merged model" in result.output and "after MNIST" in result.output
     report = json.loads((out / "run" / "report.json").read_text())
@@ -138,7 +138,9 @@ def test_stream_runs_end_to_end_with_per_task_epochs(single_run, data_root, env)
         assert step["train_size"] == TRAIN and step["train_steps"] == expected
         recipe = bank.get(task).recipe
         assert recipe["epochs"] == EPOCHS[task] and recipe["steps"] == expected
-        assert step["build"]["tasks"]["data_root"] == str(data_root.resolve())
+        provenance = bank.get(task).provenance  # the build options, recorded apart from the metrics
+        assert provenance["build"]["tasks"]["data_root"] == str(data_root.resolve()) and "build" not in step
+        assert provenance["scenario_file"] == str(scenario.resolve())
         assert 0.0 <= step["pretrained"] <= 1.0 and 0.0 <= step["single_task"] <= 1.0
     # fine-tuning learns something on the class-coloured images
     assert report["steps"][0]["single_task"] > report["steps"][0]["pretrained"]

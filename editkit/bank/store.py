@@ -84,10 +84,18 @@ def _short(fingerprint: str | None) -> str:
 
 # --------------------------------------------------------------------------- entries
 
+#: Provenance keys that manifests written before ``provenance`` existed kept inside ``metrics``.
+LEGACY_PROVENANCE_KEYS = ("scenario_file", "build")
+
 
 @dataclass(frozen=True)
 class VectorEntry:
-    """One manifest entry: everything needed to find, trust and describe a vector."""
+    """One manifest entry: everything needed to find, trust and describe a vector.
+
+    ``metrics`` holds what was measured; ``provenance`` what the vector was made from
+    beyond its recipe (the run writes ``scenario_file`` and ``build``, the backbone and
+    data options it was given), so the scenario can be rebuilt around it later.
+    """
 
     name: str
     task: str
@@ -100,6 +108,7 @@ class VectorEntry:
     step: int | None = None
     recipe: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
+    provenance: dict = field(default_factory=dict)
 
     @property
     def family(self) -> Family:
@@ -118,11 +127,16 @@ class VectorEntry:
             "step": self.step,
             "recipe": self.recipe,
             "metrics": self.metrics,
+            "provenance": self.provenance,
         }
 
     @classmethod
     def from_json(cls, data: Any) -> VectorEntry:
-        """Parse one entry, refusing anything a hand edit or a bug could have mangled."""
+        """Parse one entry, refusing anything a hand edit or a bug could have mangled.
+
+        An entry without ``provenance`` (written before it existed) has its provenance
+        read out of ``metrics``, where those manifests kept it.
+        """
         if not isinstance(data, dict):
             raise BankError(f"manifest entry is not an object: {data!r:.80}")
         required = ("name", "task", "mode", "base", "file", "checksum", "created")
@@ -137,13 +151,17 @@ class VectorEntry:
         if scenario is not None and not isinstance(scenario, str):
             raise BankError(f"manifest entry {data['name']!r}: scenario must be a string or null")
         recipe, metrics = data.get("recipe") or {}, data.get("metrics") or {}
-        if not isinstance(recipe, dict) or not isinstance(metrics, dict):
-            raise BankError(f"manifest entry {data['name']!r}: recipe and metrics must be objects")
+        provenance = data.get("provenance") or {}
+        if not all(isinstance(value, dict) for value in (recipe, metrics, provenance)):
+            raise BankError(f"manifest entry {data['name']!r}: recipe, metrics and provenance must be objects")
+        if "provenance" not in data:
+            provenance = {k: metrics[k] for k in LEGACY_PROVENANCE_KEYS if metrics.get(k) is not None}
+            metrics = {k: v for k, v in metrics.items() if k not in LEGACY_PROVENANCE_KEYS}
         _check_mode(data["mode"])
         return cls(
             name=data["name"], task=data["task"], mode=data["mode"], base=data["base"],
             file=data["file"], checksum=data["checksum"], created=data["created"],
-            scenario=scenario, step=step, recipe=recipe, metrics=metrics,
+            scenario=scenario, step=step, recipe=recipe, metrics=metrics, provenance=provenance,
         )
 
 
@@ -329,6 +347,7 @@ class Bank:
         step: int | None = None,
         recipe: dict | None = None,
         metrics: dict | None = None,
+        provenance: dict | None = None,
     ) -> VectorEntry:
         """Store a new vector atomically; the manifest is rewritten only after its file is durable."""
         _check_name(name)
@@ -336,6 +355,7 @@ class Bank:
         if not isinstance(base, str) or not base:
             raise BankError("base must be the base model's fingerprint string")
         recipe, metrics = _json_copy(recipe, "recipe"), _json_copy(metrics, "metrics")
+        provenance = _json_copy(provenance, "provenance")
         if not tensors:
             raise BankError(f"vector {name!r} has no tensors")
         cpu = _cpu_tensors(tensors)
@@ -347,7 +367,7 @@ class Bank:
             entry = VectorEntry(
                 name=name, task=task, mode=mode, base=base, file=file_name, checksum=checksum,
                 created=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-                scenario=scenario, step=step, recipe=recipe, metrics=metrics,
+                scenario=scenario, step=step, recipe=recipe, metrics=metrics, provenance=provenance,
             )
             manifest.base = base
             manifest.vectors.append(entry)

@@ -1,15 +1,16 @@
 """Add or negate banked task vectors and score the edited model on the scenario's tasks.
 
-The bank records which scenario each vector came from (and the backbone / data
-options the run was given); the scenario is rebuilt (data, heads, backbone) to
-evaluate, and its backbone must be the bank's base.
+The bank records which scenario each vector came from (and, in each entry's
+provenance, the scenario file and the backbone / data options the run was given);
+the scenario is rebuilt (data, heads, backbone) to evaluate, with the build options
+given now laid over the recorded ones, and its backbone must be the bank's base.
 
 Negation reports target accuracy (lower is better) and control accuracy: on the
 scenario's other tasks, or on ImageNet validation when the scenario asks for it
 (``[control] kind = "imagenet"``) and a local copy exists (``editkit.data.imagenet``).
 With ``tune_alpha`` the coefficient is chosen on validation data, as in the paper:
 the alpha of the grid with the lowest target accuracy among those keeping control
-accuracy >= 95% of the pretrained model's.
+accuracy >= 95% (``NEGATION_RETAIN``) of the pretrained model's.
 """
 
 from __future__ import annotations
@@ -23,17 +24,18 @@ import numpy as np
 
 from editkit.merge.arithmetic import TaskVector, addition_coefficients, combine, negation_coefficients
 from editkit.bank.store import Bank
-from editkit.merge.coefficients import PAPER_GRID_POINTS, alpha_grid, select_negation_alpha
-from editkit.train.runtime import Runtime
+from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha_grid, select_negation_alpha
+from editkit.train.runtime import Runtime, default_runtime
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError
 from editkit.eval.accuracy import EvalTask, addition_summary, evaluate_vector, negation_summary
 from editkit.util.progress import NullProgress, Progress
 from editkit.scenario.spec import ScenarioSpec, known_scenarios, load_scenario
 from editkit.scenario.build import BuiltScenario, build_scenario
+from editkit.scenario.options import BuildOptions
 
 log = logging.getLogger(__name__)
 
-#: Coefficient grid searched on validation (DESIGN.md §2).
+#: Coefficient grid searched on validation (the paper's).
 ALPHA_GRID = tuple(alpha_grid(PAPER_GRID_POINTS))
 CONTROLS = ("auto", "tasks", "imagenet")
 IMAGENET = "ImageNet"
@@ -54,36 +56,24 @@ def open_bank(path: str | Path) -> Bank:
     return bank
 
 
-def scenario_of(
-    bank: Bank,
-    names: Sequence[str],
-    progress: Progress,
-    *,
-    backbone_overrides: Mapping[str, Any] | None = None,
-    task_overrides: Mapping[str, Any] | None = None,
-    runtime: Runtime | None = None,
-) -> BuiltScenario:
-    """Rebuild the scenario the selected vectors were fine-tuned in, and check its base model.
+def recorded_build(bank: Bank, name: str, given: BuildOptions | None = None) -> BuildOptions:
+    """The build options vector ``name``'s stream recorded, with the ``given`` ones laid over them."""
+    recorded = BuildOptions.from_json(bank.get(name).provenance.get("build"))
+    return (given or BuildOptions()).over(recorded)
 
-    Backbone / data options default to what the stream recorded in the bank (its
-    ``--model`` / ``--pretrained`` / ``--data-root``); ``*_overrides`` replace them.
-    """
+
+def scenario_of(bank: Bank, names: Sequence[str], progress: Progress, *, build: BuildOptions,
+                runtime: Runtime) -> BuiltScenario:
+    """Rebuild the scenario the selected vectors were fine-tuned in, on ``runtime``'s device, and check
+    its base model. ``build``: the options to build with (see :func:`recorded_build`)."""
     entries = [bank.get(n) for n in names]
     scenarios = {e.scenario for e in entries}
     if len(scenarios) != 1 or None in scenarios:
         raise BankError(f"vectors {list(names)} come from different or unknown scenarios {sorted(map(str, scenarios))}")
     seed = int(entries[0].recipe.get("seed", 0))
-    recorded = entries[0].metrics.get("build") or {}
-    backbone = {**recorded.get("backbone", {}), **{k: v for k, v in (backbone_overrides or {}).items() if v is not None}}
-    tasks = {**recorded.get("tasks", {}), **{k: v for k, v in (task_overrides or {}).items() if v is not None}}
-    spec = _find_scenario(scenarios.pop(), entries[0].metrics.get("scenario_file"))
-    if runtime is not None:
-        from editkit.runs.stream import backbone_on_device
-
-        backbone = backbone_on_device(spec, backbone, runtime)
-    built = build_scenario(spec, seed=seed, progress=progress, backbone_overrides=backbone, task_overrides=tasks)
-    if runtime is not None:
-        built.backbone.module.to(runtime.device)
+    spec = _find_scenario(scenarios.pop(), entries[0].provenance.get("scenario_file"))
+    built = build_scenario(spec, seed=seed, progress=progress, build=build, device=str(runtime.device))
+    built.backbone.module.to(runtime.device)
     if built.backbone.fingerprint() != bank.base:
         raise IncompatibleVectorsError(
             f"bank {bank.root} was built on another base model than scenario {built.spec.name!r}'s {built.backbone.name}"
@@ -99,8 +89,8 @@ def _find_scenario(name: str, recorded_file: str | None) -> ScenarioSpec:
 
 
 def _evaluate(built: BuiltScenario, vector: TaskVector | None, mode: str, tasks: Sequence[str], progress: Progress,
-              description: str, *, split: str = "test", extra: Mapping[str, EvalTask] | None = None,
-              runtime: Runtime | None = None) -> dict[str, float]:
+              description: str, *, runtime: Runtime, split: str = "test",
+              extra: Mapping[str, EvalTask] | None = None) -> dict[str, float]:
     """Accuracy per task on ``split`` (``test`` or ``val``); names in ``extra`` use those eval tasks."""
     extra = extra or {}
     evals = [extra[name] if name in extra else EvalTask(name, built.heads[name], getattr(built.task(name), split))
@@ -110,14 +100,18 @@ def _evaluate(built: BuiltScenario, vector: TaskVector | None, mode: str, tasks:
 
 
 def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, *, progress: Progress | None = None,
-        backbone_overrides: Mapping[str, Any] | None = None, task_overrides: Mapping[str, Any] | None = None,
-        runtime: Runtime | None = None) -> EditResult:
-    """theta_0 + sum alpha_i tau_i, scored on the added vectors' tasks (absolute and normalized)."""
+        build: BuildOptions | None = None, runtime: Runtime | None = None) -> EditResult:
+    """theta_0 + sum alpha_i tau_i, scored on the added vectors' tasks (absolute and normalized).
+
+    build: options laid over what the stream recorded; runtime: where to evaluate (default: one
+    process on the CPU, fp32).
+    """
     progress = progress or NullProgress()
+    runtime = runtime or default_runtime()
     coefficients = addition_coefficients(list(names), alpha)
     vector = combine(bank, coefficients)
-    built = scenario_of(bank, list(coefficients), progress, backbone_overrides=backbone_overrides,
-                        task_overrides=task_overrides, runtime=runtime)
+    first = next(iter(coefficients))
+    built = scenario_of(bank, list(coefficients), progress, build=recorded_build(bank, first, build), runtime=runtime)
     tasks = [bank.get(n).task for n in coefficients]
     per_task = _evaluate(built, vector, vector.mode, tasks, progress, "evaluating sum", runtime=runtime)
     single = {bank.get(n).task: bank.get(n).metrics.get("single_task") for n in coefficients}
@@ -136,9 +130,8 @@ def negate(
     control_data: str | Path | None = None,
     tune_alpha: bool = False,
     grid: Sequence[float] | None = None,
-    min_control: float = 0.95,
-    backbone_overrides: Mapping[str, Any] | None = None,
-    task_overrides: Mapping[str, Any] | None = None,
+    min_control: float = NEGATION_RETAIN,
+    build: BuildOptions | None = None,
     runtime: Runtime | None = None,
 ) -> EditResult:
     """theta_0 - alpha tau: target accuracy (forgetting) and control accuracy.
@@ -153,17 +146,19 @@ def negate(
         control; ``alpha`` is then ignored. Task validation splits are the 10% held out
         of train; for ImageNet a seeded 10% (<= 5000) of its validation split is used
         for tuning and the rest for reporting.
+    build: options laid over what the stream recorded; runtime: where to evaluate (default: one
+        process on the CPU, fp32).
     """
     progress = progress or NullProgress()
+    runtime = runtime or default_runtime()
     if control not in CONTROLS:
         raise ConfigError(f"control {control!r} is not one of {', '.join(CONTROLS)}")
     coefficients = negation_coefficients(name, alpha)
     vector = combine(bank, coefficients)  # reads and verifies the vector before anything is built
-    built = scenario_of(bank, [name], progress, backbone_overrides=backbone_overrides, task_overrides=task_overrides,
-                        runtime=runtime)
+    build = recorded_build(bank, name, build)
+    built = scenario_of(bank, [name], progress, build=build, runtime=runtime)
     target = bank.get(name).task
-    imagenet = imagenet_control(built, control, control_data, task_overrides, bank.get(name).metrics.get("build"),
-                                 tune_alpha)
+    imagenet = imagenet_control(built, control, control_data, build, tune_alpha)
     if imagenet is not None:
         controls, report_extra, tune_extra = [IMAGENET], {IMAGENET: imagenet[0]}, {IMAGENET: imagenet[1]}
     else:
@@ -193,7 +188,7 @@ def negate(
 
 def _tune_negation(built: BuiltScenario, unit: TaskVector, target: str, tasks: Sequence[str],
                    extra: Mapping[str, EvalTask], grid: Sequence[float], min_control: float, progress: Progress,
-                   runtime: Runtime | None) -> dict[str, Any]:
+                   runtime: Runtime) -> dict[str, Any]:
     """Evaluate theta_0 - alpha tau on validation for each alpha of the grid; pick the paper's alpha."""
     def score(vector: TaskVector | None, description: str) -> tuple[float, float]:
         acc = _evaluate(built, vector, unit.mode, tasks, progress, description, split="val", extra=extra,
@@ -215,22 +210,20 @@ def _tune_negation(built: BuiltScenario, unit: TaskVector, target: str, tasks: S
             "control_pretrained": control_0, "target_pretrained": target_0, "threshold": threshold, "grid": rows}
 
 
-def imagenet_control(built: BuiltScenario, control: str, control_data: str | Path | None,
-                      task_overrides: Mapping[str, Any] | None, recorded: Mapping[str, Any] | None,
-                      tune_alpha: bool) -> tuple[EvalTask, EvalTask | None] | None:
+def imagenet_control(built: BuiltScenario, control: str, control_data: str | Path | None, build: BuildOptions,
+                     tune_alpha: bool) -> tuple[EvalTask, EvalTask | None] | None:
     """(report EvalTask, tuning EvalTask or None) on ImageNet validation, or None to use the other tasks.
 
-    Without tuning the whole validation split is reported; with it a seeded 10% (<= 5000)
-    is held out for choosing alpha and the rest is reported."""
+    A copy is looked for at ``control_data``, ``$EDITKIT_IMAGENET``, then under the data root
+    (``build``'s, else the scenario's). Without tuning the whole validation split is reported;
+    with it a seeded 10% (<= 5000) is held out for choosing alpha and the rest is reported."""
     wanted = control == "imagenet" or (control == "auto" and (
         control_data is not None or (built.spec.control or {}).get("kind") == "imagenet"))
     if not wanted:
         return None
     from editkit.data.imagenet import load_imagenet_val
 
-    data_root = (task_overrides or {}).get("data_root") or ((recorded or {}).get("tasks") or {}).get("data_root")
-    data_root = data_root or built.spec.data.get("data_root")
-    split = load_imagenet_val(control_data, data_root)
+    split = load_imagenet_val(control_data, build.data_root or built.spec.data.get("data_root"))
     if split is None:
         if control == "imagenet":
             from editkit.errors import MissingResourceError

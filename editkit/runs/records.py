@@ -30,8 +30,8 @@ class StepRecord:
 
     ``merged`` is None until the merged model is scored; ``resumed`` says the vector
     came from the bank rather than from training in this run (it is never banked).
-    ``peak_gpu_bytes`` (CUDA only) and ``build`` (the backbone / data options the
-    run was given) are written only when present. ``extra`` holds keys that others
+    ``peak_gpu_bytes`` (CUDA only) is written only when present. Where the vector came
+    from (scenario file, build options) is the bank entry's provenance, not a metric. ``extra`` holds keys that others
     add to a banked entry's metrics (the bench's peak RSS), kept as they are.
     """
 
@@ -41,17 +41,15 @@ class StepRecord:
     single_task: float
     train_seconds: float | None = None
     seconds_per_step: float | None = None
-    scenario_file: str | None = None
     train_steps: int | None = None
     train_size: int | None = None
     runtime: str | None = None
     peak_gpu_bytes: int | None = None
-    build: dict[str, Any] | None = None
     merged: MergedScores | None = None
     resumed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
-    _OPTIONAL: ClassVar[tuple[str, ...]] = ("peak_gpu_bytes", "build", "merged")  # keys written only when set
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ("peak_gpu_bytes", "merged")  # keys written only when set
 
     def metrics(self) -> dict[str, Any]:
         """What the bank stores in the vector's entry: every key but ``resumed``."""

@@ -4,7 +4,9 @@ Works on any Avalanche benchmark (``run_benchmark``) and on editkit scenarios
 (``run_scenario``). After experience t the bank holds tau_0..tau_t and the merged
 model theta_0 + sum_i tau_i (alpha = 1.0, no tuning) is scored on every task seen
 so far. The bank is the source of truth: each step's results are stored in its
-entry's metrics, so an interrupted run resumes from the last banked experience.
+entry's metrics, so an interrupted run resumes from the last banked experience;
+its provenance records the scenario file and the build options, so ``add`` /
+``negate`` / ``bench`` can rebuild the scenario around the vectors later.
 
 Each task may have its own recipe (per-task ``epochs`` turn into steps from the
 size of its train split). Penalty sources are read lazily (only the sampled
@@ -15,11 +17,12 @@ the report (see ``editkit.train.runtime``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from torch import nn
 from torch.utils.data import Dataset
@@ -27,7 +30,7 @@ from torch.utils.data import Dataset
 from editkit.integrations.avalanche.benchmark import Experience, experiences
 from editkit.models.backbone import Backbone
 from editkit.bank.store import Bank
-from editkit.train.runtime import Runtime, default_runtime
+from editkit.train.runtime import Runtime, default_runtime, setup, teardown
 from editkit.errors import BankError, ConfigError, MissingResourceError
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world
 from editkit.eval.accuracy import EvalTask, addition_summary, evaluate_vector
@@ -36,8 +39,12 @@ from editkit.runs.records import MergedScores, StepRecord, StreamResult, StreamS
 from editkit.train.recipe import Recipe
 from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
+from editkit.scenario.options import BuildOptions
 
 log = logging.getLogger(__name__)
+
+#: The scenario ``editkit stream`` and ``editkit bench`` run when none is named.
+DEFAULT_SCENARIO = "offline-vision"
 
 
 class StreamRunner:
@@ -54,12 +61,11 @@ class StreamRunner:
         scenario: str,
         generic: UnlabeledSource | None,
         progress: Progress,
+        runtime: Runtime,
         eval_batch_size: int = 256,
-        scenario_file: str | None = None,
         task_recipes: Mapping[str, Recipe] | None = None,
         unlabeled: Mapping[str, Dataset] | None = None,
-        runtime: Runtime | None = None,
-        build: dict[str, Any] | None = None,
+        provenance: Mapping[str, Any] | None = None,
     ) -> None:
         self.exps = list(exps)
         self.backbone = backbone
@@ -70,11 +76,10 @@ class StreamRunner:
         self.generic = generic
         self.progress = progress
         self.eval_batch_size = eval_batch_size
-        self.scenario_file = scenario_file
         self.task_recipes = dict(task_recipes or {})
         self.unlabeled = dict(unlabeled or {})
-        self.runtime = runtime or default_runtime(backbone.module)
-        self.build = build
+        self.runtime = runtime
+        self.provenance = dict(provenance or {})
         self.base = backbone.fingerprint()
         self._sources: dict[int, UnlabeledSource] = {}
 
@@ -129,12 +134,12 @@ class StreamRunner:
         pretrained = self.evaluate(None, [t], f"{exp.name}: pretrained")[exp.name]
         record = StepRecord(step=t, task=exp.name, pretrained=pretrained, single_task=single,
                             train_seconds=result.seconds, seconds_per_step=result.seconds_per_step,
-                            scenario_file=self.scenario_file, train_steps=recipe.steps, train_size=len(exp.train),
-                            runtime=self.runtime.describe(), peak_gpu_bytes=result.peak_gpu_bytes,
-                            build=self.build or None)
+                            train_steps=recipe.steps, train_size=len(exp.train),
+                            runtime=self.runtime.describe(), peak_gpu_bytes=result.peak_gpu_bytes)
         if self.runtime.is_main:
             self.bank.append(exp.name, result.task_vector, task=exp.name, mode=recipe.mode, base=self.base,
-                             scenario=self.scenario, step=t, recipe=recipe.to_dict(), metrics=record.metrics())
+                             scenario=self.scenario, step=t, recipe=recipe.to_dict(), metrics=record.metrics(),
+                             provenance=self.provenance)
         self.runtime.barrier()
         return record
 
@@ -212,16 +217,15 @@ def run_stream(
     resume: bool = False,
     progress: Progress | None = None,
     on_step: StreamStepCallback | None = None,
-    scenario_file: str | None = None,
     task_recipes: Mapping[str, Recipe] | None = None,
     unlabeled: Mapping[str, Dataset] | None = None,
     runtime: Runtime | None = None,
-    build: dict[str, Any] | None = None,
+    provenance: Mapping[str, Any] | None = None,
 ) -> StreamResult:
     """Fine-tune, bank and evaluate each experience in order (see module docstring).
 
-    ``scenario_file`` is recorded in the bank so ``add`` / ``negate`` can rebuild the tasks later
-    (with ``build``: the backbone / data options the run used).
+    provenance: recorded with every banked vector (:func:`run_scenario` records the
+        scenario file and the build options, so ``add`` / ``negate`` can rebuild the tasks later).
     task_recipes: per-experience recipes by name (default: ``recipe`` for all).
     unlabeled: inputs-only datasets by experience name for the penalty sources
         (default: the experiences' train splits, read lazily, element 0 of each item).
@@ -239,8 +243,8 @@ def run_stream(
     if not runtime.is_main:
         progress, on_step = None, None
     runner = StreamRunner(exps, backbone, heads, recipe, bank, scenario=scenario, generic=generic,
-                          progress=progress or NullProgress(), scenario_file=scenario_file, task_recipes=task_recipes,
-                          unlabeled=unlabeled, runtime=runtime, build=build)
+                          progress=progress or NullProgress(), runtime=runtime, task_recipes=task_recipes,
+                          unlabeled=unlabeled, provenance=provenance)
     return runner.run(resume=resume, on_step=on_step)
 
 
@@ -282,30 +286,24 @@ def run_scenario(
     resume: bool = False,
     progress: Progress | None = None,
     on_step: StreamStepCallback | None = None,
-    backbone_overrides: Mapping[str, Any] | None = None,
-    task_overrides: Mapping[str, Any] | None = None,
+    build: BuildOptions | None = None,
     runtime: Runtime | None = None,
-    device: str | None = None,
-    precision: str | None = None,
-    workers: int | None = None,
     **overrides: Any,
 ) -> tuple[StreamResult, dict[str, Any] | None]:
     """Run a scenario file end to end and write ``report.json`` + ``stream.png`` into the run directory.
 
     ``overrides`` replace recipe fields (``mode="linear"``, ``steps=20``, ``epochs=2``,
-    ``scope="all"``...) for every task, above the scenario's per-task values.
-    ``backbone_overrides`` replace ``[backbone]`` options (``model``, ``pretrained``...),
-    ``task_overrides`` every task's source options (``data_root``...); ``None`` values keep.
+    ``scope="all"``...) for every task, above the scenario's per-task values; ``None`` keeps.
+    ``build`` lays backbone / data options (``model``, ``pretrained``, ``data_root``...) over
+    the scenario file's.
 
     Before anything is built the scenario's registered checks run: missing weights
     or data raise :class:`MissingResourceError` with one line per missing piece, and
     neither the bank nor the run directory is created.
 
-    runtime: where to run; default from ``device`` / ``precision`` / ``workers`` and,
-    under torchrun, the process group (joined here, left at the end). Returns the
-    result and the report dictionary (the report is None on ranks other than 0).
+    runtime: where to run (default: :func:`process_runtime`'s, held for this run). Returns
+    the result and the report dictionary (the report is None on ranks other than 0).
     """
-    from editkit.train import runtime as distributed
     from editkit.runs.report import plot_stream, stream_report, write_json
     from editkit.scenario.spec import load_scenario, task_recipes
     from editkit.scenario.build import build_scenario, check_scenario
@@ -315,39 +313,27 @@ def run_scenario(
     recipes = task_recipes(spec, **overrides)
     bank_dir = Path(bank) if bank is not None else default_bank_dir(spec.name, recipe.mode)
     out_dir = Path(run_dir) if run_dir is not None else default_run_dir(spec.name, recipe.mode)
-    backbone_overrides = {k: v for k, v in (backbone_overrides or {}).items() if v is not None}
-    task_overrides = {k: v for k, v in (task_overrides or {}).items() if v is not None}
-    problems = check_scenario(spec, backbone_overrides=backbone_overrides, task_overrides=task_overrides)
+    build = build or BuildOptions()
+    problems = check_scenario(spec, build)
     if problems:
         raise MissingResourceError(missing_message(spec.name, problems))
-
-    joined = runtime is None and not _group_initialized()
-    if joined and torchrun_world()[1] > 1:
-        # avalanche refuses to be imported by a non-main process of an initialized process group
-        # (it creates loggers at import time): import it before joining the group
-        from editkit.integrations.avalanche.benchmark import import_avalanche
-
-        import_avalanche()
-    runtime = runtime or distributed.setup(device, precision, workers)
-    try:
+    with contextlib.ExitStack() as held:
+        if runtime is None:
+            runtime = held.enter_context(process_runtime())
         if not runtime.is_main:
             progress, on_step = None, None
-        built = build_scenario(spec, seed=recipe.seed, progress=progress,
-                               backbone_overrides=backbone_on_device(spec, backbone_overrides, runtime),
-                               task_overrides=task_overrides)
+        built = build_scenario(spec, seed=recipe.seed, progress=progress, build=build, device=str(runtime.device))
         built.backbone.module.to(runtime.device)
         # The Avalanche benchmark defines the stream (order, task labels, class counts); batches come from
         # the tasks' own datasets: the same (x, y) items without Avalanche's per-item wrapper, which costs
         # about as much as decoding an image and would slow vision8's loaders.
         exps = [dataclasses.replace(exp, train=task.train, test=task.test, val=task.val)
                 for exp, task in zip(experiences(built.benchmark(), built.task_names), built.tasks)]
-        scenario_file = str(spec.path.resolve()) if spec.path else None
-        build = {"backbone": _absolute_paths(backbone_overrides), "tasks": _absolute_paths(task_overrides)}
+        provenance = {"scenario_file": str(spec.path.resolve()) if spec.path else None, "build": build.to_json()}
         result = run_stream(exps, built.backbone, built.heads, recipe, bank_dir, scenario=spec.name,
                             generic=built.generic, resume=resume, progress=progress, on_step=on_step,
-                            scenario_file=scenario_file, task_recipes=recipes,
-                            unlabeled={t.name: t.train for t in built.tasks}, runtime=runtime,
-                            build=build if any(build.values()) else None)
+                            task_recipes=recipes, unlabeled={t.name: t.train for t in built.tasks}, runtime=runtime,
+                            provenance=provenance)
         report = None
         if runtime.is_main:
             plot = plot_stream(result, out_dir / "stream.png")
@@ -356,9 +342,29 @@ def run_scenario(
             write_json(out_dir / "report.json", report)
         runtime.barrier()
         return result, report
+
+
+@contextlib.contextmanager
+def process_runtime(device: str | None = None, precision: str | None = None,
+                    workers: int | None = None) -> Iterator[Runtime]:
+    """This process's :class:`Runtime` (``editkit.train.runtime.setup``), held for a block.
+
+    Under torchrun it joins the process group, unless one is joined already, and leaves
+    it at the end. Avalanche refuses to be imported by a non-main process of an
+    initialized process group (it creates loggers at import time), so it is imported
+    before joining.
+    """
+    joins = not _group_initialized() and torchrun_world()[1] > 1
+    if joins:
+        from editkit.integrations.avalanche.benchmark import import_avalanche
+
+        import_avalanche()
+    runtime = setup(device, precision, workers)
+    try:
+        yield runtime
     finally:
-        if joined and runtime.distributed:
-            distributed.teardown()
+        if joins:
+            teardown()
 
 
 def missing_message(scenario: str, problems: Sequence[str]) -> str:
@@ -373,24 +379,3 @@ def _group_initialized() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
-
-
-def backbone_on_device(spec, overrides: dict[str, Any], runtime: Runtime) -> dict[str, Any]:
-    """Build the backbone straight on the runtime's device when its family takes ``device``."""
-    from editkit.models import BACKBONES
-
-    family = spec.backbone.get("family")
-    if family in BACKBONES and "device" in BACKBONES[family].option_names and "device" not in overrides:
-        return {**overrides, "device": str(runtime.device)}
-    return overrides
-
-
-def _absolute_paths(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Options with their paths made absolute strings, so a later ``negate`` finds them from anywhere."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, Path) or (isinstance(value, str) and key in ("data_root", "pretrained", "cache_dir",
-                                                                          "hub_cache_dir") and Path(value).exists()):
-            value = str(Path(value).expanduser().resolve())
-        out[key] = value
-    return out

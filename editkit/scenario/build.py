@@ -20,6 +20,7 @@ from editkit.data.tasks import TaskData
 from editkit.errors import ConfigError
 from editkit.models import BACKBONES, HEADS
 from editkit.models.backbone import Backbone
+from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import ScenarioSpec, TaskSpec
 from editkit.util.progress import NullProgress, Progress
 
@@ -51,32 +52,36 @@ class BuiltScenario:
         return benchmark_from_tasks(self.tasks)
 
 
-def backbone_options(spec: ScenarioSpec, overrides: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-    """(family, builder options): the scenario's ``[backbone]`` table with ``overrides`` (None = keep) applied;
-    an override the family does not take is refused by name."""
+def backbone_options(spec: ScenarioSpec, build: BuildOptions | None = None,
+                     device: str | None = None) -> tuple[str, dict[str, Any]]:
+    """(family, builder options): the scenario's ``[backbone]`` table with ``build``'s set options applied;
+    ``device`` is passed on to families whose builder takes one (they build straight on it). An option
+    the family does not take is refused by name."""
     options = dict(spec.backbone)
     family = options.pop("family", None)
     record = BACKBONES[family]
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    given = (build or BuildOptions()).backbone()
     record.refuse_unknown(given, f"backbone family {family!r}")
+    if device is not None and "device" in record.option_names:
+        given["device"] = device
     return family, {**options, **given}
 
 
-def build_backbone(spec: ScenarioSpec, overrides: dict[str, Any] | None = None) -> Backbone:
-    family, options = backbone_options(spec, overrides)
+def build_backbone(spec: ScenarioSpec, build: BuildOptions | None = None, device: str | None = None) -> Backbone:
+    family, options = backbone_options(spec, build, device)
     return BACKBONES[family].build(**options)
 
 
-def task_options(spec: ScenarioSpec, task: TaskSpec, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Options a task's source receives: ``[data]`` defaults, the task's own keys, then ``overrides``.
+def task_options(spec: ScenarioSpec, task: TaskSpec, build: BuildOptions | None = None) -> dict[str, Any]:
+    """Options a task's source receives: ``[data]`` defaults, the task's own keys, then ``build``'s set options.
 
     The scenario file's keys were checked against the source's options when it was
-    loaded. Overrides (``--data-root``, or what a bank recorded) apply to every task
+    loaded. Build options (``--data-root``, or what a bank recorded) apply to every task
     whose source takes them and pass by the others: one command line serves
     scenarios that mix sources.
     """
     accepted = TASK_SOURCES[task.kind].option_names
-    given = {k: v for k, v in (overrides or {}).items() if v is not None and k in accepted}
+    given = {k: v for k, v in (build or BuildOptions()).tasks().items() if k in accepted}
     return {**spec.data, **task.options, **given}
 
 
@@ -85,20 +90,19 @@ def load_task(task: TaskSpec, backbone: Backbone, options: dict[str, Any]) -> Ta
     return TASK_SOURCES[task.kind].build(task.name, task.dataset, backbone, **options)
 
 
-def check_scenario(spec: ScenarioSpec, *, backbone_overrides: dict[str, Any] | None = None,
-                   task_overrides: dict[str, Any] | None = None) -> list[str]:
+def check_scenario(spec: ScenarioSpec, build: BuildOptions | None = None) -> list[str]:
     """One line per missing piece (weights, each task's data); empty when the scenario can be built.
 
     Uses the registered checks only: families and sources without one (packaged
     data, EfficientNet from pip) are taken as present. Downloads nothing.
     """
-    family, options = backbone_options(spec, backbone_overrides)
+    family, options = backbone_options(spec, build)
     problems: list[str] = []
     if (check := BACKBONES[family].check) is not None:
         problems += check(**options)
     for task in spec.tasks:
         if (check := TASK_SOURCES[task.kind].check) is not None:
-            problems += check(task.name, task.dataset, **task_options(spec, task, task_overrides))
+            problems += check(task.name, task.dataset, **task_options(spec, task, build))
     return problems
 
 
@@ -123,21 +127,21 @@ def build_scenario(
     *,
     seed: int = 0,
     progress: Progress | None = None,
-    backbone_overrides: dict[str, Any] | None = None,
-    task_overrides: dict[str, Any] | None = None,
+    build: BuildOptions | None = None,
+    device: str | None = None,
 ) -> BuiltScenario:
     """Load backbone, every task's data, heads and the generic source.
 
-    backbone_overrides / task_overrides: values replacing the scenario file's
-    ``[backbone]`` options / every task's source options (``None`` values = keep).
+    build: options laid over the scenario file's ``[backbone]`` table and every task's
+    source options; device: where backbone families that take one build the model.
     """
     progress = progress or NullProgress()
     with progress.task(f"loading {spec.name}", total=len(spec.tasks) + 2) as bar:
-        backbone = build_backbone(spec, backbone_overrides)
+        backbone = build_backbone(spec, build, device)
         bar.advance()
         tasks = []
         for task in spec.tasks:
-            tasks.append(load_task(task, backbone, task_options(spec, task, task_overrides)))
+            tasks.append(load_task(task, backbone, task_options(spec, task, build)))
             bar.advance()
         heads = build_heads(spec, backbone, tasks, seed)
         generic = build_generic(spec, backbone, seed)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from editkit.core.modes import Mode
@@ -29,42 +29,51 @@ SCOPES = ("seen", "all")
 class Recipe:
     """How one task is fine-tuned.
 
-    mode: ``nonlinear`` (plain fine-tuning), ``linear`` (linearized model) or
-        ``taujp`` (linearized + the tauJp penalty on unlabeled inputs of other tasks).
-    warmup: fraction of ``steps`` when < 1, else a number of steps; cosine decay after.
-    accumulation: micro-batches per optimizer step (``batch_size`` is per micro-batch).
-    reg_batch: unlabeled examples per source per step; ``None`` = batch_size // 8 (>= 1).
-    squared: penalise ||J tau||^2 instead of ||J tau|| (the official code uses the norm).
-    scope: ``seen`` = penalty sources are tasks earlier in the stream (incremental);
-        ``all`` = every other task of the scenario (joint setting).
-    generic: also penalise on the scenario's always-available unlabeled source (if it
-        has one); it regularises the first task of a stream, which has no earlier task.
-    epochs: when set, ``steps`` is derived from the train split's size (see
-        :meth:`resolved`); None (the default) means ``steps`` as given.
+    Each field's ``metadata["help"]`` is its one description: the CLI's options are
+    generated from it (``metadata["choices"]``: the allowed values of a text field).
     """
 
-    mode: Mode = Mode.TAUJP
-    steps: int = 100
-    batch_size: int = 32
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    warmup: float = 0.1
-    grad_clip: float = 1.0
-    accumulation: int = 1
-    lam: float = 0.1
-    schedule: str = "cyclic"
-    scope: str = "seen"
-    reg_batch: int | None = None
-    squared: bool = False
-    generic: bool = True
-    seed: int = 0
-    epochs: float | None = None
+    mode: Mode = field(default=Mode.TAUJP, metadata={
+        "choices": tuple(m.value for m in Mode),
+        "help": "taujp: linearized fine-tuning plus the tauJp penalty on unlabeled inputs of other tasks; "
+                "linear: linearized fine-tuning; nonlinear: plain fine-tuning."})
+    steps: int = field(default=100, metadata={
+        "help": "Optimizer steps per task (given without epochs, it replaces epochs set at a lower level)."})
+    batch_size: int = field(default=32, metadata={
+        "help": "Examples per micro-batch, for all processes together (split over torchrun processes)."})
+    lr: float = field(default=1e-4, metadata={"help": "Peak learning rate (AdamW)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    warmup: float = field(default=0.1, metadata={
+        "help": "Warmup: a fraction of the steps if < 1, else a number of steps; cosine decay after."})
+    grad_clip: float = field(default=1.0, metadata={"help": "Gradient-norm clip."})
+    accumulation: int = field(default=1, metadata={
+        "help": "Micro-batches per optimizer step (examples per step = batch size x accumulation)."})
+    lam: float = field(default=0.1, metadata={"help": "tauJp weight lambda."})
+    schedule: str = field(default="cyclic", metadata={
+        "choices": SCHEDULES,
+        "help": "tauJp schedule: cyclic draws one batch from one penalty source per step, in turn; strict draws "
+                "one batch from every source and averages their penalties."})
+    scope: str = field(default="seen", metadata={
+        "choices": SCOPES,
+        "help": "Penalty sources: seen = the tasks earlier in the stream (incremental); all = every other task "
+                "of the scenario (joint)."})
+    reg_batch: int | None = field(default=None, metadata={
+        "help": "Unlabeled examples per penalty source per step (unset: batch size // 8, at least 1)."})
+    squared: bool = field(default=False, metadata={
+        "help": "Penalise ||J tau||^2 instead of ||J tau|| (the official code uses the norm)."})
+    generic: bool = field(default=True, metadata={
+        "help": "Also penalise on the scenario's always-available unlabeled source, if it has one: it "
+                "regularises the first task of a stream, which has no earlier task."})
+    seed: int = field(default=0, metadata={"help": "Random seed."})
+    epochs: float | None = field(default=None, metadata={
+        "help": "Epochs per task, turned into steps from each train split's size (replaces steps set at any "
+                "level; unset: steps as given)."})
 
     def __post_init__(self) -> None:
-        _check_choice("mode", self.mode, tuple(Mode))
+        for f in dataclasses.fields(self):
+            if "choices" in f.metadata:
+                _check_choice(f.name, getattr(self, f.name), f.metadata["choices"])
         object.__setattr__(self, "mode", Mode(self.mode))  # frozen; a str enum, so to_dict() keeps the string
-        _check_choice("schedule", self.schedule, SCHEDULES)
-        _check_choice("scope", self.scope, SCOPES)
         for name in ("steps", "batch_size", "accumulation"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"recipe.{name} must be >= 1, got {getattr(self, name)}")
@@ -136,6 +145,6 @@ def from_mapping(values: Mapping[str, Any], base: Recipe | None = None) -> Recip
     return dataclasses.replace(base or Recipe(), **values)
 
 
-def _check_choice(field: str, value: str, choices: tuple[str, ...]) -> None:
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ConfigError(f"recipe.{field} = {value!r} is not one of {', '.join(choices)}")
+        raise ConfigError(f"recipe.{name} = {value!r} is not one of {', '.join(choices)}")

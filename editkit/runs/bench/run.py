@@ -69,6 +69,8 @@ from editkit.train.runtime import Runtime, setup
 from editkit.runs.edit import CONTROLS
 from editkit.runs.records import StepRecord, StreamResult
 from editkit.runs.report import jsonable, write_json
+from editkit.runs.stream import DEFAULT_SCENARIO
+from editkit.scenario.options import BuildOptions
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError, MissingResourceError
 from editkit.util.memory import PeakRSS
 from editkit.merge import MERGE_METHODS
@@ -110,44 +112,64 @@ def parse_names(value: str | Sequence[str], known: Sequence[str], what: str) -> 
 class BenchConfig:
     """What ``editkit bench`` runs.
 
-    ``grid``: points of the addition / TIES coefficient grid over [0, 1] (the paper's 21);
-    ``negation_grid``: points of the negation grid (11 by default: with non-linear vectors
-    each point costs a forward pass over every task's validation split per negated task).
-    ``negation_max``: the negation grid's top (1 by default; vectors that barely touch
-    other tasks, as tauJp's, can often be negated further before the control drops).
+    Each field's ``metadata["help"]`` is its one description (the CLI's options are
+    generated from it; ``"cli": False`` marks fields only the Python API sets).
     Explicit ``alphas`` / ``negation_alphas`` override the grids.
     """
 
-    scenario: str | Path = "offline-vision"
-    modes: Sequence[str] = tuple(Mode)
-    methods: Sequence[str] = METHODS
-    bank_root: Path = BANKS_DIR
-    run_dir: Path | None = None
-    steps: int | None = None
-    seed: int | None = None
-    grid: int = PAPER_GRID_POINTS
-    alphas: Sequence[float] | None = None
-    negation_grid: int = DEFAULT_NEGATION_GRID
-    negation_alphas: Sequence[float] | None = None
-    negation_max: float = 1.0
-    ties_k: float = TIES_DEFAULT_K
-    negation_retain: float = NEGATION_RETAIN
-    xi_pair: Sequence[str] | None = None
-    control: str = "auto"  # negation control: auto | tasks | imagenet (as `editkit negate --control`)
-    control_data: Path | None = None  # local ImageNet validation copy
-    xi_grid: Sequence[float] = DEFAULT_XI_GRID
-    xi_samples: int = DEFAULT_XI_SAMPLES
-    batch_size: int = 256
-    device: str | None = None  # None: CUDA when available
-    precision: str | None = None  # None: bf16 autocast on CUDA, fp32 elsewhere
-    workers: int | None = None  # DataLoader workers for datasets read from files
-    backbone_overrides: Mapping[str, Any] | None = None  # [backbone] options (model, pretrained, cache_dir)
-    task_overrides: Mapping[str, Any] | None = None  # every task's source options (data_root)
+    scenario: str = field(default=DEFAULT_SCENARIO, metadata={
+        "help": "Scenario name (see `editkit scenarios`) or a .toml file."})
+    modes: Sequence[str] = field(default=tuple(Mode), metadata={
+        "help": "Comma-separated modes to fine-tune and compare."})
+    methods: Sequence[str] = field(default=METHODS, metadata={
+        "help": "Merging methods besides pretrained and single-task."})
+    bank_root: Path = field(default=BANKS_DIR, metadata={
+        "help": "Banks live in <bank-root>/<scenario>-<mode>; complete ones with the same recipe are reused, "
+                "partial ones resumed."})
+    run_dir: Path | None = field(default=None, metadata={
+        "help": "Where report.json and the PNGs go (default runs/<scenario>-bench)."})
+    recipe: Mapping[str, Any] = field(default_factory=dict, metadata={
+        "cli": False, "help": "Recipe fields replaced for every mode's stream (None values keep the scenario's)."})
+    grid: int = field(default=PAPER_GRID_POINTS, metadata={
+        "help": "Coefficient grid: N points over [0, 1], searched on validation (the paper's 21)."})
+    alphas: Sequence[float] | None = field(default=None, metadata={
+        "cli": False, "help": "Explicit addition / TIES coefficients to search (replaces the grid)."})
+    negation_grid: int = field(default=DEFAULT_NEGATION_GRID, metadata={
+        "help": "Negation coefficient grid: N points over [0, --negation-max] (coarser by default: with non-linear "
+                "vectors each point costs a pass over every validation split per task)."})
+    negation_alphas: Sequence[float] | None = field(default=None, metadata={
+        "cli": False, "help": "Explicit negation coefficients to search (replaces the negation grid)."})
+    negation_max: float = field(default=1.0, metadata={
+        "help": "Top of the negation grid (try 2 when the tuned alpha lands on 1: vectors that barely touch other "
+                "tasks, as tauJp's, can often be negated further before the control drops)."})
+    ties_k: float = field(default=TIES_DEFAULT_K, metadata={
+        "help": "TIES-merging: fraction of each vector's entries kept (top-k by magnitude)."})
+    negation_retain: float = field(default=NEGATION_RETAIN, metadata={
+        "help": "Negation: control accuracy to keep, as a fraction of the pretrained model's, when tuning alpha."})
+    xi_pair: Sequence[str] | None = field(default=None, metadata={
+        "help": "Task pair 'a,b' for the disentanglement error (default: the first two tasks)."})
+    control: str = field(default="auto", metadata={
+        "choices": CONTROLS,
+        "help": "Negation control set: auto (ImageNet validation when the scenario asks for it and a local copy is "
+                "found, else the other tasks) | tasks | imagenet."})
+    control_data: Path | None = field(default=None, metadata={
+        "help": "Local ImageNet validation copy (default $EDITKIT_IMAGENET, else <data root>/imagenet)."})
+    xi_grid: Sequence[float] = field(default=DEFAULT_XI_GRID, metadata={
+        "cli": False, "help": "Coefficients of each vector on the disentanglement grid."})
+    xi_samples: int = field(default=DEFAULT_XI_SAMPLES, metadata={
+        "help": "Test inputs per task for the disentanglement error."})
+    batch_size: int = field(default=256, metadata={"cli": False, "help": "Evaluation batch size."})
+    build: BuildOptions = field(default_factory=BuildOptions, metadata={
+        "cli": False, "help": "Backbone and data options laid over the scenario file's."})
 
     def validated(self) -> "BenchConfig":
         """A copy with names parsed and every value checked (raises ConfigError)."""
         modes = parse_names(self.modes, tuple(Mode), "modes")
         methods = parse_names(self.methods, METHODS, "methods")
+        recipe = {k: v for k, v in self.recipe.items() if v is not None}
+        if "mode" in recipe:
+            raise ConfigError("bench runs every mode it is given: choose them with modes (--modes), not recipe.mode")
+        Recipe().with_overrides(**recipe)  # unknown fields and bad values are refused here, by name
         if self.alphas is not None:
             alphas = [float(a) for a in self.alphas]
             if not alphas:
@@ -172,8 +194,6 @@ class BenchConfig:
             raise ConfigError("xi_samples and batch_size must be >= 1")
         if self.control not in CONTROLS:
             raise ConfigError(f"--control {self.control!r} is not one of {', '.join(CONTROLS)}")
-        if self.steps is not None and self.steps < 1:
-            raise ConfigError(f"--steps must be >= 1, got {self.steps}")
         pair = None
         if self.xi_pair is not None:
             pair = tuple(n.strip() for n in (self.xi_pair.split(",") if isinstance(self.xi_pair, str) else self.xi_pair))
@@ -181,18 +201,12 @@ class BenchConfig:
                 raise ConfigError(f"--xi-pair needs two different task names 'a,b', got {self.xi_pair!r}")
         return replace(
             self, modes=modes, methods=methods, bank_root=Path(self.bank_root),
-            run_dir=Path(self.run_dir) if self.run_dir is not None else None,
+            run_dir=Path(self.run_dir) if self.run_dir is not None else None, recipe=recipe,
             grid=len(alphas), alphas=tuple(alphas), negation_grid=len(negation_alphas),
             negation_alphas=tuple(negation_alphas), negation_max=max(negation_alphas), ties_k=float(self.ties_k),
             negation_retain=float(self.negation_retain), xi_pair=pair, xi_grid=tuple(float(a) for a in self.xi_grid),
             xi_samples=int(self.xi_samples), batch_size=int(self.batch_size),
-            backbone_overrides=_given(self.backbone_overrides), task_overrides=_given(self.task_overrides),
         )
-
-
-def _given(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The options that were given (None values mean "keep the scenario's")."""
-    return {k: v for k, v in (options or {}).items() if v is not None}
 
 
 # --- report rows --------------------------------------------------------------------------------
@@ -293,8 +307,8 @@ def check_bank(bank: Bank, *, scenario: str, tasks: Sequence[str], mode: str, re
         if entry.recipe != wanted:
             diff = sorted(k for k in set(wanted) | set(entry.recipe) if wanted.get(k) != entry.recipe.get(k))
             detail = ", ".join(f"{k} {entry.recipe.get(k)!r} vs {wanted.get(k)!r}" for k in diff)
-            raise BankError(f"{where} fine-tuned with another recipe ({detail}); use the same --steps/--seed or "
-                            "another --bank-root")
+            raise BankError(f"{where} fine-tuned with another recipe ({detail}); use the same recipe options "
+                            "(--steps, --seed...) or another --bank-root")
         if shapes is not None:
             _check_layout(bank, entry, shapes, backbone)
 
@@ -317,18 +331,20 @@ def _check_layout(bank: Bank, entry, shapes: Mapping[str, tuple[int, ...]], back
         raise IncompatibleVectorsError(f"bank {bank.root}: vector {entry.name!r} does not fit {backbone} ({detail})")
 
 
-def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> BenchResult:
-    """Run (or reuse) each mode's stream, evaluate, and write ``report.json`` + PNGs (see module docstring)."""
+def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: Progress | None = None) -> BenchResult:
+    """Run (or reuse) each mode's stream, evaluate, and write ``report.json`` + PNGs (see module docstring).
+
+    runtime: where to run, in one process (default: ``editkit.train.runtime.setup()``'s: CUDA when available).
+    """
     from editkit.scenario.spec import load_scenario, task_recipes
     from editkit.scenario.build import build_scenario, check_scenario
-    from editkit.runs.stream import backbone_on_device
 
     started = time.perf_counter()
     progress = progress or NullProgress()
     config = config.validated()
-    if torchrun_world()[1] > 1:
+    if runtime.distributed if runtime is not None else torchrun_world()[1] > 1:
         raise ConfigError("editkit bench runs in one process; start it without torchrun")
-    runtime = setup(config.device, config.precision, config.workers)
+    runtime = runtime or setup()
     spec = load_scenario(config.scenario)
     if len(spec.tasks) < 2:
         raise ConfigError(f"scenario {spec.name!r} has {len(spec.tasks)} task; bench merges vectors and needs at least 2")
@@ -340,7 +356,7 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
     run_dir = config.run_dir if config.run_dir is not None else default_run_dir(spec.name, "bench")
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir} exists and is not a directory")
-    overrides = {m: {"mode": m, "steps": config.steps, "seed": config.seed} for m in config.modes}
+    overrides = {m: {**config.recipe, "mode": m} for m in config.modes}
     recipes = {m: spec.recipe.with_overrides(**overrides[m]) for m in config.modes}
     seed = next(iter(recipes.values())).seed
     states = {m: _ModeState(m, recipes[m], Bank(default_bank_dir(spec.name, m, root=config.bank_root))) for m in config.modes}
@@ -348,8 +364,7 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
         if state.bank.root.exists() and not state.bank.root.is_dir():
             raise ConfigError(f"bank path {state.bank.root} exists and is not a directory")
 
-    problems = check_scenario(spec, backbone_overrides=config.backbone_overrides,
-                              task_overrides=config.task_overrides)
+    problems = check_scenario(spec, config.build)
     if problems:
         from editkit.runs.stream import missing_message
 
@@ -357,8 +372,7 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> Bench
 
     timings: dict[str, Any] = {}
     t0 = time.perf_counter()
-    built = build_scenario(spec, seed=seed, progress=progress, task_overrides=config.task_overrides,
-                           backbone_overrides=backbone_on_device(spec, config.backbone_overrides, runtime))
+    built = build_scenario(spec, seed=seed, progress=progress, build=config.build, device=str(runtime.device))
     base = built.backbone.fingerprint()
     shapes = {n: tuple(p.shape) for n, p in built.backbone.module.named_parameters()}
     for state in states.values():  # every refusal happens before any training
@@ -423,9 +437,8 @@ def _run_streams(config: BenchConfig, states: Mapping[str, _ModeState], progress
                     record.extra[RSS_METRIC] = peak
 
             state.stream, _ = run_scenario(config.scenario, bank=state.bank.root, run_dir=scratch, resume=True,
-                                           progress=progress, on_step=on_step, mode=state.mode, steps=config.steps,
-                                           seed=config.seed, runtime=runtime, task_overrides=config.task_overrides,
-                                           backbone_overrides=config.backbone_overrides)
+                                           progress=progress, on_step=on_step, build=config.build, runtime=runtime,
+                                           **{**config.recipe, "mode": state.mode})
         state.stream_seconds = time.perf_counter() - start
         log.info("%s stream: %d trained, %d reused (%.0f s)", state.mode, len(state.trained),
                  len(state.stream.steps) - len(state.trained), state.stream_seconds)
@@ -446,7 +459,7 @@ def _control_task(built, config: BenchConfig) -> _ControlTask | None:
     exists); None: control accuracy is the mean over the other tasks."""
     from editkit.runs.edit import imagenet_control
 
-    found = imagenet_control(built, config.control, config.control_data, config.task_overrides, None, tune_alpha=True)
+    found = imagenet_control(built, config.control, config.control_data, config.build, tune_alpha=True)
     if found is None:
         return None
     report_split, tune_split = found
