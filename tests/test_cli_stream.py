@@ -60,7 +60,8 @@ def seen_run(tmp_path_factory, scenario):
 
 
 def check_report(report: dict, scope: str) -> None:
-    assert report["scenario"] == "offline-vision-mini"
+    assert report["version"] == 2 and report["scenario"] == "offline-vision-mini"
+    assert not any({"scenario_file", "build"} & set(step) for step in report["steps"])  # now the bank's provenance
     assert report["mode"] == "taujp" and report["recipe"]["scope"] == scope and report["recipe"]["steps"] == STEPS
     tasks = ["mnist", "digits", "fashion", "animal"]
     assert [s["task"] for s in report["steps"]] == tasks

@@ -58,8 +58,15 @@ def pyplot():
     return plt
 
 
+#: Version of the stream report's layout. 2: the steps no longer repeat ``scenario_file`` and ``build``
+#: (where a vector came from is its bank entry's ``provenance``); every other key is as in version 1.
+STREAM_REPORT_VERSION = 2
+
+
 def stream_report(result: StreamResult, *, backbone: str, bank: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``report.json`` of a stream (layout :data:`STREAM_REPORT_VERSION`)."""
     return {
+        "version": STREAM_REPORT_VERSION,
         "scenario": result.scenario,
         "mode": result.recipe.mode,
         "recipe": result.recipe.to_dict(),
