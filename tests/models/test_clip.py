@@ -20,7 +20,7 @@ from editkit.errors import ConfigError, MissingResourceError
 from editkit.models.heads import ZeroShotHead
 from editkit.core.linearize import LinearizedModel
 
-from fixtures_vision import make_image
+from helpers.vision import make_image
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from editkit.core.taujp import Regularizer, UnlabeledSource, penalty
 from editkit.data.tasks import TensorTaskDataset
 from editkit.train.loop import fine_tune
 
-from fixtures_tabular import blobs
+from helpers.tabular import blobs
 
 # --------------------------------------------------------------------------- penalty by hand
 

@@ -19,7 +19,7 @@ from editkit.core.taujp import Regularizer, UnlabeledSource
 from editkit.data.tasks import TensorTaskDataset
 from editkit.train.loop import StepComputer, fine_tune, warmup_cosine
 
-from fixtures_tabular import blobs
+from helpers.tabular import blobs
 
 MODES = ("nonlinear", "linear", "taujp")
 

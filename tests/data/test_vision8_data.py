@@ -19,7 +19,7 @@ from editkit.errors import ConfigError, MissingResourceError
 from editkit.data.tasks import validation_indices
 from editkit.scenario.spec import load_scenario
 
-from fixtures_vision import (
+from helpers.vision import (
     decode_marks,
     write_hf_cache,
     write_hf_parquet,

@@ -24,12 +24,12 @@ from PIL import Image
 from typer.testing import CliRunner
 
 import editkit  # noqa: F401  (torchvision shim before open_clip)
-import fixtures_vision
 from editkit.cli import app
 from editkit.bank.store import Bank
 from editkit.data import clip_templates as ct
 from editkit.data.vision8 import VISION8_ORDER
-from fixtures_vision import write_hf_parquet, write_image_folder
+from helpers import vision
+from helpers.vision import write_hf_parquet, write_image_folder
 
 runner = CliRunner()
 TRAIN = 36  # 40 generated train images minus the 10% validation split
@@ -96,7 +96,7 @@ def env(tmp_path_factory):
 def data_root(env):
     root = env / "data"
     patch = pytest.MonkeyPatch()
-    patch.setattr(fixtures_vision, "make_image", colored_image)
+    patch.setattr(vision, "make_image", colored_image)
     write_image_folder(root / "eurosat", list(ct.EUROSAT_FOLDERS), train_per_class=4, test_per_class=2)
     write_hf_parquet(root / "mnist", sizes={"train": 40, "test": 20}, num_classes=10,
                      class_names=[str(i) for i in range(10)], mode="L", size=28)
