@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch import nn
 from typer.testing import CliRunner
 
 from editkit.cli import app
@@ -33,6 +32,8 @@ from editkit.models.heads import LinearHead
 from editkit.util.progress import NullProgress
 from editkit.eval.sweep import ModeEvaluator, SharedModels, TaskSplits
 from editkit.data.tasks import TaskData, TensorTaskDataset
+
+from helpers import models
 
 runner = CliRunner()
 STEPS = 3
@@ -115,8 +116,7 @@ class ItemsOnly(torch.utils.data.Dataset):
 
 
 def tiny_setup(tmp_path: Path, mode: str, items_only: bool = False):
-    torch.manual_seed(0)
-    module = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 5)).eval()
+    module = models.mlp(6, 8, 5, seed=0)
     tasks, heads = [], {}
     for name in ("a", "b"):
         def split(n: int):
