@@ -151,6 +151,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_bank_the_single_process_vectors(tmp_path):
     import torch.multiprocessing as mp
 
@@ -202,6 +203,7 @@ def _unused_worker(rank: int, world: int, port: int) -> None:
         distributed.teardown()
 
 
+@pytest.mark.slow
 def test_a_parameter_without_gradient_is_refused_under_data_parallelism():
     import torch.multiprocessing as mp
 
