@@ -32,6 +32,7 @@ import pytest
 
 from editkit.bank.store import Bank
 
+pytestmark = pytest.mark.slow  # builds, installs and runs the wheel
 REPO = Path(__file__).resolve().parent.parent
 #: Build and run output that may sit in a working checkout and must not reach the build.
 NOT_SOURCE = {".git", "build", "dist", "runs", "banks", ".venv", "venv", ".pytest_cache", ".hypothesis"}

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch import nn
 from typer.testing import CliRunner
 
 from editkit.cli import app
@@ -33,6 +32,8 @@ from editkit.models.heads import LinearHead
 from editkit.util.progress import NullProgress
 from editkit.eval.sweep import ModeEvaluator, SharedModels, TaskSplits
 from editkit.data.tasks import TaskData, TensorTaskDataset
+
+from helpers import models
 
 runner = CliRunner()
 STEPS = 3
@@ -115,8 +116,7 @@ class ItemsOnly(torch.utils.data.Dataset):
 
 
 def tiny_setup(tmp_path: Path, mode: str, items_only: bool = False):
-    torch.manual_seed(0)
-    module = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 5)).eval()
+    module = models.mlp(6, 8, 5, seed=0)
     tasks, heads = [], {}
     for name in ("a", "b"):
         def split(n: int):
@@ -234,6 +234,7 @@ def table_rows(output: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip().strip("│").split("│")] for line in output.splitlines() if line.count("│") >= 2]
 
 
+@pytest.mark.slow
 def test_addition_table_shape_and_numbers(bench_run):
     root, _, output, report = bench_run
     rows = report["addition"]["rows"]
@@ -261,6 +262,7 @@ def test_addition_table_shape_and_numbers(bench_run):
         assert any(line[: 2] == [row["label"], row["mode"] or "—"] and line[3:] == cells for line in printed), row
 
 
+@pytest.mark.slow
 def test_every_printed_number_is_in_the_report(bench_run):
     _, _, output, report = bench_run
     known: set[str] = set()
@@ -285,6 +287,7 @@ def test_every_printed_number_is_in_the_report(bench_run):
                 assert token in known, (token, line)
 
 
+@pytest.mark.slow
 def test_numbers_agree_with_the_streams_own_evaluation(bench_run):
     """Ground truth: the stream scored theta_0 + sum tau (alpha = 1) and each vector alone with evaluate_vector."""
     _, _, _, report = bench_run
@@ -302,6 +305,7 @@ def test_numbers_agree_with_the_streams_own_evaluation(bench_run):
             assert report["pretrained"]["test"][t] == pytest.approx(step["pretrained"], abs=1.01 / n_test)
 
 
+@pytest.mark.slow
 def test_diagnostics_negation_and_cost(bench_run):
     _, _, output, report = bench_run
     taujp = report["taujp"]
@@ -334,6 +338,7 @@ def test_diagnostics_negation_and_cost(bench_run):
     assert "pearson r" in output
 
 
+@pytest.mark.slow
 def test_every_listed_png_is_a_valid_image(bench_run):
     root, _, _, report = bench_run
     assert set(report["plots"]) >= {"alpha_curves", "incremental", "taujp_matrix", "taujp_correlation", "xi"}
@@ -347,6 +352,7 @@ def test_every_listed_png_is_a_valid_image(bench_run):
     assert not [p for p in (root / "run").iterdir() if p.name.startswith(".bench-")]
 
 
+@pytest.mark.slow
 def test_second_run_reuses_the_banks(bench_run):
     root, scenario, _, report = bench_run
     args = bench_args(scenario, root, "--modes", "linear", "--methods", "task-arithmetic")

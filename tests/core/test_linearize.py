@@ -23,24 +23,21 @@ from editkit.core.linearize import (
     forward_ad_safe_attention,
 )
 
+from helpers import models
+
 # --------------------------------------------------------------------------- helpers
 
 
 def mlp(dtype: torch.dtype = torch.float64, seed: int = 0, dropout: float = 0.0) -> nn.Module:
     """Linear -> BatchNorm (non-trivial running stats, eval) -> Tanh -> [Dropout] -> Linear."""
-    torch.manual_seed(seed)
-    layers = [nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Tanh()]
-    if dropout:
-        layers.append(nn.Dropout(dropout))
-    layers.append(nn.Linear(8, 3))
-    m = nn.Sequential(*layers).to(dtype)
+    m = models.mlp(5, 8, 3, batchnorm=True, dropout=dropout, seed=seed).to(dtype)
     bn = m[1]
     with torch.no_grad():
         bn.running_mean.copy_(torch.randn(8, dtype=dtype) * 0.5)
         bn.running_var.copy_(torch.rand(8, dtype=dtype) + 0.5)
         bn.weight.copy_(torch.rand(8, dtype=dtype) + 0.5)
         bn.bias.copy_(torch.randn(8, dtype=dtype) * 0.1)
-    return m.eval()
+    return m
 
 
 def random_tau(module: nn.Module, scale: float = 1.0, seed: int = 1, only=None) -> dict[str, torch.Tensor]:
@@ -142,9 +139,9 @@ def test_zero_task_vector_gives_the_module_exactly():
     torch.testing.assert_close(lin(x).detach(), expected, rtol=0, atol=1e-13)
 
 
-def test_task_vector_round_trip_is_exact():
+def test_task_vector_round_trip_is_exact(make_mlp):
     # dyadic theta_0 and tau: theta_0 + tau and (theta_0 + tau) - theta_0 are exact in float32
-    m = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+    m = make_mlp(4, 3, 2)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in m.parameters():
@@ -331,13 +328,7 @@ def test_open_clip_vit_tangent_matches_fd(clip_vision_tower):
 
 
 @pytest.fixture(scope="module")
-def tiny_bert() -> nn.Module:
-    import transformers
-    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                  intermediate_size=37, vocab_size=99)
-    torch.manual_seed(0)
-    bert = transformers.BertModel(cfg).eval()
-
+def bert_features(tiny_bert) -> nn.Module:
     class ClsFeatures(nn.Module):
         def __init__(self, bert: nn.Module) -> None:
             super().__init__()
@@ -347,13 +338,30 @@ def tiny_bert() -> nn.Module:
             out = self.bert(input_ids=ids)
             return torch.cat([out.last_hidden_state[:, 0], out.pooler_output], dim=-1)
 
-    return ClsFeatures(bert).eval()
+    return ClsFeatures(tiny_bert).eval()
 
 
-def test_bert_tangent_matches_fd(tiny_bert):
+def test_bert_tangent_matches_fd(bert_features):
     ids = torch.randint(0, 99, (3, 7), generator=torch.Generator().manual_seed(0))
-    check_against_fd(tiny_bert, ids)
-    check_against_fd(tiny_bert, ids, seed=2, only=lambda n: ".attention.self." in n)
+    check_against_fd(bert_features, ids)
+    check_against_fd(bert_features, ids, seed=2, only=lambda n: ".attention.self." in n)
+
+
+def test_gpt2_tangent_matches_fd(tiny_gpt2):
+    """A causal language model (tied input/output embeddings) has the same first-order expansion."""
+
+    class Logits(nn.Module):
+        def __init__(self, lm: nn.Module) -> None:
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.lm(input_ids=ids).logits
+
+    model = Logits(tiny_gpt2).eval()
+    ids = torch.randint(0, 99, (3, 7), generator=torch.Generator().manual_seed(0))
+    check_against_fd(model, ids)
+    check_against_fd(model, ids, seed=2, only=lambda n: ".attn." in n)
 
 
 def test_efficientnet_lite0_tangent_matches_fd():

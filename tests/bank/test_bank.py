@@ -21,7 +21,7 @@ from editkit.bank.store import Bank, VectorEntry
 from editkit.core.modes import Family, Mode, is_linearized, mode_family
 from editkit.errors import BankError, CorruptVectorError, IncompatibleVectorsError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BASE = state_fingerprint(nn.Linear(3, 2).state_dict())
 OTHER_BASE = "sha256:" + "f" * 64
 

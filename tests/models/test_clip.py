@@ -20,13 +20,7 @@ from editkit.errors import ConfigError, MissingResourceError
 from editkit.models.heads import ZeroShotHead
 from editkit.core.linearize import LinearizedModel
 
-from fixtures_vision import make_image
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    torch.manual_seed(0)
-    return build_clip(TINY_MODEL_NAME, pretrained=None)
+from helpers.vision import make_image
 
 
 @pytest.fixture(autouse=True)
@@ -44,60 +38,60 @@ def _batch(backbone, n=4):
 # --------------------------------------------------------------------------- backbone
 
 
-def test_tiny_backbone_features_are_unnormalized_image_embeddings(tiny):
-    assert tiny.module is tiny.clip_model.visual
-    assert tiny.name == f"clip:{TINY_MODEL_NAME}/random"
-    x = _batch(tiny)
+def test_tiny_backbone_features_are_unnormalized_image_embeddings(tiny_clip):
+    assert tiny_clip.module is tiny_clip.clip_model.visual
+    assert tiny_clip.name == f"clip:{TINY_MODEL_NAME}/random"
+    x = _batch(tiny_clip)
     assert x.shape == (4, 3, 32, 32)
-    feats = tiny.features(x)
-    assert feats.shape == (4, tiny.feature_dim) == (4, 16)
+    feats = tiny_clip.features(x)
+    assert feats.shape == (4, tiny_clip.feature_dim) == (4, 16)
     with torch.no_grad():
-        expected = tiny.clip_model.encode_image(x, normalize=False)
+        expected = tiny_clip.clip_model.encode_image(x, normalize=False)
     torch.testing.assert_close(feats, expected)
     assert not torch.allclose(feats.norm(dim=-1), torch.ones(4))  # before normalization
 
 
-def test_preprocess_handles_grayscale_and_train_augment(tiny):
+def test_preprocess_handles_grayscale_and_train_augment(tiny_clip):
     gray = make_image(1, 0, mode="L", size=28)
-    assert tiny.preprocess(gray).shape == (3, 32, 32)
-    assert tiny.val_preprocess is tiny.preprocess
+    assert tiny_clip.preprocess(gray).shape == (3, 32, 32)
+    assert tiny_clip.val_preprocess is tiny_clip.preprocess
     augmented = build_clip(TINY_MODEL_NAME, None, train_augment=True)
     assert augmented.preprocess is augmented.train_preprocess
     assert "RandomResizedCrop" in repr(augmented.train_preprocess)
 
 
-def test_fingerprint_is_stable_and_tracks_parameters(tiny):
-    first = tiny.fingerprint()
-    assert first == tiny.fingerprint() and first.startswith("sha256:")
-    other = copy.deepcopy(tiny.module)
+def test_fingerprint_is_stable_and_tracks_parameters(tiny_clip):
+    first = tiny_clip.fingerprint()
+    assert first == tiny_clip.fingerprint() and first.startswith("sha256:")
+    other = copy.deepcopy(tiny_clip.module)
     with torch.no_grad():
         next(other.parameters()).add_(1e-3)
     assert clip.state_fingerprint(other.state_dict()) != first
 
 
-def test_local_checkpoint_file_round_trips(tiny, tmp_path):
+def test_local_checkpoint_file_round_trips(tiny_clip, tmp_path):
     path = tmp_path / "tiny.pt"
-    torch.save(tiny.clip_model.state_dict(), path)
+    torch.save(tiny_clip.clip_model.state_dict(), path)
     loaded = build_clip(TINY_MODEL_NAME, pretrained=str(path))
-    assert loaded.fingerprint() == tiny.fingerprint()
-    assert loaded.model_fingerprint() == tiny.model_fingerprint()
+    assert loaded.fingerprint() == tiny_clip.fingerprint()
+    assert loaded.model_fingerprint() == tiny_clip.model_fingerprint()
     assert loaded.weights.kind == "file" and loaded.name.endswith("/tiny.pt")
     # a directory holding one checkpoint works too
-    assert build_clip(TINY_MODEL_NAME, pretrained=str(tmp_path)).fingerprint() == tiny.fingerprint()
+    assert build_clip(TINY_MODEL_NAME, pretrained=str(tmp_path)).fingerprint() == tiny_clip.fingerprint()
 
 
-def test_torchscript_archive_like_openai_originals_loads(tiny, tmp_path):
+def test_torchscript_archive_like_openai_originals_loads(tiny_clip, tmp_path):
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.jit.script(copy.deepcopy(tiny.clip_model)).save(str(tmp_path / "ViT-tiny.pt"))
+        torch.jit.script(copy.deepcopy(tiny_clip.clip_model)).save(str(tmp_path / "ViT-tiny.pt"))
         loaded = build_clip(TINY_MODEL_NAME, pretrained=str(tmp_path / "ViT-tiny.pt"))
     assert clip.is_torchscript_archive(tmp_path / "ViT-tiny.pt")
-    assert loaded.fingerprint() == tiny.fingerprint()
+    assert loaded.fingerprint() == tiny_clip.fingerprint()
 
 
-def test_hf_hub_model_from_the_local_cache(tiny, tmp_path):
+def test_hf_hub_model_from_the_local_cache(tiny_clip, tmp_path):
     import json
 
     from safetensors.torch import save_file
@@ -108,10 +102,10 @@ def test_hf_hub_model_from_the_local_cache(tiny, tmp_path):
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("b" * 40)
     (snapshot / "open_clip_config.json").write_text(json.dumps({"model_cfg": clip.TINY_CLIP_CONFIG}))
-    save_file({k: v.contiguous() for k, v in tiny.clip_model.state_dict().items()},
+    save_file({k: v.contiguous() for k, v in tiny_clip.clip_model.state_dict().items()},
               str(snapshot / "open_clip_model.safetensors"))
     loaded = build_clip("hf-hub:someone/tiny-clip", None, cache_dir=tmp_path)
-    assert loaded.weights.kind == "local-dir" and loaded.fingerprint() == tiny.fingerprint()
+    assert loaded.weights.kind == "local-dir" and loaded.fingerprint() == tiny_clip.fingerprint()
     with pytest.raises(MissingResourceError, match="someone/other"):
         build_clip("hf-hub:someone/other", None, cache_dir=tmp_path)
 
@@ -125,61 +119,61 @@ def test_checkpoint_of_another_architecture_is_a_config_error(tmp_path):
 # --------------------------------------------------------------------------- zero-shot heads
 
 
-def test_zero_shot_head_equals_hand_computation(tiny, tmp_path):
+def test_zero_shot_head_equals_hand_computation(tiny_clip, tmp_path):
     classnames = ["cat", "dog", "red and white circle 20 kph speed limit"]
     templates = ["a photo of a {}.", 'a zoomed in photo of a "{}" traffic sign.']
-    head = zero_shot_head(tiny, classnames, templates, dataset="toy", cache_root=tmp_path)
+    head = zero_shot_head(tiny_clip, classnames, templates, dataset="toy", cache_root=tmp_path)
     assert isinstance(head, ZeroShotHead)
 
     with torch.no_grad():
         rows = []
         for name in classnames:
-            tokens = tiny.tokenizer([t.format(name) for t in templates])
-            emb = tiny.clip_model.encode_text(tokens)
+            tokens = tiny_clip.tokenizer([t.format(name) for t in templates])
+            emb = tiny_clip.clip_model.encode_text(tokens)
             emb = emb / emb.norm(dim=-1, keepdim=True)
             emb = emb.mean(dim=0)
             rows.append(emb / emb.norm())
         weights = torch.stack(rows)
-        scale = tiny.clip_model.logit_scale.exp()
-        x = _batch(tiny)
-        feats = tiny.clip_model.encode_image(x)
+        scale = tiny_clip.clip_model.logit_scale.exp()
+        x = _batch(tiny_clip)
+        feats = tiny_clip.clip_model.encode_image(x)
         expected = scale * (feats / feats.norm(dim=-1, keepdim=True)) @ weights.T
 
     torch.testing.assert_close(head.weight, weights, rtol=1e-5, atol=1e-6)
     assert head.logit_scale == pytest.approx(float(scale))
-    torch.testing.assert_close(head(tiny.features(x)), expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(head(tiny_clip.features(x)), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_head_cache_returns_the_identical_head(tiny, tmp_path):
+def test_head_cache_returns_the_identical_head(tiny_clip, tmp_path):
     names, templates = ["0", "1", "2"], ['a photo of the number: "{}".']
-    first = zero_shot_head(tiny, names, templates, dataset="MNIST", cache_root=tmp_path)
+    first = zero_shot_head(tiny_clip, names, templates, dataset="MNIST", cache_root=tmp_path)
     files = list(tmp_path.glob("MNIST-*.safetensors"))
     assert len(files) == 1
     calls = []
-    original = tiny.encode_text
-    tiny.encode_text = lambda *a, **k: calls.append(1) or original(*a, **k)
+    original = tiny_clip.encode_text
+    tiny_clip.encode_text = lambda *a, **k: calls.append(1) or original(*a, **k)
     try:
-        second = zero_shot_head(tiny, names, templates, dataset="MNIST", cache_root=tmp_path)
+        second = zero_shot_head(tiny_clip, names, templates, dataset="MNIST", cache_root=tmp_path)
     finally:
-        del tiny.encode_text
+        del tiny_clip.encode_text
     assert not calls, "a cached head must not run the text tower"
     assert torch.equal(first.weight, second.weight) and first.logit_scale == second.logit_scale
     # other templates -> another key, another file
-    zero_shot_head(tiny, names, ['a photo of "{}".'], dataset="MNIST", cache_root=tmp_path)
+    zero_shot_head(tiny_clip, names, ['a photo of "{}".'], dataset="MNIST", cache_root=tmp_path)
     assert len(list(tmp_path.glob("MNIST-*.safetensors"))) == 2
 
 
-def test_default_head_cache_lives_under_editkit_cache(tiny, tmp_path):
-    zero_shot_head(tiny, ["a", "b"], ["{}"], dataset="toy")
+def test_default_head_cache_lives_under_editkit_cache(tiny_clip, tmp_path):
+    zero_shot_head(tiny_clip, ["a", "b"], ["{}"], dataset="toy")
     assert list((tmp_path / "editkit-cache" / "heads").glob("toy-*.safetensors"))
 
 
 # --------------------------------------------------------------------------- linearization
 
 
-def test_jvp_through_the_clip_image_tower(tiny):
-    x = _batch(tiny, n=3)
-    model = LinearizedModel(copy.deepcopy(tiny.module))
+def test_jvp_through_the_clip_image_tower(tiny_clip):
+    x = _batch(tiny_clip, n=3)
+    model = LinearizedModel(copy.deepcopy(tiny_clip.module))
     assert torch.count_nonzero(model.tangent(x)) == 0  # tau = 0
     torch.manual_seed(1)
     with torch.no_grad():
@@ -187,15 +181,15 @@ def test_jvp_through_the_clip_image_tower(tiny):
             p.add_(1e-2 * torch.randn_like(p))
     primal, tangent = model.primal_and_tangent(x)
     assert torch.isfinite(tangent).all() and tangent.abs().sum() > 0
-    torch.testing.assert_close(primal, tiny.features(x))
+    torch.testing.assert_close(primal, tiny_clip.features(x))
     # gradients reach theta through the jvp
     (primal + tangent).square().sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.theta)
 
 
-def test_jvp_matches_finite_differences_in_float64(tiny):
-    module = copy.deepcopy(tiny.module).double()
-    x = _batch(tiny, n=2).double()
+def test_jvp_matches_finite_differences_in_float64(tiny_clip):
+    module = copy.deepcopy(tiny_clip.module).double()
+    x = _batch(tiny_clip, n=2).double()
     model = LinearizedModel(module)
     torch.manual_seed(2)
     tau = {n: 1e-2 * torch.randn_like(p) for n, p in zip(model.names, model.theta)}

@@ -19,7 +19,8 @@ from editkit.core.taujp import Regularizer, UnlabeledSource
 from editkit.data.tasks import TensorTaskDataset
 from editkit.train.loop import StepComputer, fine_tune, warmup_cosine
 
-from fixtures_tabular import blobs
+from helpers import models
+from helpers.tabular import blobs
 
 MODES = ("nonlinear", "linear", "taujp")
 
@@ -28,12 +29,11 @@ MODES = ("nonlinear", "linear", "taujp")
 
 def backbone(seed: int = 0) -> nn.Module:
     """Linear -> BatchNorm (non-trivial running stats) -> Tanh -> Linear, eval mode."""
-    torch.manual_seed(seed)
-    m = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 8))
+    m = models.mlp(4, 16, 8, batchnorm=True, seed=seed)
     with torch.no_grad():
         m[1].running_mean.copy_(torch.randn(16) * 0.3)
         m[1].running_var.copy_(torch.rand(16) + 0.5)
-    return m.eval()
+    return m
 
 
 def fixed_head(seed: int = 0) -> LinearHead:

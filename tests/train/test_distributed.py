@@ -27,6 +27,8 @@ from editkit.core.taujp import LazyUnlabeledSource, Regularizer, UnlabeledSource
 from editkit.data.tasks import TensorTaskDataset
 from editkit.train.loop import fine_tune, labelled_batches
 
+from helpers import models
+
 # --------------------------------------------------------------------------- sampling
 
 
@@ -104,8 +106,7 @@ def test_bf16_autocast_runs_through_the_jvp():
 
 
 def _problem(seed: int = 0):
-    torch.manual_seed(seed)
-    module = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 8)).eval()
+    module = models.mlp(4, 16, 8, batchnorm=True, seed=seed)
     g = torch.Generator().manual_seed(seed)
     head = LinearHead(torch.randn(3, 8, generator=g), torch.zeros(3))
     x = torch.randn(45, 4, generator=g)
@@ -150,6 +151,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_bank_the_single_process_vectors(tmp_path):
     import torch.multiprocessing as mp
 
@@ -201,6 +203,7 @@ def _unused_worker(rank: int, world: int, port: int) -> None:
         distributed.teardown()
 
 
+@pytest.mark.slow
 def test_a_parameter_without_gradient_is_refused_under_data_parallelism():
     import torch.multiprocessing as mp
 

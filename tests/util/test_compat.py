@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMPAT_FILE = REPO / "editkit" / "_compat.py"
 
 # Loads _compat.py as a standalone module: ``import editkit._compat`` would run

@@ -42,9 +42,8 @@ def test_taujp_matrix_of_a_linear_model_is_dW_x():
     assert pair_interference(m, 0, 1) == pytest.approx(2.0 / 3.0)
 
 
-def test_taujp_matrix_matches_finite_differences_on_a_nonlinear_model():
-    torch.manual_seed(0)
-    module = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).double().eval()
+def test_taujp_matrix_matches_finite_differences_on_a_nonlinear_model(make_mlp):
+    module = make_mlp(5, 8, 3, seed=0).double()
     taus = [{n: 1e-1 * torch.randn_like(p) for n, p in module.named_parameters()} for _ in range(2)]
     xs = [torch.randn(6, 5, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)]
     m = taujp_matrix(module, taus, xs)

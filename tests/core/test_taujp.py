@@ -20,7 +20,8 @@ from editkit.core.taujp import Regularizer, UnlabeledSource, penalty
 from editkit.data.tasks import TensorTaskDataset
 from editkit.train.loop import fine_tune
 
-from fixtures_tabular import blobs
+from helpers import models
+from helpers.tabular import blobs
 
 # --------------------------------------------------------------------------- penalty by hand
 
@@ -60,8 +61,7 @@ def test_penalty_random_tensor_matches_loop():
 
 
 def small_net(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Tanh(), nn.Linear(6, 3)).eval()
+    return models.mlp(4, 6, 3, batchnorm=True, seed=seed)
 
 
 @pytest.mark.parametrize("squared", [False, True])
@@ -247,9 +247,8 @@ def test_from_dataset_never_reads_labels():
     assert sorted(map(tuple, batch.tolist())) == sorted(map(tuple, x.tolist()))
 
 
-def test_fine_tune_taujp_never_reads_regularizer_labels():
-    torch.manual_seed(0)
-    module = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 6)).eval()
+def test_fine_tune_taujp_never_reads_regularizer_labels(make_mlp):
+    module = make_mlp(4, 8, 6, batchnorm=True, seed=0)
     head = LinearHead(torch.randn(3, 6), torch.zeros(3))
     x, y = blobs(8, torch.eye(3, 4) * 3, seed=0)
     train = TensorTaskDataset(x, y)

@@ -28,6 +28,8 @@ from editkit.models.heads import LinearHead
 from editkit.train.loop import StepComputer, fine_tune
 from editkit.train.recipe import Recipe
 
+from helpers import models
+
 VOCAB, HIDDEN, PAD = 30, 16, 0
 
 # --------------------------------------------------------------------------- the tiny sequence classifier
@@ -38,13 +40,9 @@ class TinyBert(nn.Module):
 
     def __init__(self, *, per_token: bool = False, seed: int = 0) -> None:
         super().__init__()
-        import transformers
-
-        cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
-                                      intermediate_size=24, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                                      attention_probs_dropout_prob=0.0, pad_token_id=PAD, attn_implementation="eager")
-        torch.manual_seed(seed)
-        self.bert = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+        self.bert = models.bert(seed=seed, pooling=False, vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2,
+                                intermediate_size=24, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                                attention_probs_dropout_prob=0.0, pad_token_id=PAD, attn_implementation="eager")
         self.per_token = per_token
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -24,12 +24,12 @@ from PIL import Image
 from typer.testing import CliRunner
 
 import editkit  # noqa: F401  (torchvision shim before open_clip)
-import fixtures_vision
 from editkit.cli import app
 from editkit.bank.store import Bank
 from editkit.data import clip_templates as ct
 from editkit.data.vision8 import VISION8_ORDER
-from fixtures_vision import write_hf_parquet, write_image_folder
+from helpers import vision
+from helpers.vision import write_hf_parquet, write_image_folder
 
 runner = CliRunner()
 TRAIN = 36  # 40 generated train images minus the 10% validation split
@@ -96,7 +96,7 @@ def env(tmp_path_factory):
 def data_root(env):
     root = env / "data"
     patch = pytest.MonkeyPatch()
-    patch.setattr(fixtures_vision, "make_image", colored_image)
+    patch.setattr(vision, "make_image", colored_image)
     write_image_folder(root / "eurosat", list(ct.EUROSAT_FOLDERS), train_per_class=4, test_per_class=2)
     write_hf_parquet(root / "mnist", sizes={"train": 40, "test": 20}, num_classes=10,
                      class_names=[str(i) for i in range(10)], mode="L", size=28)
@@ -125,6 +125,7 @@ def single_run(env, data_root, scenario):
     return out, result
 
 
+@pytest.mark.slow
 def test_stream_runs_end_to_end_with_per_task_epochs(single_run, data_root, scenario, env):
     out, result = single_run
     assert "final merged model" in result.output and "after MNIST" in result.output
@@ -150,6 +151,7 @@ def test_stream_runs_end_to_end_with_per_task_epochs(single_run, data_root, scen
     assert heads == ["EuroSAT", "MNIST"]
 
 
+@pytest.mark.slow
 def test_every_recipe_value_from_the_cli_and_the_joint_setting(env, data_root, scenario, tmp_path):
     args = ["--steps", 2, "--scope", "all", "--batch-size", 8, "--accumulation", 2, "--lr", 0.02,
             "--weight-decay", 0, "--warmup", 1, "--grad-clip", 0.5, "--reg-batch", 2, "--lam", 0.3,
@@ -180,6 +182,7 @@ def _comparable(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+@pytest.mark.slow
 def test_torchrun_two_gloo_processes_bank_the_single_process_vectors(single_run, env, data_root, scenario, tmp_path):
     out, _ = single_run
     environ = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "EDITKIT_CACHE": str(env / "cache")}
@@ -227,6 +230,7 @@ def test_check_reports_what_is_there(data_root, scenario):
     assert missing.exit_code == 1 and "2 missing pieces" in missing.output
 
 
+@pytest.mark.slow
 def test_negate_tunes_alpha_on_validation(single_run, tmp_path):
     out, _ = single_run
     json_path = tmp_path / "neg.json"
@@ -244,6 +248,7 @@ def test_negate_tunes_alpha_on_validation(single_run, tmp_path):
     assert r["control_set"] == "tasks" and set(r["per_task"]) == {"EuroSAT", "MNIST"}
 
 
+@pytest.mark.slow
 def test_negate_uses_imagenet_validation_as_control(single_run, tmp_path, monkeypatch):
     out, _ = single_run
     # one prompt template instead of open_clip's 80 keeps the 1000-class head quick on the CPU
@@ -259,6 +264,7 @@ def test_negate_uses_imagenet_validation_as_control(single_run, tmp_path, monkey
     assert refused.exit_code == 1 and "nowhere" in refused.output
 
 
+@pytest.mark.slow
 def test_bench_reads_file_backed_tasks_and_reuses_the_streams_bank(single_run, env, data_root, scenario, tmp_path):
     """`editkit bench` on image-folder / parquet tasks with zero-shot heads: inputs are read through
     DataLoaders (never stacked in memory), --data-root reaches every task, and the taujp bank the

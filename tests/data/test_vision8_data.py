@@ -19,7 +19,7 @@ from editkit.errors import ConfigError, MissingResourceError
 from editkit.data.tasks import validation_indices
 from editkit.scenario.spec import load_scenario
 
-from fixtures_vision import (
+from helpers.vision import (
     decode_marks,
     write_hf_cache,
     write_hf_parquet,
@@ -119,12 +119,10 @@ def test_hf_parquet_copy_under_data_root(tmp_path):
     assert marks.calls == 52
 
 
-def test_parquet_with_clip_preprocess_and_a_dataloader(tmp_path):
-    from editkit.models.clip import TINY_MODEL_NAME, build_clip
-
+def test_parquet_with_clip_preprocess_and_a_dataloader(tmp_path, tiny_clip):
     write_hf_parquet(tmp_path / "mnist", subdir="mnist", sizes={"train": 20, "test": 6}, num_classes=10,
                      class_names=[str(i) for i in range(10)], mode="L", size=28)
-    backbone = build_clip(TINY_MODEL_NAME, None)
+    backbone = tiny_clip
     task = load_task("MNIST", backbone, data_root=tmp_path)
     x, y = next(iter(DataLoader(task.train, batch_size=8)))
     assert x.shape == (8, 3, 32, 32) and x.dtype == torch.float32 and y.dtype == torch.int64

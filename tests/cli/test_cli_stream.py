@@ -23,6 +23,7 @@ from editkit.cli import app
 from editkit.bank.store import Bank
 from editkit.scenario.spec import SCENARIO_DIR
 
+pytestmark = pytest.mark.slow  # every test here trains real streams through the CLI
 runner = CliRunner()
 STEPS = 3
 

@@ -1,0 +1,36 @@
+"""Tiny-model fixtures shared by every test directory, backed by the plain factories in ``helpers.models``.
+
+The transformer and CLIP models are module-scoped: building them costs more than the tests that
+read them, and no test edits one in place (the linearization tests deep-copy before editing).
+Code that cannot take a fixture (helper functions, spawned worker processes) calls the factories directly.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import models
+
+
+@pytest.fixture
+def make_mlp():
+    """The MLP factory, :func:`helpers.models.mlp`: tests pick its sizes, BatchNorm and seed."""
+    return models.mlp
+
+
+@pytest.fixture(scope="module")
+def tiny_clip():
+    """The tiny random open_clip backbone (seed 0), never downloaded."""
+    return models.tiny_clip()
+
+
+@pytest.fixture(scope="module")
+def tiny_bert():
+    """A random one-layer BERT with its pooler (seed 0), built from a config."""
+    return models.bert()
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2():
+    """A random one-layer GPT-2 language model (seed 0), built from a config."""
+    return models.gpt2()
