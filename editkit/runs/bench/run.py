@@ -71,7 +71,8 @@ from editkit.runs.records import StepRecord, StreamResult
 from editkit.runs.report import jsonable, write_json
 from editkit.runs.stream import DEFAULT_SCENARIO
 from editkit.scenario.options import BuildOptions
-from editkit.errors import BankError, ConfigError, IncompatibleVectorsError, MissingResourceError
+from editkit.errors import BankError, ConfigError, check_choices, IncompatibleVectorsError, MissingResourceError
+from editkit.util.fields import choice
 from editkit.util.memory import PeakRSS
 from editkit.merge import MERGE_METHODS
 from editkit.merge.ties import TIES_DEFAULT_K
@@ -148,10 +149,8 @@ class BenchConfig:
         "help": "Negation: control accuracy to keep, as a fraction of the pretrained model's, when tuning alpha."})
     xi_pair: Sequence[str] | None = field(default=None, metadata={
         "help": "Task pair 'a,b' for the disentanglement error (default: the first two tasks)."})
-    control: str = field(default="auto", metadata={
-        "choices": CONTROLS,
-        "help": "Negation control set: auto (ImageNet validation when the scenario asks for it and a local copy is "
-                "found, else the other tasks) | tasks | imagenet."})
+    control: str = choice("auto", CONTROLS, "Negation control set: auto (ImageNet validation when the scenario "
+                          "asks for it and a local copy is found, else the other tasks) | tasks | imagenet.")
     control_data: Path | None = field(default=None, metadata={
         "help": "Local ImageNet validation copy (default $EDITKIT_IMAGENET, else <data root>/imagenet)."})
     xi_grid: Sequence[float] = field(default=DEFAULT_XI_GRID, metadata={
@@ -192,8 +191,7 @@ class BenchConfig:
             raise ConfigError("the xi grid is empty")
         if self.xi_samples < 1 or self.batch_size < 1:
             raise ConfigError("xi_samples and batch_size must be >= 1")
-        if self.control not in CONTROLS:
-            raise ConfigError(f"--control {self.control!r} is not one of {', '.join(CONTROLS)}")
+        check_choices(self, "bench")
         pair = None
         if self.xi_pair is not None:
             pair = tuple(n.strip() for n in (self.xi_pair.split(",") if isinstance(self.xi_pair, str) else self.xi_pair))
