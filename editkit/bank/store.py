@@ -1,6 +1,6 @@
 """The task-vector bank: a directory of task vectors any user can inspect.
 
-Layout (DESIGN.md section 3)::
+Layout: one directory, one JSON manifest naming every vector, one safetensors file per vector::
 
     <root>/manifest.json          format version, base-model fingerprint, one entry per vector
     <root>/<name>.safetensors     tau = theta_ft - theta_0, tensors keyed by parameter name

@@ -35,12 +35,11 @@ Forward passes and jvps run on the runtime's device (CUDA when available, bf16
 autocast there by default), in one process; inputs are read batch by batch and
 only one feature or tangent vector per input is kept, on the CPU.
 
-Measured on offline-vision from empty banks on this project's quiet 2-core CPU
-machine (torch's default 2 threads): 18.5 min wall, of which streams 9.4 min
-(3 x 400 training steps plus the stream's own evaluations), coefficient search +
-negation 7.0 min, diagnostics 1.7 min; with the banks already filled only the
-last two run. On a machine busy with other jobs ``--threads 1`` is several times
-faster than one thread per core (oversubscribed OpenMP threads spin).
+From empty banks, the streams (every mode's training steps plus the stream's own
+evaluations) take about half of a bench run, the coefficient search and negation
+most of the rest, the diagnostics the least; with the banks already filled only
+the last two run. On a machine busy with other jobs ``--threads 1`` can be several
+times faster than one thread per core (oversubscribed OpenMP threads spin).
 """
 
 from __future__ import annotations
