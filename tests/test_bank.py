@@ -142,6 +142,13 @@ def test_unknown_mode_and_bad_metadata_are_refused(bank: Bank) -> None:
         add(bank, "v", metrics={"obj": object()})
     with pytest.raises(BankError, match="no tensors"):
         bank.append("v", {}, task="t", mode="linear", base=BASE)
+    # what a manifest would refuse to read back is refused when appended
+    with pytest.raises(BankError, match="vector 'v': step must be an integer or null"):
+        add(bank, "v", step="3")
+    with pytest.raises(BankError, match="vector 'v': scenario must be a string or null"):
+        add(bank, "v", scenario=["s"])
+    with pytest.raises(BankError, match=r"unknown entry field\(s\) \['stpe'\]"):
+        add(bank, "v", stpe=3)
     assert bank.names() == []
 
 
