@@ -3,8 +3,8 @@
 Every command's logic lives in the library (``editkit.runs.stream``, ``editkit.runs.edit``,
 ``editkit.bank.store``); this file parses options, builds the one ``Runtime`` and
 ``BuildOptions`` a command runs with, draws rich output and turns ``EditkitError``
-into one red line and a non-zero exit. The recipe, bench and build options are
-generated from the fields that declare them (``editkit.cli.options``), so those
+into one red line and a non-zero exit. The recipe, bench, build and runtime options
+are generated from the fields that declare them (``editkit.cli.options``), so those
 dataclasses are imported here; avalanche, open_clip and the like are imported inside
 the commands that need them, so ``editkit --help`` stays fast.
 """
