@@ -23,7 +23,7 @@ from editkit.util.memory import PeakRSS
 from editkit.train.recipe import Recipe
 from editkit.scenario.spec import load_scenario
 from editkit.scenario.build import build_scenario
-from editkit.core.taujp import Regularizer, UnlabeledSource
+from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
 
 MODES = {  # label -> (mode, schedule)
@@ -59,7 +59,7 @@ def main() -> None:
 
     spec = load_scenario(args.scenario)
     built = build_scenario(spec)
-    sources = [UnlabeledSource.from_dataset(t.name, t.train) for t in built.tasks[1:]]
+    sources = [unlabeled_source(t.name, t.train) for t in built.tasks[1:]]
     if built.generic is not None:
         sources.append(built.generic)
     # One untimed pass first: the process's first training steps pay one-off costs (allocator, kernels'

@@ -1,9 +1,14 @@
-"""Errors a user can act on.
+"""Errors a user can act on, and the check that refuses a setting outside its declared choices.
 
 Every failure editkit expects (bad input, missing data, a damaged bank) is an
 ``EditkitError``; the CLI prints its message as one red line and exits non-zero.
 Anything else is a bug and keeps its traceback.
 """
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 
 class EditkitError(Exception):
@@ -28,3 +33,16 @@ class IncompatibleVectorsError(BankError):
 
 class CorruptVectorError(BankError):
     """A stored vector is truncated, unreadable or fails its checksum."""
+
+
+def check_choices(settings: Any, what: str) -> None:
+    """Refuse a settings dataclass whose field holds a value outside its ``metadata["choices"]``.
+
+    The command line checks these values itself; this catches those from scenario files
+    and the Python API, naming the field as ``<what>.<field>``.
+    """
+    for f in dataclasses.fields(settings):
+        choices = f.metadata.get("choices")
+        value = getattr(settings, f.name)
+        if choices is not None and value not in choices:
+            raise ConfigError(f"{what}.{f.name} = {value!r} is not one of {', '.join(choices)}")

@@ -1,6 +1,6 @@
 """The task-vector bank: a directory of task vectors any user can inspect.
 
-Layout (DESIGN.md section 3)::
+Layout: one directory, one JSON manifest naming every vector, one safetensors file per vector::
 
     <root>/manifest.json          format version, base-model fingerprint, one entry per vector
     <root>/<name>.safetensors     tau = theta_ft - theta_0, tensors keyed by parameter name
@@ -35,6 +35,7 @@ of its problem list; :meth:`Bank.orphans` lists them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -115,20 +116,7 @@ class VectorEntry:
         return Mode(self.mode).family
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "task": self.task,
-            "mode": self.mode,
-            "base": self.base,
-            "file": self.file,
-            "checksum": self.checksum,
-            "created": self.created,
-            "scenario": self.scenario,
-            "step": self.step,
-            "recipe": self.recipe,
-            "metrics": self.metrics,
-            "provenance": self.provenance,
-        }
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: Any) -> VectorEntry:
@@ -139,30 +127,44 @@ class VectorEntry:
         """
         if not isinstance(data, dict):
             raise BankError(f"manifest entry is not an object: {data!r:.80}")
-        required = ("name", "task", "mode", "base", "file", "checksum", "created")
-        missing = [key for key in required if not isinstance(data.get(key), str)]
+        missing = [key for key in REQUIRED_FIELDS if not isinstance(data.get(key), str)]
         if missing:
             label = data.get("name", "<unnamed>")
             raise BankError(f"manifest entry {label!r} lacks string field(s): {', '.join(missing)}")
-        step = data.get("step")
-        if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
-            raise BankError(f"manifest entry {data['name']!r}: step must be an integer or null")
-        scenario = data.get("scenario")
-        if scenario is not None and not isinstance(scenario, str):
-            raise BankError(f"manifest entry {data['name']!r}: scenario must be a string or null")
-        recipe, metrics = data.get("recipe") or {}, data.get("metrics") or {}
-        provenance = data.get("provenance") or {}
-        if not all(isinstance(value, dict) for value in (recipe, metrics, provenance)):
-            raise BankError(f"manifest entry {data['name']!r}: recipe, metrics and provenance must be objects")
-        if "provenance" not in data:
-            provenance = {k: metrics[k] for k in LEGACY_PROVENANCE_KEYS if metrics.get(k) is not None}
-            metrics = {k: v for k, v in metrics.items() if k not in LEGACY_PROVENANCE_KEYS}
+        described = {key: data[key] for key in DESCRIBED_FIELDS if data.get(key) is not None}
+        if "provenance" not in data and isinstance(described.get("metrics"), dict):
+            metrics = described["metrics"]
+            described["provenance"] = {k: metrics[k] for k in LEGACY_PROVENANCE_KEYS if metrics.get(k) is not None}
+            described["metrics"] = {k: v for k, v in metrics.items() if k not in LEGACY_PROVENANCE_KEYS}
         _check_mode(data["mode"])
-        return cls(
-            name=data["name"], task=data["task"], mode=data["mode"], base=data["base"],
-            file=data["file"], checksum=data["checksum"], created=data["created"],
-            scenario=scenario, step=step, recipe=recipe, metrics=metrics, provenance=provenance,
-        )
+        return cls(**{key: data[key] for key in REQUIRED_FIELDS},
+                   **_described(described, f"manifest entry {data['name']!r}"))
+
+
+#: The fields every entry has (the bank sets ``file``, ``checksum`` and ``created`` itself) and the
+#: optional ones a writer may give :meth:`Bank.append`, both as :class:`VectorEntry` declares them.
+REQUIRED_FIELDS = tuple(f.name for f in dataclasses.fields(VectorEntry) if f.default is dataclasses.MISSING
+                        and f.default_factory is dataclasses.MISSING)
+DESCRIBED_FIELDS = tuple(f.name for f in dataclasses.fields(VectorEntry) if f.name not in REQUIRED_FIELDS)
+
+
+def _described(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """An entry's optional fields, checked the same way when appended and when read back.
+
+    Refuses unknown names, a ``step`` that is not an integer and a ``scenario`` that is
+    not a string (either may be None); ``recipe``, ``metrics`` and ``provenance`` are
+    JSON objects, copied (None: empty), so a refused value never reaches the disk.
+    """
+    unknown = sorted(set(values) - set(DESCRIBED_FIELDS))
+    if unknown:
+        raise BankError(f"{where}: unknown entry field(s) {unknown}; known: {', '.join(DESCRIBED_FIELDS)}")
+    step, scenario = values.get("step"), values.get("scenario")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise BankError(f"{where}: step must be an integer or null")
+    if scenario is not None and not isinstance(scenario, str):
+        raise BankError(f"{where}: scenario must be a string or null")
+    objects = {key: _json_copy(values.get(key), f"{where}: {key}") for key in ("recipe", "metrics", "provenance")}
+    return {"scenario": scenario, "step": step, **objects}
 
 
 @dataclass
@@ -343,19 +345,18 @@ class Bank:
         task: str,
         mode: str,
         base: str,
-        scenario: str | None = None,
-        step: int | None = None,
-        recipe: dict | None = None,
-        metrics: dict | None = None,
-        provenance: dict | None = None,
+        **described: Any,
     ) -> VectorEntry:
-        """Store a new vector atomically; the manifest is rewritten only after its file is durable."""
+        """Store a new vector atomically; the manifest is rewritten only after its file is durable.
+
+        described: the entry's optional fields (``scenario``, ``step``, ``recipe``, ``metrics``,
+            ``provenance``), declared once by :class:`VectorEntry` and checked as a manifest's are.
+        """
         _check_name(name)
         _check_mode(mode)
         if not isinstance(base, str) or not base:
             raise BankError("base must be the base model's fingerprint string")
-        recipe, metrics = _json_copy(recipe, "recipe"), _json_copy(metrics, "metrics")
-        provenance = _json_copy(provenance, "provenance")
+        described = _described(described, f"vector {name!r}")
         if not tensors:
             raise BankError(f"vector {name!r} has no tensors")
         cpu = _cpu_tensors(tensors)
@@ -366,8 +367,7 @@ class Bank:
             checksum = self._write_vector(file_name, cpu, name=name, task=task, mode=mode, base=base)
             entry = VectorEntry(
                 name=name, task=task, mode=mode, base=base, file=file_name, checksum=checksum,
-                created=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-                scenario=scenario, step=step, recipe=recipe, metrics=metrics, provenance=provenance,
+                created=datetime.now(timezone.utc).isoformat(timespec="milliseconds"), **described,
             )
             manifest.base = base
             manifest.vectors.append(entry)

@@ -3,8 +3,8 @@
 Every command's logic lives in the library (``editkit.runs.stream``, ``editkit.runs.edit``,
 ``editkit.bank.store``); this file parses options, builds the one ``Runtime`` and
 ``BuildOptions`` a command runs with, draws rich output and turns ``EditkitError``
-into one red line and a non-zero exit. The recipe, bench and build options are
-generated from the fields that declare them (``editkit.cli.options``), so those
+into one red line and a non-zero exit. The recipe, bench, build and runtime options
+are generated from the fields that declare them (``editkit.cli.options``), so those
 dataclasses are imported here; avalanche, open_clip and the like are imported inside
 the commands that need them, so ``editkit --help`` stays fast.
 """
@@ -26,6 +26,7 @@ from editkit.runs.stream import DEFAULT_SCENARIO
 from editkit.scenario.options import BuildOptions
 from editkit.settings import default_bank_dir
 from editkit.train.recipe import Recipe
+from editkit.train.runtime import RuntimeOptions
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Continual model editing: linearized fine-tuning "
                   "with tauJp, a persistent task-vector bank, task arithmetic.")
@@ -34,13 +35,9 @@ app.add_typer(bank_app, name="bank")
 
 DEFAULT_BANK = default_bank_dir(DEFAULT_SCENARIO, Recipe.mode)
 BankOption = typer.Option(DEFAULT_BANK, "--bank", help="Bank directory.")
-DeviceOption = typer.Option(None, "--device", help="cpu | cuda | cuda:N (default: CUDA when available; under torchrun "
-                            "the local rank's GPU).")
-PrecisionOption = typer.Option(None, "--precision", help="auto | bf16 | fp32 (auto: bf16 autocast on CUDA).")
 ScenarioOption = option_for(BenchConfig, "scenario")
 ControlOption = option_for(BenchConfig, "control")
 ControlDataOption = option_for(BenchConfig, "control_data")
-WorkersOption = typer.Option(None, "--workers", help="DataLoader workers per process (default: 0 on CPU, up to 8 on GPU).")
 
 
 def friendly_errors(fn: Callable) -> Callable:
@@ -65,7 +62,9 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log librar
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 
-#: Option groups: recipe fields (the commands that run streams) and build options; unset keeps the value below.
+#: Option groups: recipe fields (the commands that run streams) and build options, unset keeps the value below;
+#: the runtime options every computing command takes.
+RUNTIME = Fields(RuntimeOptions)
 KEEP_SCENARIO = "(default: the scenario's)"
 RECIPE = Fields(Recipe, keep=True, keep_help=KEEP_SCENARIO)
 BUILD = Fields(BuildOptions, keep=True, keep_help=KEEP_SCENARIO)
@@ -74,14 +73,12 @@ REBUILD = Fields(BuildOptions, keep=True, keep_help="(default: what the stream w
 
 @app.command()
 @friendly_errors
-@with_options(recipe=RECIPE, build=BUILD)
+@with_options(recipe=RECIPE, build=BUILD, runtime_options=RUNTIME)
 def stream(
     recipe: dict,
     build: dict,
+    runtime_options: dict,
     scenario: str = ScenarioOption,
-    device: Optional[str] = DeviceOption,
-    precision: Optional[str] = PrecisionOption,
-    workers: Optional[int] = WorkersOption,
     check: bool = typer.Option(False, "--check", help="Only check that weights and data are available, then exit."),
     bank: Optional[Path] = typer.Option(None, help="Bank directory (default banks/<scenario>-<mode>)."),
     run_dir: Optional[Path] = typer.Option(None, help="Run directory for report.json and plots (default runs/<scenario>-<mode>)."),
@@ -106,7 +103,7 @@ def stream(
         singles[step.task] = step.single_task
         console.print(step_table(step, singles))
 
-    with process_runtime(device, precision, workers) as runtime:
+    with process_runtime(**runtime_options) as runtime:
         result, report = run_scenario(scenario, bank=bank, run_dir=run_dir, resume=resume, progress=progress,
                                       on_step=show, build=options, runtime=runtime, **recipe)
     if report is None:  # a torchrun process other than rank 0
@@ -136,15 +133,13 @@ def _check_scenario(scenario: str, build: BuildOptions) -> None:
 
 @app.command()
 @friendly_errors
-@with_options(build=REBUILD)
+@with_options(build=REBUILD, runtime_options=RUNTIME)
 def add(
     build: dict,
+    runtime_options: dict,
     names: Optional[list[str]] = typer.Argument(None, help="Vectors to add (default: --all)."),
     all_: bool = typer.Option(False, "--all", help="Add every vector in the bank."),
     alpha: str = typer.Option("1.0", help="Scaling coefficient: one for all vectors, or one per vector ('0.5,1,0.8')."),
-    device: Optional[str] = DeviceOption,
-    precision: Optional[str] = PrecisionOption,
-    workers: Optional[int] = WorkersOption,
     bank: Path = BankOption,
     out: Optional[Path] = typer.Option(None, help="Save the summed task vector as safetensors."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
@@ -164,7 +159,7 @@ def add(
         alphas = [float(a) for a in alpha.split(",")]
     except ValueError:
         raise ConfigError(f"--alpha must be a number or comma-separated numbers, got {alpha!r}") from None
-    with process_runtime(device, precision, workers) as runtime:
+    with process_runtime(**runtime_options) as runtime:
         result = add_vectors(store, selection, alphas[0] if len(alphas) == 1 else alphas, progress=RichProgress(),
                              build=BuildOptions(**build), runtime=runtime)
     r = result.report
@@ -175,9 +170,10 @@ def add(
 
 @app.command()
 @friendly_errors
-@with_options(build=REBUILD)
+@with_options(build=REBUILD, runtime_options=RUNTIME)
 def negate(
     build: dict,
+    runtime_options: dict,
     name: str = typer.Argument(..., help="Vector to negate."),
     alpha: float = typer.Option(1.0, help="Scaling coefficient: theta_0 - alpha * tau."),
     tune_alpha: bool = typer.Option(False, "--tune-alpha", help="Choose alpha on validation (grid 0, 0.05, ..., 1): "
@@ -186,9 +182,6 @@ def negate(
                                       "fraction of the pretrained model's."),
     control: str = ControlOption,
     control_data: Optional[Path] = ControlDataOption,
-    device: Optional[str] = DeviceOption,
-    precision: Optional[str] = PrecisionOption,
-    workers: Optional[int] = WorkersOption,
     bank: Path = BankOption,
     out: Optional[Path] = typer.Option(None, help="Save the negated task vector as safetensors."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
@@ -200,7 +193,7 @@ def negate(
     from editkit.runs.stream import process_runtime
 
     store = open_bank(bank)
-    with process_runtime(device, precision, workers) as runtime:
+    with process_runtime(**runtime_options) as runtime:
         result = negate_vector(store, name, alpha, progress=RichProgress(), control=control, control_data=control_data,
                                tune_alpha=tune_alpha, min_control=min_control, build=BuildOptions(**build),
                                runtime=runtime)
@@ -309,15 +302,13 @@ def bank_verify(bank: Path = BankOption) -> None:
 @app.command()
 @friendly_errors
 @with_options(settings=Fields(BenchConfig), recipe=dataclasses.replace(RECIPE, exclude=("mode",)),  # modes: --modes
-              build=BUILD)
+              build=BUILD, runtime_options=RUNTIME)
 def bench(
     settings: dict,
     recipe: dict,
     build: dict,
+    runtime_options: dict,
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's)."),
-    device: Optional[str] = DeviceOption,
-    precision: Optional[str] = PrecisionOption,
-    workers: Optional[int] = WorkersOption,
 ) -> None:
     """The paper's tables and figures: task addition, negation, tauJp diagnostics, cost — for every mode."""
     import time
@@ -333,7 +324,7 @@ def bench(
         torch.set_num_threads(max(1, threads))
     start = time.perf_counter()
     config = BenchConfig(**settings, recipe=recipe, build=BuildOptions(**build)).validated()
-    with process_runtime(device, precision, workers) as runtime:
+    with process_runtime(**runtime_options) as runtime:
         result = run_bench(config, runtime=runtime, progress=RichProgress())
     report = result.report
     for build in (addition_table, negation_table, taujp_table, xi_table, cost_table):

@@ -47,7 +47,7 @@ def step_table(step: StepRecord, single: Mapping[str, float]) -> Table:
     """One stream step: the merged model (alpha = 1) on every task seen so far."""
     merged = step.merged
     title = (f"after {step.task} (step {step.step + 1})" + ("  [resumed from bank]" if step.resumed else "")
-             + f"  —  {step.seconds_per_step or 0:.2f} s/step")
+             + f"  —  {step.cost.seconds_per_step or 0:.2f} s/step")
     return accuracy_table(title, merged["per_task"], single={t: single[t] for t in merged["per_task"]},
                           summary={"absolute": merged["absolute"], "normalized": merged["normalized"]})
 

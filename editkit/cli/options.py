@@ -1,9 +1,9 @@
 """Command options generated from dataclass fields, so each setting is declared once.
 
-A field of :class:`~editkit.train.recipe.Recipe`, :class:`~editkit.runs.bench.run.BenchConfig`
-or :class:`~editkit.scenario.options.BuildOptions` says what it means in
-``metadata["help"]`` and, for a text field with a fixed set of values, lists them in
-``metadata["choices"]``. :func:`fields_as_options` turns such a field into a Typer
+A field of :class:`~editkit.train.recipe.Recipe`, :class:`~editkit.runs.bench.run.BenchConfig`,
+:class:`~editkit.scenario.options.BuildOptions` or :class:`~editkit.train.runtime.RuntimeOptions`
+says what it means in ``metadata["help"]`` and, for a text field with a fixed set of
+values, lists them in ``metadata["choices"]``. :func:`fields_as_options` turns such a field into a Typer
 option: ``--field-name`` (booleans: ``--name/--no-name``), help from the metadata,
 choices from the field. A command takes a group of generated options with
 :func:`with_options`: its Python function declares one parameter per group (say

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp
 
+from editkit.core.modes import Mode
+
 
 @contextlib.contextmanager
 def forward_ad_safe_attention() -> Iterator[None]:
@@ -131,8 +133,6 @@ class LinearizedModel(_TaskModel):
 
 def build_task_model(module: nn.Module, mode: str) -> _TaskModel:
     """``nonlinear`` fine-tunes f itself; ``linear`` and ``taujp`` fine-tune f_lin."""
-    if mode == "nonlinear":
-        return NonLinearModel(module)
-    if mode in ("linear", "taujp"):
-        return LinearizedModel(module)
-    raise ValueError(f"unknown mode {mode!r}: expected nonlinear, linear or taujp")
+    if mode not in tuple(Mode):
+        raise ValueError(f"unknown mode {mode!r}: expected {', '.join(Mode)}")
+    return LinearizedModel(module) if Mode(mode).linearized else NonLinearModel(module)

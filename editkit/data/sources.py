@@ -92,13 +92,32 @@ class ImageSplit(Dataset):
 
 
 class DataSource(ABC):
-    """A dataset on disk in one format. ``splits()`` loads lazily and caches."""
+    """A dataset on disk in one format. ``splits()`` loads lazily and caches.
+
+    Each format says once, in :meth:`problem`, what a complete copy needs; that one
+    check both tells formats apart (:meth:`detect`) and refuses an incomplete copy at
+    construction. ``layout`` is what a format needs besides the directory to find
+    its files (the parquet config sub-directory and split names).
+    """
 
     kind: str = "?"
 
-    def __init__(self, location: Path) -> None:
+    def __init__(self, location: str | os.PathLike, **layout: Any) -> None:
         self.location = Path(location)
+        problem = self.problem(self.location, **layout)
+        if problem is not None:
+            raise MissingResourceError(problem)
         self._splits: dict[str, ImageSplit] | None = None
+
+    @classmethod
+    @abstractmethod
+    def problem(cls, root: Path, **layout: Any) -> str | None:
+        """Why ``root`` holds no complete copy in this format (train and test), or None if it does."""
+
+    @classmethod
+    def detect(cls, root: str | os.PathLike, **layout: Any) -> bool:
+        """Whether ``root`` holds a complete copy in this format."""
+        return cls.problem(Path(root), **layout) is None
 
     def splits(self) -> dict[str, ImageSplit]:
         """``{"train": ImageSplit, "test": ImageSplit}``, loaded on first call."""
@@ -214,25 +233,23 @@ class ParquetSource(DataSource):
         origin: str | None = None,
         split_names: tuple[str, ...] = SPLITS,
     ) -> None:
-        super().__init__(Path(root))
+        super().__init__(root, subdir=subdir, split_names=split_names)
         self.subdir = subdir
         self.image_column = image_column
         self.label_column = label_column
         self.origin = origin
         self.split_names = tuple(split_names)
         self.files = {split: parquet_files(self.location, split, subdir) for split in self.split_names}
-        missing = [split for split, files in self.files.items() if not files]
-        if missing:
-            raise MissingResourceError(
-                f"no {' / '.join(missing)} parquet files under {self.location}"
-                f"{f'/{subdir}' if subdir else ''} (expected data/<split>-*.parquet)"
-            )
         self._names: list[str] | None = None
         self._columns: tuple[str, str] | None = None
 
-    @staticmethod
-    def detect(root: Path, subdir: str | None = None, split_names: tuple[str, ...] = SPLITS) -> bool:
-        return all(parquet_files(Path(root), split, subdir) for split in split_names)
+    @classmethod
+    def problem(cls, root: Path, subdir: str | None = None, split_names: tuple[str, ...] = SPLITS) -> str | None:
+        missing = [split for split in split_names if not parquet_files(root, split, subdir)]
+        if not missing:
+            return None
+        return (f"no {' / '.join(missing)} parquet files under {root}{f'/{subdir}' if subdir else ''} "
+                "(expected data/<split>-*.parquet)")
 
     def describe(self) -> str:
         where = self.origin or str(self.location)
@@ -297,10 +314,7 @@ class ParquetSource(DataSource):
 
 
 def _find_test_dir(root: Path) -> Path | None:
-    for name in TEST_DIR_NAMES:
-        if (root / name).is_dir():
-            return root / name
-    return None
+    return next((root / name for name in TEST_DIR_NAMES if (root / name).is_dir()), None)
 
 
 class ImageFolderSource(DataSource):
@@ -309,21 +323,19 @@ class ImageFolderSource(DataSource):
     kind = "imagefolder"
 
     def __init__(self, root: str | os.PathLike) -> None:
-        super().__init__(Path(root))
-        missing = []
-        if not (self.location / "train").is_dir():
-            missing.append("train/")
-        if _find_test_dir(self.location) is None:
-            missing.append("test/ (or val/)")
-        if missing:
-            raise MissingResourceError(f"image folder {self.location} lacks {' and '.join(missing)}")
+        super().__init__(root)
         self._classes: list[str] | None = None
 
-    @staticmethod
-    def detect(root: Path) -> bool:
-        root = Path(root)
-        train = root / "train"
-        return train.is_dir() and _find_test_dir(root) is not None and any(p.is_dir() for p in train.iterdir())
+    @classmethod
+    def problem(cls, root: Path) -> str | None:
+        train, missing = root / "train", []
+        if not train.is_dir():
+            missing.append("train/")
+        elif not any(p.is_dir() for p in train.iterdir()):
+            missing.append("class directories in train/")
+        if _find_test_dir(root) is None:
+            missing.append("test/ (or val/)")
+        return f"image folder {root} lacks {' and '.join(missing)}" if missing else None
 
     def class_names(self) -> list[str]:
         if self._classes is None:
@@ -404,10 +416,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
 
 def _idx_file(directory: Path, stem: str) -> Path | None:
-    for name in (stem, stem + ".gz"):
-        if (directory / name).is_file():
-            return directory / name
-    return None
+    return next((directory / name for name in (stem, stem + ".gz") if (directory / name).is_file()), None)
 
 
 class MnistIdxSource(DataSource):
@@ -416,23 +425,22 @@ class MnistIdxSource(DataSource):
     kind = "mnist-idx"
 
     def __init__(self, root: str | os.PathLike) -> None:
-        super().__init__(Path(root))
-        directory = self.find_dir(self.location)
-        if directory is None:
-            wanted = ", ".join(stem for pair in MNIST_FILES.values() for stem in pair)
-            raise MissingResourceError(f"no MNIST idx files ({wanted}, optionally .gz) in {self.location}[/MNIST]/raw")
-        self.raw_dir = directory
+        super().__init__(root)
+        self.raw_dir = self.find_dir(self.location)
 
     @staticmethod
     def find_dir(root: Path) -> Path | None:
-        for directory in (root / "MNIST" / "raw", root / "raw", root):
-            if all(_idx_file(directory, stem) for pair in MNIST_FILES.values() for stem in pair):
-                return directory
-        return None
+        """The first of ``root/MNIST/raw``, ``root/raw`` and ``root`` holding all four files."""
+        candidates = (root / "MNIST" / "raw", root / "raw", root)
+        stems = [stem for pair in MNIST_FILES.values() for stem in pair]
+        return next((d for d in candidates if all(_idx_file(d, stem) for stem in stems)), None)
 
-    @staticmethod
-    def detect(root: Path) -> bool:
-        return MnistIdxSource.find_dir(Path(root)) is not None
+    @classmethod
+    def problem(cls, root: Path) -> str | None:
+        if cls.find_dir(root) is not None:
+            return None
+        wanted = ", ".join(stem for pair in MNIST_FILES.values() for stem in pair)
+        return f"no MNIST idx files ({wanted}, optionally .gz) in {root}[/MNIST]/raw"
 
     def class_names(self) -> list[str]:
         return [str(i) for i in range(10)]
@@ -461,15 +469,10 @@ class SvhnMatSource(DataSource):
 
     kind = "svhn-mat"
 
-    def __init__(self, root: str | os.PathLike) -> None:
-        super().__init__(Path(root))
-        missing = [f"{s}_32x32.mat" for s in SPLITS if not (self.location / f"{s}_32x32.mat").is_file()]
-        if missing:
-            raise MissingResourceError(f"no {' / '.join(missing)} in {self.location}")
-
-    @staticmethod
-    def detect(root: Path) -> bool:
-        return all((Path(root) / f"{s}_32x32.mat").is_file() for s in SPLITS)
+    @classmethod
+    def problem(cls, root: Path) -> str | None:
+        missing = [f"{s}_32x32.mat" for s in SPLITS if not (root / f"{s}_32x32.mat").is_file()]
+        return f"no {' / '.join(missing)} in {root}" if missing else None
 
     def class_names(self) -> list[str]:
         return [str(i) for i in range(10)]
@@ -505,11 +508,9 @@ def detect_source(
     if not directory.is_dir():
         return None
     for name in formats:
-        if name == "parquet":
-            if ParquetSource.detect(directory, subdir):
-                return ParquetSource(directory, subdir=subdir)
-        elif FORMATS[name].detect(directory):
-            return FORMATS[name](directory)
+        layout = {"subdir": subdir} if name == "parquet" else {}
+        if FORMATS[name].detect(directory, **layout):
+            return FORMATS[name](directory, **layout)
     return None
 
 

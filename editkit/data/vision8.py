@@ -202,7 +202,7 @@ def locate(
         )
         if snapshot is None:
             continue
-        if ParquetSource.detect(snapshot, repo.subdir):
+        if ParquetSource.detect(snapshot, subdir=repo.subdir):
             source = ParquetSource(snapshot, subdir=repo.subdir, origin=f"{repo.repo_id} in the Hugging Face cache")
             log.info("%s: using %s", entry.name, source.describe())
             return source

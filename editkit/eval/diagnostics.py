@@ -164,26 +164,3 @@ def _disagreement(a: torch.Tensor, b: torch.Tensor) -> float:
     if len(a) != len(b):
         raise ValueError("predictions of different lengths")
     return float((a != b).double().mean()) if len(a) else 0.0
-
-
-def module_predictor(
-    module: nn.Module,
-    mode: str,
-    vectors: tuple[Vector, Vector],
-    heads: tuple[nn.Module, nn.Module],
-    inputs: tuple[torch.Tensor, torch.Tensor],
-    *,
-    batch_size: int = 256,
-) -> Predictor:
-    """A ``predict(t, a1, a2)`` that runs the real model (``mode``'s) at theta_0 + a1 tau_1 + a2 tau_2."""
-    model = build_task_model(module, mode)
-    model.eval()
-    tau1, tau2 = vectors
-
-    @torch.no_grad()
-    def predict(t: int, a1: float, a2: float) -> torch.Tensor:
-        model.load_task_vector({k: a1 * tau1[k] + a2 * tau2[k] for k in tau1})
-        x = inputs[t]
-        return torch.cat([heads[t](model(x[i : i + batch_size])).argmax(dim=1) for i in range(0, len(x), batch_size)])
-
-    return predict

@@ -27,6 +27,7 @@ from editkit.eval.diagnostics import tangent_norms
 from editkit.train.runtime import Runtime
 from editkit.errors import ConfigError
 from editkit.core.linearize import LinearizedModel, NonLinearModel
+from editkit.core.modes import Mode
 from editkit.util.progress import Progress
 from editkit.data.tasks import TensorTaskDataset
 
@@ -141,7 +142,7 @@ class ModeEvaluator:
         self.mode, self.bank, self.data, self.heads, self.base = mode, bank, data, heads, base
         self.vector_names = dict(vector_names)  # task -> bank vector name
         self.models = models
-        self.linearized = mode != "nonlinear"
+        self.linearized = Mode(mode).linearized
         self.extras: dict[str, dict[str, torch.Tensor]] = {}
         self._loaded: dict[str, dict[str, torch.Tensor]] = {}
         self._tangents: dict[tuple[str, str], dict[str, torch.Tensor]] = {}

@@ -438,11 +438,6 @@ class ClipBackbone(Backbone):
         """The multiplier applied to cosine similarities: ``exp(model.logit_scale)`` (100 for OpenAI CLIP)."""
         return float(self.clip_model.logit_scale.detach().float().exp().item())
 
-    @property
-    def log_logit_scale(self) -> float:
-        """open_clip's stored (log-space) ``logit_scale`` parameter."""
-        return float(self.clip_model.logit_scale.detach().float().item())
-
     def _text_device(self) -> torch.device:
         for name, param in self.clip_model.named_parameters():
             if not name.startswith("visual."):

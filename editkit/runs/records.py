@@ -13,7 +13,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, TypedDict
 
+from editkit.train.loop import FineTuneResult
 from editkit.train.recipe import Recipe
+from editkit.train.runtime import Runtime
 
 
 class MergedScores(TypedDict):
@@ -25,43 +27,55 @@ class MergedScores(TypedDict):
 
 
 @dataclass
-class StepRecord:
-    """One experience of a stream: its fine-tuning, its vector alone, and the merged model after it.
+class TrainingCost:
+    """What fine-tuning one experience cost and where it ran.
 
-    ``merged`` is None until the merged model is scored; ``resumed`` says the vector
-    came from the bank rather than from training in this run (it is never banked).
-    ``peak_gpu_bytes`` (CUDA only) is written only when present. Where the vector came
-    from (scenario file, build options) is the bank entry's provenance, not a metric. ``extra`` holds keys that others
-    add to a banked entry's metrics (the bench's peak RSS), kept as they are.
+    A field is None where it was not recorded (banks written before the timings
+    were); ``peak_gpu_bytes`` (CUDA only) is written only when present.
     """
 
-    step: int
-    task: str
-    pretrained: float
-    single_task: float
     train_seconds: float | None = None
     seconds_per_step: float | None = None
     train_steps: int | None = None
     train_size: int | None = None
     runtime: str | None = None
     peak_gpu_bytes: int | None = None
+
+    @classmethod
+    def of(cls, result: FineTuneResult, steps: int, train_size: int, runtime: Runtime) -> TrainingCost:
+        """The cost of one fine-tuning run of ``steps`` steps over ``train_size`` examples."""
+        return cls(train_seconds=result.seconds, seconds_per_step=result.seconds_per_step, train_steps=steps,
+                   train_size=train_size, runtime=runtime.describe(), peak_gpu_bytes=result.peak_gpu_bytes)
+
+
+@dataclass
+class StepRecord:
+    """One experience of a stream: its fine-tuning, its vector alone, and the merged model after it.
+
+    Written out flat: the scores, then the cost's fields, then ``merged`` (see
+    :meth:`metrics`). ``merged`` is None until the merged model is scored; ``resumed``
+    says the vector came from the bank rather than from training in this run (it is
+    never banked). Where the vector came from (scenario file, build options) is the
+    bank entry's provenance, not a metric. ``extra`` holds keys that others add to a
+    banked entry's metrics (the bench's peak RSS), kept as they are.
+    """
+
+    step: int
+    task: str
+    pretrained: float
+    single_task: float
+    cost: TrainingCost = field(default_factory=TrainingCost)
     merged: MergedScores | None = None
     resumed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
+    _SCORES: ClassVar[tuple[str, ...]] = ("step", "task", "pretrained", "single_task")
     _OPTIONAL: ClassVar[tuple[str, ...]] = ("peak_gpu_bytes", "merged")  # keys written only when set
 
     def metrics(self) -> dict[str, Any]:
         """What the bank stores in the vector's entry: every key but ``resumed``."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            if f.name in ("resumed", "extra"):
-                continue
-            value = getattr(self, f.name)
-            if value is None and f.name in self._OPTIONAL:
-                continue
-            out[f.name] = value
-        return {**out, **self.extra}
+        flat = {**{k: getattr(self, k) for k in self._SCORES}, **dataclasses.asdict(self.cost), "merged": self.merged}
+        return {**{k: v for k, v in flat.items() if not (v is None and k in self._OPTIONAL)}, **self.extra}
 
     def to_dict(self) -> dict[str, Any]:
         """The step as ``report.json`` lists it: the banked metrics plus ``resumed``."""
@@ -70,9 +84,11 @@ class StepRecord:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:
         """Read :meth:`to_dict`'s or :meth:`metrics`'s output (a bank entry's metrics) back."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        known = {k: v for k, v in data.items() if k in names}
-        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+        costs = {f.name for f in dataclasses.fields(TrainingCost)}
+        own = {*cls._SCORES, "merged", "resumed"}
+        return cls(**{k: v for k, v in data.items() if k in own},
+                   cost=TrainingCost(**{k: v for k, v in data.items() if k in costs}),
+                   extra={k: v for k, v in data.items() if k not in own | costs})
 
 
 #: Called with each stream step's record as soon as the step is done (the CLI prints it, the bench

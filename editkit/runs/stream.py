@@ -35,7 +35,7 @@ from editkit.errors import BankError, ConfigError, MissingResourceError
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world
 from editkit.eval.accuracy import EvalTask, addition_summary, evaluate_vector
 from editkit.util.progress import NullProgress, Progress
-from editkit.runs.records import MergedScores, StepRecord, StreamResult, StreamStepCallback
+from editkit.runs.records import MergedScores, StepRecord, StreamResult, StreamStepCallback, TrainingCost
 from editkit.train.recipe import Recipe
 from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
@@ -133,9 +133,7 @@ class StreamRunner:
         single = self.evaluate(result.task_vector, [t], f"{exp.name}: single-task")[exp.name]
         pretrained = self.evaluate(None, [t], f"{exp.name}: pretrained")[exp.name]
         record = StepRecord(step=t, task=exp.name, pretrained=pretrained, single_task=single,
-                            train_seconds=result.seconds, seconds_per_step=result.seconds_per_step,
-                            train_steps=recipe.steps, train_size=len(exp.train),
-                            runtime=self.runtime.describe(), peak_gpu_bytes=result.peak_gpu_bytes)
+                            cost=TrainingCost.of(result, recipe.steps, len(exp.train), self.runtime))
         if self.runtime.is_main:
             self.bank.append(exp.name, result.task_vector, task=exp.name, mode=recipe.mode, base=self.base,
                              scenario=self.scenario, step=t, recipe=recipe.to_dict(), metrics=record.metrics(),

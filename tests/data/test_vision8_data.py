@@ -6,6 +6,8 @@ ClassLabel metadata, the hub cache, image-folder trees, MNIST idx, SVHN .mat).
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -217,6 +219,28 @@ def test_svhn_mat(tmp_path):
     x, y = _labels_and_marks(task.test)
     assert np.array_equal(y, labels["test"]) and np.array_equal(x[:, 0].numpy(), y)
     assert 0 in y.tolist() and 10 not in y.tolist()
+
+
+@pytest.mark.parametrize("fmt, write, remove, message", [
+    ("imagefolder", lambda root: write_image_folder(root, ["a", "b"], train_per_class=1, test_per_class=1),
+     "test", r"lacks test/ \(or val/\)"),
+    ("mnist-idx", lambda root: write_mnist_idx(root, n_train=4, n_test=2, gz=False),
+     "MNIST/raw/t10k-labels-idx1-ubyte", "no MNIST idx files"),
+    ("svhn-mat", lambda root: write_svhn_mat(root, n_train=4, n_test=2), "test_32x32.mat", "no test_32x32.mat in"),
+    ("parquet", lambda root: write_hf_parquet(root, sizes={"train": 4, "test": 2}, num_classes=2),
+     "data/test-00000-of-00001.parquet", "no test parquet files under"),
+])
+def test_one_completeness_check_detects_and_refuses(tmp_path, fmt, write, remove, message):
+    root = tmp_path / fmt
+    write(root)
+    cls = sources.FORMATS[fmt]
+    assert cls.detect(root) and cls.problem(root) is None and type(sources.detect_source(root)) is cls
+    target = root / remove
+    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    assert not cls.detect(root) and sources.detect_source(root, formats=(fmt,)) is None
+    with pytest.raises(MissingResourceError, match=message) as info:
+        cls(root)
+    assert str(info.value) == cls.problem(root)
 
 
 def test_env_var_data_root(tmp_path, monkeypatch):

@@ -10,13 +10,27 @@ from torch import nn
 from editkit.eval.diagnostics import (
     correlation,
     disentanglement_error,
-    module_predictor,
     off_diagonal,
     pair_interference,
     taujp_matrix,
 )
+from editkit.core.linearize import build_task_model
 from editkit.errors import ConfigError
 from editkit.models.heads import LinearHead
+
+
+def module_predictor(module, mode, vectors, heads, inputs):
+    """Reference oracle for xi: runs the real task model (``mode``'s) at theta_0 + a1 tau_1 + a2 tau_2
+    and takes the argmax of task t's head, with no caching or tangent shortcuts."""
+    model = build_task_model(module, mode).eval()
+    tau1, tau2 = vectors
+
+    @torch.no_grad()
+    def predict(t: int, a1: float, a2: float) -> torch.Tensor:
+        model.load_task_vector({k: a1 * tau1[k] + a2 * tau2[k] for k in tau1})
+        return heads[t](model(inputs[t])).argmax(dim=1)
+
+    return predict
 
 
 def linear_backbone(weight: torch.Tensor) -> nn.Module:

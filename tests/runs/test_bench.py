@@ -97,6 +97,8 @@ def test_parse_names_refuses_unknown_repeated_and_empty():
             parse_names(bad, ("nonlinear", "linear", "taujp"), "modes")
     with pytest.raises(ConfigError, match="empty"):
         BenchConfig(alphas=[]).validated()
+    with pytest.raises(ConfigError, match=r"^bench\.control = 'imagenett' is not one of auto, tasks, imagenet$"):
+        BenchConfig(control="imagenett").validated()
 
 
 # --- exact evaluation from cached tangents ----------------------------------------------------

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
-from editkit.runs.records import StepRecord, StreamResult
+from editkit.runs.records import StepRecord, StreamResult, TrainingCost
+from editkit.train.loop import FineTuneResult
 from editkit.train.recipe import Recipe
+from editkit.train.runtime import Runtime
 
 BANKED = {  # a bank entry's metrics as the stream writes them (CUDA run, then merged)
     "step": 1, "task": "digits", "pretrained": 0.1, "single_task": 0.9, "train_seconds": 12.5,
@@ -29,9 +31,19 @@ def test_optional_keys_stay_absent_and_nullable_ones_stay_null():
     cpu = {k: v for k, v in BANKED.items() if k not in ("peak_gpu_bytes", "merged", "bench_peak_rss_bytes")}
     cpu["train_seconds"] = None  # a step resumed from an old bank without timings keeps null
     record = StepRecord.from_dict(cpu)
-    assert record.merged is None and record.peak_gpu_bytes is None
+    assert record.merged is None and record.cost.peak_gpu_bytes is None and record.cost.train_seconds is None
     assert record.metrics() == cpu  # no peak_gpu_bytes / merged keys appear; train_seconds stays null
     assert "resumed" not in record.metrics()
+
+
+def test_a_fresh_step_is_written_with_its_cost_between_the_scores_and_merged():
+    result = FineTuneResult(task_vector={}, seconds=12.5, steps=100)
+    cost = TrainingCost.of(result, 100, 1297, Runtime(precision="fp32"))
+    record = StepRecord(step=1, task="digits", pretrained=0.1, single_task=0.9, cost=cost)
+    assert record.metrics() == {"step": 1, "task": "digits", "pretrained": 0.1, "single_task": 0.9,
+                                "train_seconds": 12.5, "seconds_per_step": 0.125, "train_steps": 100,
+                                "train_size": 1297, "runtime": "cpu, fp32"}
+    assert list(record.metrics()) == [k for k in BANKED if k not in ("peak_gpu_bytes", "merged", "bench_peak_rss_bytes")]
 
 
 def test_final_reads_the_last_merged_step():

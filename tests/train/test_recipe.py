@@ -83,6 +83,8 @@ def test_mode_is_a_mode_and_serialises_as_its_string():
 def test_refusals_name_the_problem():
     with pytest.raises(ConfigError, match="not one of nonlinear, linear, taujp"):
         Recipe(mode="tangent")
+    with pytest.raises(ConfigError, match=r"^recipe\.scope = 'both' is not one of seen, all$"):
+        Recipe(scope="both")
     with pytest.raises(ConfigError, match=r"unknown recipe field\(s\) \['stepz'\]"):
         from_mapping({"stepz": 3})
     with pytest.raises(ConfigError, match="steps or epochs, not both"):

@@ -35,12 +35,11 @@ Forward passes and jvps run on the runtime's device (CUDA when available, bf16
 autocast there by default), in one process; inputs are read batch by batch and
 only one feature or tangent vector per input is kept, on the CPU.
 
-Measured on offline-vision from empty banks on this project's quiet 2-core CPU
-machine (torch's default 2 threads): 18.5 min wall, of which streams 9.4 min
-(3 x 400 training steps plus the stream's own evaluations), coefficient search +
-negation 7.0 min, diagnostics 1.7 min; with the banks already filled only the
-last two run. On a machine busy with other jobs ``--threads 1`` is several times
-faster than one thread per core (oversubscribed OpenMP threads spin).
+From empty banks, the streams (every mode's training steps plus the stream's own
+evaluations) take about half of a bench run, the coefficient search and negation
+most of the rest, the diagnostics the least; with the banks already filled only
+the last two run. On a machine busy with other jobs ``--threads 1`` can be several
+times faster than one thread per core (oversubscribed OpenMP threads spin).
 """
 
 from __future__ import annotations
@@ -71,7 +70,8 @@ from editkit.runs.records import StepRecord, StreamResult
 from editkit.runs.report import jsonable, write_json
 from editkit.runs.stream import DEFAULT_SCENARIO
 from editkit.scenario.options import BuildOptions
-from editkit.errors import BankError, ConfigError, IncompatibleVectorsError, MissingResourceError
+from editkit.errors import BankError, ConfigError, check_choices, IncompatibleVectorsError, MissingResourceError
+from editkit.util.fields import choice
 from editkit.util.memory import PeakRSS
 from editkit.merge import MERGE_METHODS
 from editkit.merge.ties import TIES_DEFAULT_K
@@ -148,10 +148,8 @@ class BenchConfig:
         "help": "Negation: control accuracy to keep, as a fraction of the pretrained model's, when tuning alpha."})
     xi_pair: Sequence[str] | None = field(default=None, metadata={
         "help": "Task pair 'a,b' for the disentanglement error (default: the first two tasks)."})
-    control: str = field(default="auto", metadata={
-        "choices": CONTROLS,
-        "help": "Negation control set: auto (ImageNet validation when the scenario asks for it and a local copy is "
-                "found, else the other tasks) | tasks | imagenet."})
+    control: str = choice("auto", CONTROLS, "Negation control set: auto (ImageNet validation when the scenario "
+                          "asks for it and a local copy is found, else the other tasks) | tasks | imagenet.")
     control_data: Path | None = field(default=None, metadata={
         "help": "Local ImageNet validation copy (default $EDITKIT_IMAGENET, else <data root>/imagenet)."})
     xi_grid: Sequence[float] = field(default=DEFAULT_XI_GRID, metadata={
@@ -192,8 +190,7 @@ class BenchConfig:
             raise ConfigError("the xi grid is empty")
         if self.xi_samples < 1 or self.batch_size < 1:
             raise ConfigError("xi_samples and batch_size must be >= 1")
-        if self.control not in CONTROLS:
-            raise ConfigError(f"--control {self.control!r} is not one of {', '.join(CONTROLS)}")
+        check_choices(self, "bench")
         pair = None
         if self.xi_pair is not None:
             pair = tuple(n.strip() for n in (self.xi_pair.split(",") if isinstance(self.xi_pair, str) else self.xi_pair))
