@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils.data import Dataset
 
+from editkit.core.batching import TensorBatching
 from editkit.errors import ConfigError
 from editkit.util.sharding import shard_bounds
 
@@ -115,7 +116,7 @@ class LazyUnlabeledSource(UnlabeledSource):
         self.name = name
         self.dataset = dataset
         self._get = input_accessor(dataset)
-        self._collate = collate
+        self._collate = collate or TensorBatching().collate
         self._size = len(dataset)
         self._generator = torch.Generator().manual_seed(seed)
         self._order: list[int] = []
@@ -128,10 +129,7 @@ class LazyUnlabeledSource(UnlabeledSource):
         return self._size
 
     def load(self, index: list[int]) -> Any:
-        items = [self._get(i) for i in index]
-        if self._collate is not None:
-            return self._collate(items)
-        return torch.stack([torch.as_tensor(item) for item in items])
+        return self._collate([self._get(i) for i in index])
 
 
 def unlabeled_source(name: str, dataset: Dataset, *, seed: int = 0,

@@ -99,7 +99,6 @@ class ClassificationScorer:
         return correct / max(1, total)
 
 
-EvalTask = ClassificationScorer  # the name the runs layer builds its evaluation tasks with
 
 
 def evaluate_vector(

@@ -27,7 +27,7 @@ from editkit.bank.store import Bank
 from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha_grid, select_negation_alpha
 from editkit.train.runtime import Runtime, default_runtime
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError
-from editkit.eval.accuracy import EvalTask, addition_summary, evaluate_vector, negation_summary
+from editkit.eval.accuracy import ClassificationScorer, addition_summary, evaluate_vector, negation_summary
 from editkit.util.progress import NullProgress, Progress
 from editkit.scenario.spec import ScenarioSpec, known_scenarios, load_scenario
 from editkit.scenario.build import BuiltScenario, build_scenario
@@ -90,11 +90,11 @@ def _find_scenario(name: str, recorded_file: str | None) -> ScenarioSpec:
 
 def _evaluate(built: BuiltScenario, vector: TaskVector | None, mode: str, tasks: Sequence[str], progress: Progress,
               description: str, *, runtime: Runtime, split: str = "test",
-              extra: Mapping[str, EvalTask] | None = None) -> dict[str, float]:
+              extra: Mapping[str, ClassificationScorer] | None = None) -> dict[str, float]:
     """Accuracy per task on ``split`` (``test`` or ``val``); names in ``extra`` use those eval tasks."""
     extra = extra or {}
-    evals = [extra[name] if name in extra else EvalTask(name, built.heads[name], getattr(built.task(name), split))
-             for name in tasks]
+    evals = [extra.get(name) or ClassificationScorer(name, built.heads[name], getattr(built.task(name), split),
+                                                     built.backbone.batching) for name in tasks]
     return evaluate_vector(built.backbone.module, mode, vector.tensors if vector else None, evals, progress=progress,
                            description=description, runtime=runtime)
 
@@ -187,7 +187,7 @@ def negate(
 
 
 def _tune_negation(built: BuiltScenario, unit: TaskVector, target: str, tasks: Sequence[str],
-                   extra: Mapping[str, EvalTask], grid: Sequence[float], min_control: float, progress: Progress,
+                   extra: Mapping[str, ClassificationScorer], grid: Sequence[float], min_control: float, progress: Progress,
                    runtime: Runtime) -> dict[str, Any]:
     """Evaluate theta_0 - alpha tau on validation for each alpha of the grid; pick the paper's alpha."""
     def score(vector: TaskVector | None, description: str) -> tuple[float, float]:
@@ -211,8 +211,8 @@ def _tune_negation(built: BuiltScenario, unit: TaskVector, target: str, tasks: S
 
 
 def imagenet_control(built: BuiltScenario, control: str, control_data: str | Path | None, build: BuildOptions,
-                     tune_alpha: bool) -> tuple[EvalTask, EvalTask | None] | None:
-    """(report EvalTask, tuning EvalTask or None) on ImageNet validation, or None to use the other tasks.
+                     tune_alpha: bool) -> tuple[ClassificationScorer, ClassificationScorer | None] | None:
+    """(report scorer, tuning scorer or None) on ImageNet validation, or None to use the other tasks.
 
     A copy is looked for at ``control_data``, ``$EDITKIT_IMAGENET``, then under the data root
     (``build``'s, else the scenario's). Without tuning the whole validation split is reported;
@@ -248,7 +248,7 @@ def imagenet_control(built: BuiltScenario, control: str, control_data: str | Pat
     head = zero_shot_head_for_task(backbone, TaskData(IMAGENET, classes, None, None, None), dataset="imagenet")
     transform = backbone.val_preprocess or backbone.preprocess
     if not tune_alpha:
-        return EvalTask(IMAGENET, head, TransformedSubset(split, None, transform)), None
+        return ClassificationScorer(IMAGENET, head, TransformedSubset(split, None, transform)), None
     report_idx, tune_idx = validation_indices(len(split))  # tune on a held-out 10%, report on the rest
-    return (EvalTask(IMAGENET, head, TransformedSubset(split, report_idx, transform)),
-            EvalTask(IMAGENET, head, TransformedSubset(split, tune_idx, transform)))
+    return (ClassificationScorer(IMAGENET, head, TransformedSubset(split, report_idx, transform)),
+            ClassificationScorer(IMAGENET, head, TransformedSubset(split, tune_idx, transform)))

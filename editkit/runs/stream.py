@@ -33,7 +33,7 @@ from editkit.bank.store import Bank
 from editkit.train.runtime import Runtime, default_runtime, setup, teardown
 from editkit.errors import BankError, ConfigError, MissingResourceError
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world
-from editkit.eval.accuracy import EvalTask, addition_summary, evaluate_vector
+from editkit.eval.accuracy import ClassificationScorer, addition_summary, evaluate_vector
 from editkit.util.progress import NullProgress, Progress
 from editkit.runs.records import MergedScores, StepRecord, StreamResult, StreamStepCallback, TrainingCost
 from editkit.train.recipe import Recipe
@@ -94,7 +94,8 @@ class StreamRunner:
         if index not in self._sources:
             exp = self.exps[index]
             dataset = self.unlabeled.get(exp.name, exp.train)
-            self._sources[index] = unlabeled_source(exp.name, dataset, seed=self.recipe.seed + 1 + index)
+            self._sources[index] = unlabeled_source(exp.name, dataset, seed=self.recipe.seed + 1 + index,
+                                                    collate=self.backbone.batching.collate)
         return self._sources[index]
 
     def regularizer(self, t: int) -> Regularizer | None:
@@ -112,9 +113,9 @@ class StreamRunner:
                            batch_size=recipe.reg_batch_size, squared=recipe.squared, shard=shard)
 
     # -- evaluation ----------------------------------------------------------------------------
-    def eval_task(self, i: int) -> EvalTask:
+    def eval_task(self, i: int) -> ClassificationScorer:
         exp = self.exps[i]
-        return EvalTask(exp.name, self.heads[exp.name], exp.test)
+        return ClassificationScorer(exp.name, self.heads[exp.name], exp.test, self.backbone.batching)
 
     def evaluate(self, tau, indices: Sequence[int], description: str) -> dict[str, float]:
         return evaluate_vector(self.backbone.module, self.recipe.mode, tau, [self.eval_task(i) for i in indices],
@@ -129,7 +130,8 @@ class StreamRunner:
         recipe = self.recipe_for(t)
         with self.progress.task(f"[{t + 1}/{len(self.exps)}] {exp.name} ({recipe.mode})", total=recipe.steps) as bar:
             result = fine_tune(self.backbone.module, head, exp.train, recipe, self.regularizer(t),
-                               on_step=lambda step, rec: bar.advance(1, **rec), runtime=self.runtime)
+                               on_step=lambda step, rec: bar.advance(1, **rec), runtime=self.runtime,
+                               batching=self.backbone.batching)
         single = self.evaluate(result.task_vector, [t], f"{exp.name}: single-task")[exp.name]
         pretrained = self.evaluate(None, [t], f"{exp.name}: pretrained")[exp.name]
         record = StepRecord(step=t, task=exp.name, pretrained=pretrained, single_task=single,

@@ -345,3 +345,28 @@ def test_classification_scorer_on_sequences_matches_per_example_argmax():
         correct = [int(head(alone(model, ids)[None]).argmax()) == label for ids, label in task]
     assert 0 < sum(correct) < len(correct)  # a score that can tell right from wrong
     assert scores == {"seq": sum(correct) / len(correct)}
+
+
+def test_a_stream_of_sequence_tasks_goes_through_the_backbones_batching(tmp_path):
+    """run_stream trains, regularizes (lazy source of the earlier task), banks and scores variable-length
+    sequences only if every stage uses the backbone's batching; scores checked per example, unpadded."""
+    from editkit.bank.store import Bank
+    from editkit.integrations.avalanche.benchmark import Experience
+    from editkit.runs.stream import run_stream
+
+    batching = SequenceBatching(pad_id=PAD)
+    backbone = Backbone("tiny-bert", TinyBert(), HIDDEN, batching=batching)
+    tasks = {name: (SequenceTask(sequences(24, seed=20 + i)), SequenceTask(sequences(11, seed=30 + i)))
+             for i, name in enumerate(("first", "second"))}
+    exps = [Experience(i, name, i, train, test, None, 2) for i, (name, (train, test)) in enumerate(tasks.items())]
+    heads = {name: classifier_head(seed=i) for i, name in enumerate(tasks)}
+    result = run_stream(exps, backbone, heads, recipe("taujp", steps=4, reg_batch=3), tmp_path / "bank",
+                        scenario="sequences")
+
+    bank = Bank(tmp_path / "bank")
+    assert bank.names() == ["first", "second"]
+    merged = linearized(backbone.module, bank.merge({"first": 1.0, "second": 1.0}))
+    with torch.no_grad():
+        for name, (_, test) in tasks.items():
+            correct = [int(heads[name](alone(merged, ids)[None]).argmax()) == label for ids, label in test]
+            assert result.steps[-1].merged["per_task"][name] == pytest.approx(sum(correct) / len(correct))

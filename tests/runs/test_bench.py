@@ -27,7 +27,7 @@ from editkit.runs.bench.run import BenchConfig, parse_names
 from editkit.merge.coefficients import alpha_grid, search_alpha, select_alpha, select_negation_alpha
 from editkit.eval.diagnostics import taujp_matrix
 from editkit.errors import ConfigError
-from editkit.eval.accuracy import EvalTask, evaluate_vector
+from editkit.eval.accuracy import ClassificationScorer, evaluate_vector
 from editkit.models.heads import LinearHead
 from editkit.util.progress import NullProgress
 from editkit.eval.sweep import ModeEvaluator, SharedModels, TaskSplits
@@ -144,7 +144,7 @@ def test_mode_evaluator_matches_evaluate_vector_for_every_coefficient(tmp_path, 
     if ev.linearized:
         ev.compute_tangents(["a", "b"])
     for split in ("val", "test"):
-        evals = [EvalTask(t.name, heads[t.name], getattr(t, split)) for t in tasks]
+        evals = [ClassificationScorer(t.name, heads[t.name], getattr(t, split)) for t in tasks]
         for combo in ({"a": 1.0, "b": 1.0}, {"a": 0.35, "b": 0.35}, {"a": -0.7}, {"b": 2.0}, {}):
             tau = {k: sum(c * vectors[v][k] for v, c in combo.items()) for k in vectors["a"]} if combo else None
             expected = evaluate_vector(module, mode, tau, evals, batch_size=4)
