@@ -443,6 +443,16 @@ class Bank:
         except Exception as exc:  # safetensors raises its own types
             raise CorruptVectorError(f"vector file {path} is truncated or unreadable ({exc})") from exc
 
+    def shapes(self, name: str) -> dict[str, tuple[int, ...]]:
+        """Tensor names and shapes of one vector, read from its file's header alone (cheap: no data, no
+        checksum), for checking that a vector fits a backbone before anything is loaded."""
+        path = self._path_of(self.get(name))
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                return {key: tuple(fh.get_slice(key).get_shape()) for key in fh.keys()}
+        except Exception as exc:  # safetensors raises its own types
+            raise CorruptVectorError(f"vector file {path} of {name!r} is missing or unreadable ({exc})") from exc
+
     def _verify_file(self, entry: VectorEntry) -> Path:
         """Raise CorruptVectorError unless the entry's file exists and matches its checksum."""
         path = self._path_of(entry)

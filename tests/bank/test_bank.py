@@ -464,3 +464,15 @@ def test_two_processes_appending_at_once_all_land(bank: Bank) -> None:
         for i in range(5):
             loaded = reopened.load(f"w{w}-{i}", base=BASE)
             assert all(torch.equal(loaded[k], v) for k, v in vector(10 * w + i).items())
+
+
+def test_shapes_read_the_header_and_stay_inside_the_bank(bank: Bank, tmp_path: Path) -> None:
+    add(bank, "v", seed=3)
+    assert bank.shapes("v") == {"w": (4, 3), "b": (4,), "s": ()}
+    outside = tmp_path / "outside.safetensors"
+    outside.write_bytes((bank.root / "v.safetensors").read_bytes())
+    manifest = json.loads(bank.manifest_path.read_text())
+    manifest["vectors"][0]["file"] = "../outside.safetensors"  # a hand-edited manifest pointing out of the bank
+    bank.manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(BankError, match="unsafe file"):
+        bank.shapes("v")

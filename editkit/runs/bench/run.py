@@ -312,14 +312,7 @@ def check_bank(bank: Bank, *, scenario: str, tasks: Sequence[str], mode: str, re
 
 def _check_layout(bank: Bank, entry, shapes: Mapping[str, tuple[int, ...]], backbone: str) -> None:
     """The vector's tensor names and shapes (read from the file header only) fit the backbone."""
-    from safetensors import safe_open
-
-    path = bank.root / entry.file
-    try:
-        with safe_open(str(path), framework="pt") as fh:
-            stored = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
-    except Exception as exc:  # safetensors raises its own types
-        raise BankError(f"vector file {path} of {entry.name!r} is missing or unreadable ({exc})") from exc
+    stored = bank.shapes(entry.name)
     unknown = sorted(set(stored) - set(shapes))
     wrong = sorted(k for k in set(stored) & set(shapes) if stored[k] != tuple(shapes[k]))
     if unknown or wrong:
