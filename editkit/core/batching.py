@@ -10,9 +10,11 @@ the models layer.
   this is exactly what the loop did before the protocol existed (``default_collate``,
   ``torch.cat``, ``torch.split``), so image runs bank the same vectors.
 - :class:`SequenceBatching` (token sequences of different lengths): a batch is a
-  :class:`SequenceBatch` of right-padded ``input_ids`` plus ``attention_mask``; the
-  mask is passed to the module as a keyword argument and, for backbones whose
-  outputs are per token, tells the tauJp penalty which positions are padding.
+  :class:`SequenceBatch` of right-padded ``inputs`` (token ids, or the hidden states
+  a frozen prefix of a language model computed) plus ``attention_mask``; the mask is
+  passed to the module as a keyword argument and, for backbones whose outputs are per
+  token, tells the tauJp penalty which positions are padding. Labels that are
+  sequences too (a language model's next tokens) are padded with ``IGNORE_INDEX``.
 
 A batch of either kind has ``len`` (examples) and ``.to(device, non_blocking=...)``.
 """
@@ -45,6 +47,9 @@ class Batching(Protocol):
     def arguments(self, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``(args, kwargs)`` that call the module on ``batch``: ``module(*args, **kwargs)``."""
 
+    def collate_labels(self, labels: Sequence[Any]) -> torch.Tensor:
+        """One tensor from the labels of single examples (class ids; or token ids of different lengths)."""
+
 
 class TensorBatching:
     """Fixed-shape inputs (images): a batch is a tensor whose first dimension is the example."""
@@ -64,27 +69,38 @@ class TensorBatching:
     def arguments(self, batch: torch.Tensor) -> tuple[tuple[torch.Tensor], dict[str, Any]]:
         return (batch,), {}
 
+    def collate_labels(self, labels: Sequence[Any]) -> torch.Tensor:
+        return default_collate(list(labels))
+
+
+#: The label of a padded position: ``torch.nn.functional.cross_entropy`` skips it.
+IGNORE_INDEX = -100
+
 
 @dataclass
 class SequenceBatch:
-    """Right-padded token ids ``(N, T)`` and their attention mask ``(N, T)`` (1 = token, 0 = padding)."""
+    """Right-padded inputs ``(N, T, ...)`` and their attention mask ``(N, T)`` (1 = real position, 0 = padding).
 
-    input_ids: torch.Tensor
+    inputs: token ids ``(N, T)``, or per-position features ``(N, T, D)`` (the cached
+        hidden states of a language model's frozen prefix).
+    """
+
+    inputs: torch.Tensor
     attention_mask: torch.Tensor
 
     def __len__(self) -> int:
-        return len(self.input_ids)
+        return len(self.inputs)
 
     def __getitem__(self, index: Any) -> "SequenceBatch":
         """Examples at ``index`` (slice, list or tensor of indices): how sources and chunked loops select rows."""
-        return SequenceBatch(self.input_ids[index], self.attention_mask[index])
+        return SequenceBatch(self.inputs[index], self.attention_mask[index])
 
     def to(self, *args: Any, **kwargs: Any) -> "SequenceBatch":
-        return SequenceBatch(self.input_ids.to(*args, **kwargs), self.attention_mask.to(*args, **kwargs))
+        return SequenceBatch(self.inputs.to(*args, **kwargs), self.attention_mask.to(*args, **kwargs))
 
     def pin_memory(self) -> "SequenceBatch":
         """Called by a DataLoader with ``pin_memory=True``."""
-        return SequenceBatch(self.input_ids.pin_memory(), self.attention_mask.pin_memory())
+        return SequenceBatch(self.inputs.pin_memory(), self.attention_mask.pin_memory())
 
 
 class SequenceBatching:
@@ -100,24 +116,29 @@ class SequenceBatching:
         self.per_token = per_token
 
     def collate(self, items: Sequence[torch.Tensor]) -> SequenceBatch:
-        """Items are 1-d token id tensors of any lengths."""
-        length = max(len(ids) for ids in items)
-        input_ids = torch.full((len(items), length), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(items), length), dtype=torch.long)
-        for row, ids in enumerate(items):
-            input_ids[row, : len(ids)] = torch.as_tensor(ids)
-            attention_mask[row, : len(ids)] = 1
-        return SequenceBatch(input_ids, attention_mask)
+        """Items are ``(T_i, ...)`` tensors (token ids, or per-position features) of any lengths ``T_i``.
+
+        Token ids are padded with ``pad_id``, features with zeros."""
+        first = torch.as_tensor(items[0])
+        pad = self.pad_id if not first.is_floating_point() else 0
+        inputs = _pad_rows(items, pad, first.dtype)
+        attention_mask = torch.zeros(inputs.shape[:2], dtype=torch.long)
+        for row, item in enumerate(items):
+            attention_mask[row, : len(item)] = 1
+        return SequenceBatch(inputs, attention_mask)
+
+    def collate_labels(self, labels: Sequence[Any]) -> torch.Tensor:
+        """Token-id label sequences padded with ``IGNORE_INDEX``; class ids stacked as for tensors."""
+        if torch.as_tensor(labels[0]).dim() == 0:
+            return default_collate(list(labels))
+        return _pad_rows(labels, IGNORE_INDEX, torch.long)
 
     def concat(self, task_batch: SequenceBatch, reg_batches: Sequence[SequenceBatch]) -> SequenceBatch:
         batches = [task_batch, *reg_batches]
-        length = max(b.input_ids.shape[1] for b in batches)
-        return SequenceBatch(torch.cat([self._pad(b.input_ids, length, self.pad_id) for b in batches]),
-                             torch.cat([self._pad(b.attention_mask, length, 0) for b in batches]))
-
-    @staticmethod
-    def _pad(rows: torch.Tensor, length: int, value: int) -> torch.Tensor:
-        return torch.nn.functional.pad(rows, (0, length - rows.shape[1]), value=value)
+        length = max(b.inputs.shape[1] for b in batches)
+        pad = self.pad_id if not task_batch.inputs.is_floating_point() else 0
+        return SequenceBatch(torch.cat([_pad_positions(b.inputs, length, pad) for b in batches]),
+                             torch.cat([_pad_positions(b.attention_mask, length, 0) for b in batches]))
 
     # along examples only, as for tensors: pieces keep the common length (their masks say where padding is)
     split = TensorBatching.split
@@ -126,7 +147,21 @@ class SequenceBatching:
         return batch.attention_mask.bool() if self.per_token else None
 
     def arguments(self, batch: SequenceBatch) -> tuple[tuple[torch.Tensor], dict[str, torch.Tensor]]:
-        return (batch.input_ids,), {"attention_mask": batch.attention_mask}
+        return (batch.inputs,), {"attention_mask": batch.attention_mask}
+
+
+def _pad_rows(items: Sequence[Any], value: float, dtype: torch.dtype) -> torch.Tensor:
+    """``(N, max T_i, ...)`` from ``(T_i, ...)`` items, right-padded with ``value``."""
+    rows = [torch.as_tensor(item, dtype=dtype) for item in items]
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=value)
+
+
+def _pad_positions(rows: torch.Tensor, length: int, value: float) -> torch.Tensor:
+    """``rows`` ``(N, T, ...)`` right-padded along T to ``length``."""
+    if rows.shape[1] == length:
+        return rows
+    pad = rows.new_full((rows.shape[0], length - rows.shape[1], *rows.shape[2:]), value)
+    return torch.cat([rows, pad], dim=1)
 
 
 def labelled_collate(batching: Batching) -> functools.partial:
@@ -139,4 +174,4 @@ def labelled_collate(batching: Batching) -> functools.partial:
 
 
 def _collate_labelled(batching: Batching, items: Sequence[Sequence[Any]]) -> tuple[Any, torch.Tensor]:
-    return batching.collate([item[0] for item in items]), default_collate([item[1] for item in items])
+    return batching.collate([item[0] for item in items]), batching.collate_labels([item[1] for item in items])

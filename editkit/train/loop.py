@@ -25,13 +25,13 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from editkit.core.batching import Batching, TensorBatching, labelled_collate
 from editkit.errors import ConfigError
 from editkit.train.runtime import GlobalBatchSampler, Runtime, default_runtime
 from editkit.core.linearize import LinearizedModel, build_task_model
+from editkit.core.objectives import head_loss
 from editkit.train.recipe import Recipe
 from editkit.core.taujp import Regularizer
 
@@ -126,11 +126,15 @@ class StepComputer:
         self.head = head
         self.regularizer = regularizer if regularizer is not None and regularizer.active else None
         self.batching = batching or TensorBatching()
+        self.task_loss = head_loss(head)
 
     def loss(
         self, x: Any, y: torch.Tensor, reg_batches: list[Any]
     ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
-        """(cross-entropy, lambda * penalty or None, scalar stats) for one micro-batch."""
+        """(task loss, lambda * penalty or None, scalar stats) for one micro-batch.
+
+        The task loss is the head's (:func:`~editkit.core.objectives.head_loss`): cross-entropy
+        for classifiers, next-token loss over real positions for a language model's head."""
         batching = self.batching
         if reg_batches and self.regularizer is not None and isinstance(self.model, LinearizedModel):
             batch = batching.concat(x, reg_batches)
@@ -146,7 +150,7 @@ class StepComputer:
             args, kwargs = batching.arguments(x)
             features = self.model(*args, **kwargs).float()
             reg = None
-        ce = F.cross_entropy(self.head(features), y)
+        ce = self.task_loss(self.head(features), y)
         stats = {"ce": ce.item(), "penalty": reg.item() / self.regularizer.lam if reg is not None else 0.0}
         return ce, reg, stats
 

@@ -98,7 +98,7 @@ def alone(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 def padded_more(batch: SequenceBatch, extra: int) -> SequenceBatch:
     """The same examples with ``extra`` more padding columns."""
-    return SequenceBatch(F.pad(batch.input_ids, (0, extra), value=PAD), F.pad(batch.attention_mask, (0, extra)))
+    return SequenceBatch(F.pad(batch.inputs, (0, extra), value=PAD), F.pad(batch.attention_mask, (0, extra)))
 
 
 # --------------------------------------------------------------------------- batching
@@ -108,12 +108,12 @@ def test_collate_concat_split_round_trip_with_different_lengths():
     batching = SequenceBatching(pad_id=PAD, per_token=True)
     groups = [sequences(3, seed=0, lengths=(2, 4)), sequences(2, seed=1, lengths=(7, 9)), sequences(4, seed=2)]
     batches = [batching.collate(g) for g in groups]
-    assert [b.input_ids.shape[1] for b in batches] == [max(len(s) for s in g) for g in groups]
+    assert [b.inputs.shape[1] for b in batches] == [max(len(s) for s in g) for g in groups]
     joined = batching.concat(batches[0], batches[1:])
     width = max(len(s) for g in groups for s in g)
-    assert joined.input_ids.shape == joined.attention_mask.shape == (9, width)
+    assert joined.inputs.shape == joined.attention_mask.shape == (9, width)
     sizes = [len(b) for b in batches]
-    pieces = zip(batching.split(joined.input_ids, sizes), batching.split(batching.output_mask(joined), sizes))
+    pieces = zip(batching.split(joined.inputs, sizes), batching.split(batching.output_mask(joined), sizes))
     for group, (ids, mask) in zip(groups, pieces, strict=True):
         for row, seq in enumerate(group):
             assert torch.equal(ids[row, : len(seq)], seq)
@@ -143,7 +143,7 @@ def test_backbone_features_in_chunks_of_a_sequence_batch():
     module = TinyBert()
     backbone = Backbone("tiny-bert", module, HIDDEN, batching=SequenceBatching(pad_id=PAD))
     batch = backbone.batching.collate(sequences(7, seed=5))
-    expected = module(batch.input_ids, attention_mask=batch.attention_mask).detach()
+    expected = module(batch.inputs, attention_mask=batch.attention_mask).detach()
     torch.testing.assert_close(backbone.features(batch, batch_size=3), expected)
 
 
@@ -181,7 +181,7 @@ def test_f_lin_matches_central_differences_with_masks(per_token):
     model = linearized(module, tau)
     with torch.no_grad():
         primal, tangent = model.primal_and_tangent(*args, **kwargs)
-        unmasked = model.tangent(batch.input_ids, attention_mask=torch.ones_like(batch.attention_mask))
+        unmasked = model.tangent(batch.inputs, attention_mask=torch.ones_like(batch.attention_mask))
     real = batch.attention_mask.bool() if per_token else slice(None)
     assert fd[real].norm() > 1e-2
     assert float((tangent[real] - fd[real]).norm() / fd[real].norm()) < 1e-7
