@@ -1,0 +1,149 @@
+"""Text as language-modelling data for a causal-LM backbone.
+
+A text task's examples are token sequences; what its backbone (the decoder's
+trainable tail) reads is the hidden states the frozen prefix computes from them.
+Those depend on theta_0 alone, so they are computed once here, when the data is
+built, and every later step and every scored model reuses them.
+
+Texts are packed: joined with the tokenizer's end-of-sequence token and cut into
+blocks of ``max_length`` tokens (the usual language-modelling layout; no padding,
+every token predicted). Named corpora (``TEXT_CORPORA``) give the texts of each
+split; registered here:
+
+- task source ``text`` (``source = "text:<corpus>"``): the corpus's train / val /
+  test splits as a language-modelling task (its head: ``[heads] kind = "lm"``);
+- generic source ``text`` (``[generic] kind = "text"``, ``corpus = ...``): unlabeled
+  blocks of a corpus's train split for the tauJp penalty.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch.utils.data import Dataset
+
+from editkit.core.registry import Record
+from editkit.core.taujp import LazyUnlabeledSource
+from editkit.data import GENERIC_SOURCES, TASK_SOURCES, TEXT_CORPORA
+from editkit.data.tasks import TaskData
+from editkit.errors import ConfigError
+from editkit.util.progress import NullProgress, Progress
+
+#: Splits a corpus provides.
+SPLITS = ("train", "val", "test")
+PREFIX_BATCH = 16
+
+
+class TokenSequences(Dataset):
+    """Language-modelling examples: item i is (prefix hidden states ``(T_i, D)``, token ids ``(T_i,)``).
+
+    The ids are the labels (the next-token loss shifts them); ``input(i)`` gives the
+    states alone, so a tauJp source never reads the tokens it would be scored on.
+    """
+
+    def __init__(self, ids: Sequence[torch.Tensor], states: Sequence[torch.Tensor]) -> None:
+        if len(ids) != len(states):
+            raise ValueError("one hidden-state sequence per token sequence")
+        self.ids = list(ids)
+        self.states = list(states)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.states[index], self.ids[index]
+
+    def input(self, index: int) -> torch.Tensor:
+        return self.states[index]
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in the split (what perplexity is averaged over, less one per sequence)."""
+        return sum(len(ids) for ids in self.ids)
+
+
+def pack(tokenizer: Any, texts: Sequence[str], length: int, *, limit: int | None = None) -> list[torch.Tensor]:
+    """Token-id blocks of ``length`` from ``texts`` joined by end-of-sequence tokens.
+
+    The last block may be shorter (kept when it has two tokens or more: one prediction).
+    ``limit``: at most that many blocks (the first ones).
+    """
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    for text in texts:
+        stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if eos is not None:
+            stream.append(eos)
+    blocks = [torch.tensor(stream[i : i + length], dtype=torch.long) for i in range(0, len(stream), length)]
+    blocks = [b for b in blocks if len(b) >= 2]
+    return blocks[:limit] if limit is not None else blocks
+
+
+@torch.no_grad()
+def prefix_states(backbone: Any, blocks: Sequence[torch.Tensor], *, progress: Progress | None = None,
+                  description: str = "prefix states") -> list[torch.Tensor]:
+    """The frozen prefix's hidden states of each block, computed in right-padded batches."""
+    progress = progress or NullProgress()
+    states: list[torch.Tensor] = []
+    collate = backbone.batching.collate
+    with progress.task(description, total=len(blocks)) as bar:
+        for start in range(0, len(blocks), PREFIX_BATCH):
+            chunk = blocks[start : start + PREFIX_BATCH]
+            batch = collate(chunk)
+            hidden = backbone.prefix(batch.inputs, batch.attention_mask)
+            states.extend(h[: len(ids)].clone() for h, ids in zip(hidden, chunk))
+            bar.advance(len(chunk))
+    return states
+
+
+def sequences(backbone: Any, texts: Sequence[str], max_length: int, *, limit: int | None = None,
+              progress: Progress | None = None, description: str = "prefix states") -> TokenSequences:
+    """Packed blocks of ``texts`` with their prefix states."""
+    if not hasattr(backbone, "prefix"):
+        raise ConfigError(f"text data needs a causal-lm backbone, not {backbone.name}")
+    blocks = pack(backbone.tokenizer, texts, max_length, limit=limit)
+    if not blocks:
+        raise ConfigError(f"{description}: no text to build sequences from")
+    return TokenSequences(blocks, prefix_states(backbone, blocks, progress=progress, description=description))
+
+
+def corpus_split(corpus: str, split: str, seed: int = 0) -> list[str]:
+    """The texts of one split of a named corpus."""
+    if split not in SPLITS:
+        raise ConfigError(f"unknown split {split!r}: expected {', '.join(SPLITS)}")
+    return TEXT_CORPORA[corpus].build(split, seed=seed)
+
+
+def _task_source(name: str, dataset: str, backbone: Any, max_length: int = 64, train_blocks: int | None = None,
+                 eval_blocks: int | None = None) -> TaskData:
+    limits = {"train": train_blocks, "val": eval_blocks, "test": eval_blocks}
+    splits = {split: sequences(backbone, corpus_split(dataset, split), max_length, limit=limits[split],
+                               description=f"{name} {split}") for split in SPLITS}
+    return TaskData(name, [], splits["train"], splits["val"], splits["test"])
+
+
+def _task_check(name: str, dataset: str, max_length: int = 64, train_blocks: int | None = None,
+                eval_blocks: int | None = None) -> list[str]:
+    return _corpus_check(dataset)
+
+
+def _corpus_check(corpus: str) -> list[str]:
+    check = TEXT_CORPORA[corpus].check
+    return check() if check is not None else []
+
+
+def _generic_source(backbone: Any, seed: int, corpus: str = "", max_length: int = 64,
+                    size: int | None = None) -> LazyUnlabeledSource:
+    data = sequences(backbone, corpus_split(corpus, "train", seed), max_length, limit=size,
+                     description=f"{corpus} (tauJp source)")
+    return LazyUnlabeledSource(corpus, data, seed=seed, collate=backbone.batching.collate)
+
+
+_OPTIONS_HELP = {"max_length": "tokens per packed block",
+                 "train_blocks": "at most this many train blocks (default: all)",
+                 "eval_blocks": "at most this many validation / test blocks each (default: all)"}
+TASK_SOURCES.register("text", Record.of(_task_source, check=_task_check, help=_OPTIONS_HELP))
+GENERIC_SOURCES.register("text", Record.of(_generic_source, help={
+    "corpus": "the text corpus whose train split is the source", "max_length": _OPTIONS_HELP["max_length"],
+    "size": "at most this many blocks (default: all)"}))
