@@ -4,10 +4,13 @@
 returns a :class:`~editkit.data.tasks.TaskData` for a scenario's ``source = "kind:dataset"``
 (options: the ``[data]`` table and the ``[[tasks]]`` entry's own keys); its
 ``check(name, dataset, **options)`` lists missing data.
+``TEXT_CORPORA``: corpus name -> record whose ``build(split, seed=0)`` returns the texts of one
+split (``train`` / ``val`` / ``test``) of a named text corpus; its ``check()`` lists what is missing.
 ``GENERIC_SOURCES``: kind -> record whose ``build(backbone, seed, **options)`` returns the
 always-available :class:`~editkit.core.taujp.UnlabeledSource` of a ``[generic]`` table.
 
-The built-in sources (packaged offline datasets, vision8, natural-image crops) register
+The built-in sources (packaged offline datasets, vision8, natural-image crops, text as
+language-modelling data and the offline toxic / clean / prompt corpora) register
 themselves in their own modules, imported below; what they read from disk or the
 network is loaded only when a builder runs.
 """
@@ -16,5 +19,6 @@ from editkit.core.registry import Record, Registry
 
 TASK_SOURCES: Registry[Record] = Registry("task source")
 GENERIC_SOURCES: Registry[Record] = Registry("generic source")
+TEXT_CORPORA: Registry[Record] = Registry("text corpus")
 
-from editkit.data import natural, packaged, vision8  # noqa: E402,F401  (built-in extensions register themselves)
+from editkit.data import natural, packaged, text, toxic_corpus, vision8  # noqa: E402,F401  (built-in extensions register themselves)

@@ -46,6 +46,7 @@ is skipped. Parsing two small files is cheap, so nothing is cached besides the w
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
@@ -56,6 +57,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
 
+from editkit.core.registry import Record
+from editkit.data import TEXT_CORPORA
 from editkit.data import cache as _cache
 from editkit.errors import MissingResourceError
 
@@ -270,3 +273,25 @@ def check() -> list[str]:
         except MissingResourceError as exc:
             problems.append(str(exc))
     return problems
+
+
+# --------------------------------------------------------------------------- registration
+
+
+@functools.lru_cache(maxsize=2)
+def _cached(seed: int) -> ToxicCorpus:
+    return toxic_corpus(seed)
+
+
+def _splits_of(corpus: str):
+    def build(split: str, seed: int = 0) -> list[str]:
+        return list(getattr(getattr(_cached(seed), corpus), split))
+
+    return build
+
+
+#: Names the corpora are registered under in ``TEXT_CORPORA`` (scenario files use them).
+REGISTERED = {"toxic": "toxic", "clean": "clean-news", "prompts": "toxic-prompts"}
+for _corpus, _name in REGISTERED.items():
+    TEXT_CORPORA.register(_name, Record.of(_splits_of(_corpus), check=check, help={
+        "seed": "seed of the held-out split (every role is split by the same rule)"}))
