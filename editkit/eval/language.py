@@ -89,9 +89,10 @@ def _prompt_ids(tokenizer: Any, prompts: list[str], budget: int | None) -> list[
     """Token ids of each prompt, keeping only its last ``budget`` tokens (all if None); one warning if any was cut.
 
     An empty prompt starts from the tokenizer's BOS (else EOS) token: generation needs one.
+    The tokenizer's own over-length notice is silenced: this function warns once for all prompts.
     """
     start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    ids = [tokenizer(p)["input_ids"] or [start] for p in prompts]
+    ids = [tokenizer(p, verbose=False)["input_ids"] or [start] for p in prompts]
     if budget is None:
         return ids
     cut = sum(len(i) > budget for i in ids)
@@ -121,7 +122,7 @@ def sample_continuations(model: Any, tokenizer: Any, prompts: list[str], *, samp
     The continuation is the generated text only, without the prompt or special tokens.
     """
     if not prompts or samples < 1 or batch_size < 1 or max_new_tokens < 1:
-        raise ConfigError("sampling needs prompts, and at least one sample, one new token and a batch size of 1")
+        raise ConfigError("sampling needs at least one prompt, one sample, one new token and a batch size >= 1")
     context = getattr(model.config, "max_position_embeddings", None)
     budget = context - max_new_tokens if context else None
     if budget is not None and budget < 1:
