@@ -3,13 +3,19 @@
 Addition: the alpha with the best validation score (ties: the smallest alpha).
 Negation: the alpha with the lowest validation target accuracy among those keeping
 control accuracy >= ``retain`` x theta_0's (ties: higher control, then smaller alpha).
+Negation of a language task: the alpha with the highest validation target perplexity
+among those keeping control perplexity within a bound of theta_0's (ties: lower control,
+then smaller alpha); the bound is relative (``(1 + tol)`` x theta_0's) or absolute
+(theta_0's + a margin, Ilharco et al.'s +0.5). It is the accuracy rule on negated
+perplexities: a higher perplexity is a lower score.
 Shared by ``editkit negate --tune-alpha`` and ``editkit bench``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -50,8 +56,77 @@ def select_negation_alpha(alphas: Sequence[float], targets: Sequence[float], con
     Ties go to the higher control accuracy, then to the smaller alpha. None when no
     alpha keeps the control (alpha = 0 always does, when it is on the grid).
     """
-    floor = retain * control_0 - 1e-12
-    feasible = [i for i in range(len(alphas)) if controls[i] >= floor]
+    return _least_target(range(len(alphas)), alphas, targets, controls, retain * control_0 - 1e-12)
+
+
+def _least_target(indices: Sequence[int], alphas: Sequence[float], targets: Sequence[float],
+                  controls: Sequence[float], floor: float) -> int | None:
+    """Among ``indices`` with control >= floor, the one with the lowest target (then higher control, smaller alpha)."""
+    feasible = [i for i in indices if controls[i] >= floor]
     if not feasible:
         return None
     return min(feasible, key=lambda i: (targets[i], -controls[i], alphas[i]))
+
+
+@dataclass(frozen=True)
+class PerplexityBound:
+    """A rule for how much control perplexity a negation may cost: ``bound(theta_0's ppl, margin)``."""
+
+    bound: Callable[[float, float], float]
+    margin: float
+    help: str
+
+
+#: The control-perplexity rules by name, each with its default margin (``--alpha-rule``, ``--alpha-margin``).
+PERPLEXITY_RULES: Mapping[str, PerplexityBound] = {
+    "relative": PerplexityBound(lambda ppl_0, tol: (1.0 + tol) * ppl_0, 0.05,
+                                "control perplexity <= (1 + margin) x the pretrained model's"),
+    "absolute": PerplexityBound(lambda ppl_0, slack: ppl_0 + slack, 0.5,
+                                "control perplexity <= the pretrained model's + margin (Ilharco et al.: +0.5)"),
+}
+DEFAULT_PERPLEXITY_RULE = "relative"
+
+
+@dataclass(frozen=True)
+class PerplexityNegationChoice:
+    """The chosen alpha of a language negation, and whether it kept the control-perplexity rule.
+
+    ``met`` False means no alpha > 0 kept control perplexity <= ``bound``; ``alpha`` is then
+    the alpha > 0 tried with the lowest control perplexity, so the caller can report both.
+    """
+
+    alpha: float
+    met: bool
+    bound: float
+    rule: str
+    margin: float
+
+
+def select_perplexity_negation_alpha(rows: Sequence[tuple[float, float, float]], control_ppl_0: float, *,
+                                     rule: str = DEFAULT_PERPLEXITY_RULE,
+                                     margin: float | None = None) -> PerplexityNegationChoice:
+    """Choose alpha from validation rows ``(alpha, control_ppl, target_ppl)`` of theta_0 - alpha tau.
+
+    The largest target perplexity (the strongest removal of the negated task) among the
+    alphas > 0 whose control perplexity stays within ``rule``'s bound of ``control_ppl_0``
+    (``margin`` defaults to the rule's). alpha = 0 is theta_0 itself: it never counts as
+    meeting the rule, whatever the grid holds.
+    """
+    if rule not in PERPLEXITY_RULES:
+        raise ConfigError(f"unknown alpha rule {rule!r}; choose one of {', '.join(PERPLEXITY_RULES)}")
+    spec = PERPLEXITY_RULES[rule]
+    margin = spec.margin if margin is None else float(margin)
+    if not (math.isfinite(margin) and margin >= 0):
+        raise ConfigError(f"the margin of the {rule} alpha rule must be a non-negative number, got {margin}")
+    alphas = [float(a) for a, _, _ in rows]
+    controls = [-float(c) for _, c, _ in rows]  # negated: the accuracy rule keeps high controls, low targets
+    targets = [-float(t) for _, _, t in rows]
+    tried = [i for i, a in enumerate(alphas) if a > 0]
+    if not tried:
+        raise ConfigError("choosing a negation alpha needs at least one alpha > 0 on the grid")
+    bound = spec.bound(control_ppl_0, margin)
+    chosen = _least_target(tried, alphas, targets, controls, -bound * (1 + 1e-12))  # the bound's float rounding
+    if chosen is not None:
+        return PerplexityNegationChoice(alphas[chosen], True, bound, rule, margin)
+    closest = min(tried, key=lambda i: (-controls[i], alphas[i]))  # the lowest control perplexity tried
+    return PerplexityNegationChoice(alphas[closest], False, bound, rule, margin)

@@ -1,0 +1,175 @@
+"""Scores of a language model: perplexity of held-out text, sampled continuations, toxicity summaries.
+
+Negating a language task is judged by two perplexities (the control: clean text, which
+should barely move; the target: the negated task's text, which should rise) and by how
+toxic the model's sampled continuations of held-out prompts are.
+
+- :func:`perplexity` weights every token of a split equally (``exp`` of the total
+  negative log-likelihood over the total number of predicted tokens), so long and short
+  sequences count by their length, as in the usual corpus perplexity. It only needs a
+  function from a batch to next-token logits, so the same code scores the full model,
+  a tail on cached prefix states, or a linearized tail.
+- :func:`sample_continuations` draws each continuation from its own seeded random
+  stream, so a sample does not depend on which batch it was generated in.
+- :func:`toxicity_summary` reports fractions and means with their standard errors, and
+  :func:`samples_for_stderr` says how many samples a wanted standard error takes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import torch
+
+from editkit.core.objectives import next_token_nll
+from editkit.errors import ConfigError
+from editkit.util.progress import NullProgress, Progress
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def perplexity(logits_of: Callable[[Any], torch.Tensor], batches: Iterable[tuple[Any, torch.Tensor]], *,
+               progress: Progress = NullProgress(), description: str = "perplexity") -> float:
+    """Token-weighted perplexity of a whole split: ``exp(sum of nll / number of predicted tokens)``.
+
+    ``logits_of(batch)`` gives next-token logits ``(N, T, V)``; ``labels`` are the token ids
+    ``(N, T)`` with ``IGNORE_INDEX`` at padding (the causal shift is applied here). Averaging
+    per batch instead would weight a token by the size of the batch it fell in.
+    """
+    nll, tokens = 0.0, 0
+    with progress.task(description, total=len(batches) if hasattr(batches, "__len__") else 0) as task:
+        for batch, labels in batches:
+            logits = logits_of(batch)
+            batch_nll, batch_tokens = next_token_nll(logits, labels.to(logits.device))
+            nll += float(batch_nll)
+            tokens += batch_tokens
+            task.advance()
+    if tokens == 0:
+        raise ConfigError("perplexity needs at least one predicted token; the split is empty or all padding")
+    return math.exp(nll / tokens)
+
+
+class _SeededSampling:
+    """A logits processor that turns greedy decoding into sampling, one random stream per sample.
+
+    Temperature and nucleus (top-p) filtering warp the scores; adding Gumbel noise and taking
+    the argmax (what greedy decoding does next) then draws from the warped distribution
+    (the Gumbel-max trick). The noise of row ``i`` comes from its own generator, consumed
+    one draw per step, so a sample's tokens depend on its seed, never on its batch mates.
+    """
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float) -> None:
+        from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+        self.seeds = seeds
+        self.generators: list[torch.Generator] | None = None
+        self.warpers = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
+        self.warpers += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
+        if self.generators is None:
+            self.generators = [torch.Generator(scores.device).manual_seed(s) for s in self.seeds]
+        exponential = torch.stack([torch.empty(scores.shape[1], device=scores.device, dtype=scores.dtype)
+                                   .exponential_(generator=g) for g in self.generators])
+        return scores - exponential.log()  # -log(Exp(1)) is Gumbel(0, 1)
+
+
+def _sample_seed(seed: int, index: int) -> int:
+    """The seed of sample ``index`` of a call seeded ``seed`` (independent streams per sample)."""
+    return int(np.random.SeedSequence((seed, index)).generate_state(1, np.uint64)[0])
+
+
+def _prompt_ids(tokenizer: Any, prompts: list[str], budget: int | None) -> list[list[int]]:
+    """Token ids of each prompt, keeping only its last ``budget`` tokens (all if None); one warning if any was cut.
+
+    An empty prompt starts from the tokenizer's BOS (else EOS) token: generation needs one.
+    The tokenizer's own over-length notice is silenced: this function warns once for all prompts.
+    """
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    ids = [tokenizer(p, verbose=False)["input_ids"] or [start] for p in prompts]
+    if budget is None:
+        return ids
+    cut = sum(len(i) > budget for i in ids)
+    if cut:
+        log.warning("%d of %d prompts are longer than the %d tokens the model's context leaves before the new "
+                    "tokens; kept the last %d tokens of each", cut, len(prompts), budget, budget)
+    return [i[-budget:] for i in ids]
+
+
+def _left_padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask) with the padding on the left, so every row ends where generation starts."""
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+def sample_continuations(model: Any, tokenizer: Any, prompts: list[str], *, samples: int, max_new_tokens: int,
+                         seed: int, batch_size: int, temperature: float = 1.0, top_p: float = 1.0,
+                         progress: Progress = NullProgress()) -> list[tuple[str, str]]:
+    """``samples`` (prompt, continuation) pairs: prompts cycled in order, continuations sampled from ``model``.
+
+    Sample ``k`` continues ``prompts[k % len(prompts)]`` with its own random stream derived from
+    ``(seed, k)``, so the same call gives the same texts whatever ``batch_size`` (up to the float
+    rounding that different left padding brings). Prompts too long for the model's context
+    (less ``max_new_tokens``) keep their last tokens, with one logged warning per call.
+    The continuation is the generated text only, without the prompt or special tokens.
+    """
+    if not prompts or samples < 1 or batch_size < 1 or max_new_tokens < 1:
+        raise ConfigError("sampling needs at least one prompt, one sample, one new token and a batch size >= 1")
+    context = getattr(model.config, "max_position_embeddings", None)
+    budget = context - max_new_tokens if context else None
+    if budget is not None and budget < 1:
+        raise ConfigError(f"{max_new_tokens} new tokens do not fit the model's context of {context} tokens")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    prompt_ids = _prompt_ids(tokenizer, prompts, budget)
+    device = next(model.parameters()).device
+    pairs = []
+    with progress.task("sampling continuations", total=math.ceil(samples / batch_size)) as task:
+        for start in range(0, samples, batch_size):
+            indices = range(start, min(samples, start + batch_size))
+            ids, mask = _left_padded([prompt_ids[k % len(prompts)] for k in indices], pad_id)
+            sampling = _SeededSampling([_sample_seed(seed, k) for k in indices], temperature, top_p)
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                                 max_new_tokens=max_new_tokens, pad_token_id=pad_id, logits_processor=[sampling])
+            texts = tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
+            pairs += [(prompts[k % len(prompts)], text) for k, text in zip(indices, texts)]
+            task.advance()
+    return pairs
+
+
+def _mean_and_stderr(values: np.ndarray) -> tuple[float, float]:
+    """Mean and its standard error ``sqrt(variance / n)`` (population variance: ``sqrt(p(1-p)/n)`` for 0/1 values)."""
+    return float(values.mean()), float(np.sqrt(values.var() / len(values)))
+
+
+def toxicity_summary(scores: np.ndarray, threshold: float) -> dict[str, float | int]:
+    """Toxic fraction (scores strictly above ``threshold``) and mean score of samples, each with its standard error.
+
+    One formula serves both: the toxic fraction is the mean of the 0/1 indicators, whose
+    standard error is ``sqrt(p(1-p)/n)``.
+    """
+    scores = np.asarray(scores, dtype=float).reshape(-1)
+    if scores.size == 0:
+        raise ConfigError("a toxicity summary needs at least one scored sample")
+    fraction, fraction_se = _mean_and_stderr((scores > threshold).astype(float))
+    mean, mean_se = _mean_and_stderr(scores)
+    return {"toxic_fraction": fraction, "toxic_fraction_stderr": fraction_se, "mean_score": mean,
+            "mean_score_stderr": mean_se, "n": int(scores.size)}
+
+
+def samples_for_stderr(max_stderr: float) -> int:
+    """The fewest samples whose worst-case (p = 0.5) standard error of a fraction is <= ``max_stderr``.
+
+    ``0.5 / sqrt(n) <= max_stderr`` gives ``n = ceil(0.25 / max_stderr**2)`` (0.03 -> 278);
+    rounding before the ceiling keeps an exact square such as 0.05 -> 100 from becoming 101.
+    """
+    if not max_stderr > 0:
+        raise ConfigError(f"a standard error to reach must be positive, got {max_stderr}")
+    return max(1, math.ceil(round((0.5 / max_stderr) ** 2, 9)))
