@@ -24,7 +24,8 @@ from editkit.merge.coefficients import NEGATION_RETAIN
 from editkit.runs.bench.run import BenchConfig
 from editkit.runs.stream import DEFAULT_SCENARIO
 from editkit.scenario.options import BuildOptions
-from editkit.settings import default_bank_dir
+from editkit.eval.lm_negation import LanguageNegation
+from editkit.settings import default_bank_dir, default_run_dir
 from editkit.train.recipe import Recipe
 from editkit.train.runtime import RuntimeOptions
 
@@ -69,6 +70,7 @@ KEEP_SCENARIO = "(default: the scenario's)"
 RECIPE = Fields(Recipe, keep=True, keep_help=KEEP_SCENARIO)
 BUILD = Fields(BuildOptions, keep=True, keep_help=KEEP_SCENARIO)
 REBUILD = Fields(BuildOptions, keep=True, keep_help="(default: what the stream was given, else the scenario's)")
+LANGUAGE = Fields(LanguageNegation, keep=True, keep_help="(language vectors; default: the scenario's [negation])")
 
 
 @app.command()
@@ -170,23 +172,62 @@ def add(
 
 @app.command()
 @friendly_errors
-@with_options(build=REBUILD, runtime_options=RUNTIME)
+@with_options(build=REBUILD, runtime_options=RUNTIME, language=LANGUAGE)
 def negate(
     build: dict,
     runtime_options: dict,
-    name: str = typer.Argument(..., help="Vector to negate."),
-    alpha: float = typer.Option(1.0, help="Scaling coefficient: theta_0 - alpha * tau."),
-    tune_alpha: bool = typer.Option(False, "--tune-alpha", help="Choose alpha on validation (grid 0, 0.05, ..., 1): "
-                                    "lowest target accuracy keeping control >= --min-control x pretrained control."),
-    min_control: float = typer.Option(NEGATION_RETAIN, help="With --tune-alpha: control accuracy to keep, as a "
-                                      "fraction of the pretrained model's."),
+    language: dict,
+    name: str = typer.Argument(..., help="Vector to negate (a language scenario's name, e.g. toxic, names its task "
+                               "and its bank: the vector is fine-tuned first when the bank lacks it)."),
+    alpha: Optional[float] = typer.Option(None, help="Scaling coefficient: theta_0 - alpha * tau (default: 1 for "
+                                          "vision vectors; chosen on validation for language vectors)."),
+    tune_alpha: bool = typer.Option(False, "--tune-alpha", help="Choose alpha on validation. Vision: grid 0, 0.05, "
+                                    "..., 1, lowest target accuracy keeping control >= --min-control x pretrained; "
+                                    "language: the --alpha-rule over --alphas."),
+    min_control: float = typer.Option(NEGATION_RETAIN, help="Vision, with --tune-alpha: control accuracy to keep, "
+                                      "as a fraction of the pretrained model's."),
     control: str = ControlOption,
     control_data: Optional[Path] = ControlDataOption,
-    bank: Path = BankOption,
-    out: Optional[Path] = typer.Option(None, help="Save the negated task vector as safetensors."),
+    bank: Optional[Path] = typer.Option(None, "--bank", help="Bank directory (default: a language scenario's "
+                                        f"banks/<scenario>-<mode>, else {DEFAULT_BANK})."),
+    mode: Optional[str] = option_for(Recipe, "mode"),
+    steps: Optional[int] = typer.Option(None, help="Language scenarios: optimizer steps when the vector is "
+                                        "fine-tuned first (default: the scenario's)."),
+    run_dir: Optional[Path] = typer.Option(None, help="Language vectors: directory of report.json and the plot "
+                                           "(default runs/negate-<name>-<mode>)."),
+    out: Optional[Path] = typer.Option(None, help="Save the negated task vector as safetensors (vision)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
 ) -> None:
-    """theta_0 - alpha * tau: forget a task; target accuracy (lower is better) and control accuracy."""
+    """theta_0 - alpha * tau: forget a task. Vision: target and control accuracy. Language: control and target
+    perplexity and the toxicity of sampled continuations, over an alpha grid."""
+    from editkit.runs.negate_lm import is_language_vector, language_scenario
+
+    spec = language_scenario(name) if bank is None else None
+    mode = mode or (spec.recipe.mode if spec is not None else None)
+    if spec is not None:
+        bank = default_bank_dir(spec.name, mode)
+    elif bank is None:
+        bank = DEFAULT_BANK
+    if spec is not None or _holds_language_vector(bank, name, is_language_vector):
+        _negate_language(name, spec, bank, alpha=None if tune_alpha else alpha, mode=mode, steps=steps,
+                         run_dir=run_dir, json_path=json_path, language=language, build=BuildOptions(**build),
+                         runtime_options=runtime_options)
+        return
+    _negate_vision(name, bank, 1.0 if alpha is None else alpha, tune_alpha=tune_alpha, min_control=min_control,
+                   control=control, control_data=control_data, out=out, json_path=json_path,
+                   build=BuildOptions(**build), runtime_options=runtime_options)
+
+
+def _holds_language_vector(bank: Path, name: str, is_language_vector: Callable) -> bool:
+    from editkit.bank.store import Bank
+
+    store = Bank(bank)
+    return store.exists() and name in store.names() and is_language_vector(store, name)
+
+
+def _negate_vision(name: str, bank: Path, alpha: float, *, tune_alpha: bool, min_control: float, control: str,
+                   control_data: Optional[Path], out: Optional[Path], json_path: Optional[Path], build: BuildOptions,
+                   runtime_options: dict) -> None:
     from editkit.cli.console import RichProgress, accuracy_table, console
     from editkit.runs.edit import negate as negate_vector
     from editkit.runs.edit import open_bank
@@ -195,8 +236,7 @@ def negate(
     store = open_bank(bank)
     with process_runtime(**runtime_options) as runtime:
         result = negate_vector(store, name, alpha, progress=RichProgress(), control=control, control_data=control_data,
-                               tune_alpha=tune_alpha, min_control=min_control, build=BuildOptions(**build),
-                               runtime=runtime)
+                               tune_alpha=tune_alpha, min_control=min_control, build=build, runtime=runtime)
     r = result.report
     summary = {k: r[k] for k in ("target", "control", "control_pretrained") if k in r}
     used = r.get("alpha", alpha)
@@ -205,6 +245,35 @@ def negate(
     if "control_set" in r:
         console.print(f"control set: {r['control_set']}")
     _save_outputs(result, out, json_path)
+
+
+def _negate_language(name: str, spec, bank: Path, *, alpha: Optional[float], mode: Optional[str],
+                     steps: Optional[int], run_dir: Optional[Path], json_path: Optional[Path], language: dict,
+                     build: BuildOptions, runtime_options: dict) -> None:
+    from editkit.cli.console import RichProgress, console, language_negation_table
+    from editkit.runs.negate_lm import ensure_vector, negate_language, plot_negation
+    from editkit.runs.report import write_json
+    from editkit.runs.stream import process_runtime
+
+    progress = RichProgress()
+    with process_runtime(**runtime_options) as runtime:
+        if spec is not None:
+            store = ensure_vector(spec, name, bank, progress=progress, build=build, runtime=runtime, mode=mode,
+                                  steps=steps)
+        else:
+            from editkit.runs.edit import open_bank
+
+            store = open_bank(bank)
+        report = negate_language(store, name, alpha=alpha, settings=language, progress=progress, build=build,
+                                 runtime=runtime)
+    out_dir = run_dir or default_run_dir(f"negate-{name}", report["mode"])
+    report["plots"] = [str(plot_negation([report], out_dir / "negation.png"))]
+    report["bank"] = str(bank)
+    write_json(out_dir / "report.json", report)
+    console.print(language_negation_table(report))
+    console.print(f"bank: {bank}   report: {out_dir / 'report.json'}   plot: {report['plots'][0]}")
+    if json_path is not None:
+        write_json(json_path, report)
 
 
 def _save_outputs(result, out: Optional[Path], json_path: Optional[Path]) -> None:

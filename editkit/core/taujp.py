@@ -141,17 +141,22 @@ def unlabeled_source(name: str, dataset: Dataset, *, seed: int = 0,
     return LazyUnlabeledSource(name, dataset, seed=seed, collate=collate)
 
 
-def penalty(tangent: torch.Tensor, *, squared: bool = False, mask: torch.Tensor | None = None) -> torch.Tensor:
+def penalty(tangent: torch.Tensor, *, squared: bool = False, mask: torch.Tensor | None = None,
+            over_sequence: bool = False) -> torch.Tensor:
     """Mean over the batch of the per-example L2 norm (or squared norm) of J.tau.
 
     mask: which positions are real, shaped like the tangent's leading dimensions
         (``(N, T)`` for per-token tangents ``(N, T, D)``); the others are zeroed
         before the norm, so a padded position never counts however it was computed.
+    over_sequence: for per-token tangents ``(N, T, V)``, the norm runs over the sequence
+        axis only and is averaged over examples and the last axis (the paper's text code,
+        on logits).
     """
     if mask is not None:
         mask = mask.bool().reshape(*mask.shape, *(1,) * (tangent.dim() - mask.dim()))
         tangent = torch.where(mask, tangent, 0.0)
-    norms = torch.linalg.vector_norm(tangent.flatten(1), dim=1)
+    norms = (torch.linalg.vector_norm(tangent, dim=1) if over_sequence
+             else torch.linalg.vector_norm(tangent.flatten(1), dim=1))
     return (norms.square() if squared else norms).mean()
 
 
@@ -165,6 +170,9 @@ class Regularizer:
     batch_size: int = 4
     squared: bool = False
     shard: Shard | None = None  # (rank, world size) under data parallelism
+    # A language model's logits penalty: tangents go through the fixed linear head (the train loop maps
+    # them) and :func:`penalty` takes the norm over the sequence axis.
+    on_logits: bool = False
 
     def __post_init__(self) -> None:
         if self.schedule not in ("cyclic", "strict"):
@@ -211,7 +219,8 @@ class Regularizer:
         masks: one per tangent (see :func:`penalty`), or None when no output has padding.
         """
         masks = masks if masks is not None else [None] * len(tangents)
-        values = [penalty(t, squared=self.squared, mask=m) for t, m in zip(tangents, masks, strict=True)]
+        values = [penalty(t, squared=self.squared, mask=m, over_sequence=self.on_logits)
+                  for t, m in zip(tangents, masks, strict=True)]
         value = self.lam * torch.stack(values).mean()
         weight = self._shard_weight
         return value if weight == 1.0 else value * weight

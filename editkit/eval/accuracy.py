@@ -101,6 +101,15 @@ class ClassificationScorer:
 
 
 
+def task_scorer(name: str, head: nn.Module, dataset: Dataset, batching: Batching) -> Scorer:
+    """The scorer a task's head calls for: perplexity for a language model's head, else accuracy."""
+    if getattr(head, "objective", None) == "language-modeling":
+        from editkit.eval.language import PerplexityScorer
+
+        return PerplexityScorer(name, head, dataset, batching)
+    return ClassificationScorer(name, head, dataset, batching)
+
+
 def evaluate_vector(
     module: nn.Module,
     mode: str,

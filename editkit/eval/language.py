@@ -11,6 +11,7 @@ toxic the model's sampled continuations of held-out prompts are.
   a tail on cached prefix states, or a linearized tail.
 - :func:`sample_continuations` draws each continuation from its own seeded random
   stream, so a sample does not depend on which batch it was generated in.
+- :class:`PerplexityScorer` is the stream's scorer of language-modelling tasks.
 - :func:`toxicity_summary` reports fractions and means with their standard errors, and
   :func:`samples_for_stderr` says how many samples a wanted standard error takes.
 """
@@ -19,12 +20,17 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
 
+from editkit.core.batching import Batching, labelled_collate
 from editkit.core.objectives import next_token_nll
+from editkit.train.runtime import Runtime
 from editkit.errors import ConfigError
 from editkit.util.progress import NullProgress, Progress
 
@@ -173,3 +179,46 @@ def samples_for_stderr(max_stderr: float) -> int:
     if not max_stderr > 0:
         raise ConfigError(f"a standard error to reach must be positive, got {max_stderr}")
     return max(1, math.ceil(round((0.5 / max_stderr) ** 2, 9)))
+
+
+@dataclass
+class PerplexityScorer:
+    """Perplexity of a language-modelling split under the task's fixed LM head (lower is better).
+
+    Implements the :class:`~editkit.eval.accuracy.Scorer` protocol, so streams score text
+    tasks as they score classification tasks. Under torchrun each process takes a slice
+    of the split and the summed log-likelihoods and token counts are combined.
+    """
+
+    name: str
+    head: nn.Module
+    dataset: Dataset
+    batching: Batching
+
+    def batches(self, batch_size: int, world_size: int) -> int:
+        per_process = -(-len(self.dataset) // world_size)
+        return -(-per_process // batch_size)
+
+    @torch.no_grad()
+    def score(self, model: nn.Module, *, batch_size: int = 16, runtime: Runtime | None = None,
+              progress_task=None) -> float:
+        runtime = runtime or Runtime()
+        dataset = self.dataset
+        if runtime.distributed:
+            dataset = Subset(dataset, range(runtime.rank, len(dataset), runtime.world_size))
+        head = self.head.to(runtime.device)
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=labelled_collate(self.batching))
+        totals = torch.zeros(2, dtype=torch.float64, device=runtime.device)
+        for x, labels in loader:
+            x, labels = x.to(runtime.device), labels.to(runtime.device)
+            args, kwargs = self.batching.arguments(x)
+            with runtime.autocast():
+                logits = head(model(*args, **kwargs).float())
+            nll, count = next_token_nll(logits, labels)
+            totals += torch.stack([nll.double(), torch.tensor(float(count), dtype=torch.float64, device=nll.device)])
+            if progress_task is not None:
+                progress_task.advance(1)
+        nll, count = runtime.all_reduce_sum(totals).tolist()
+        if count == 0:
+            raise ConfigError(f"task {self.name!r}: perplexity needs at least one predicted token")
+        return math.exp(nll / count)

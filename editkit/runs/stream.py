@@ -18,7 +18,6 @@ the report (see ``editkit.train.runtime``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -27,13 +26,13 @@ from typing import Any, Iterator, Mapping, Sequence
 from torch import nn
 from torch.utils.data import Dataset
 
-from editkit.integrations.avalanche.benchmark import Experience, experiences
+from editkit.integrations.avalanche.benchmark import Experience, experiences, task_experiences
 from editkit.models.backbone import Backbone
 from editkit.bank.store import Bank
 from editkit.train.runtime import Runtime, default_runtime, setup, teardown
 from editkit.errors import BankError, ConfigError, MissingResourceError
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world
-from editkit.eval.accuracy import ClassificationScorer, addition_summary, evaluate_vector
+from editkit.eval.accuracy import Scorer, addition_summary, evaluate_vector, task_scorer
 from editkit.util.progress import NullProgress, Progress
 from editkit.runs.records import MergedScores, StepRecord, StreamResult, StreamStepCallback, TrainingCost
 from editkit.train.recipe import Recipe
@@ -110,12 +109,13 @@ class StreamRunner:
             log.warning("task %s has no unlabeled source: its vector is not regularized", self.exps[t].name)
         shard = (self.runtime.rank, self.runtime.world_size) if self.runtime.distributed else None
         return Regularizer(sources, lam=recipe.lam, schedule=recipe.schedule,
-                           batch_size=recipe.reg_batch_size, squared=recipe.squared, shard=shard)
+                           batch_size=recipe.reg_batch_size, squared=recipe.squared, shard=shard,
+                           on_logits=recipe.penalty_on == "logits")
 
     # -- evaluation ----------------------------------------------------------------------------
-    def eval_task(self, i: int) -> ClassificationScorer:
+    def eval_task(self, i: int) -> Scorer:
         exp = self.exps[i]
-        return ClassificationScorer(exp.name, self.heads[exp.name], exp.test, self.backbone.batching)
+        return task_scorer(exp.name, self.heads[exp.name], exp.test, self.backbone.batching)
 
     def evaluate(self, tau, indices: Sequence[int], description: str) -> dict[str, float]:
         return evaluate_vector(self.backbone.module, self.recipe.mode, tau, [self.eval_task(i) for i in indices],
@@ -324,11 +324,7 @@ def run_scenario(
             progress, on_step = None, None
         built = build_scenario(spec, seed=recipe.seed, progress=progress, build=build, device=str(runtime.device))
         built.backbone.module.to(runtime.device)
-        # The Avalanche benchmark defines the stream (order, task labels, class counts); batches come from
-        # the tasks' own datasets: the same (x, y) items without Avalanche's per-item wrapper, which costs
-        # about as much as decoding an image and would slow vision8's loaders.
-        exps = [dataclasses.replace(exp, train=task.train, test=task.test, val=task.val)
-                for exp, task in zip(experiences(built.benchmark(), built.task_names), built.tasks)]
+        exps = task_experiences(built.tasks)
         provenance = {"scenario_file": str(spec.path.resolve()) if spec.path else None, "build": build.to_json()}
         result = run_stream(exps, built.backbone, built.heads, recipe, bank_dir, scenario=spec.name,
                             generic=built.generic, resume=resume, progress=progress, on_step=on_step,

@@ -14,6 +14,9 @@ Optional parts of a scenario file:
 - per-task recipe values: ``epochs`` / ``steps`` keys of a ``[[tasks]]`` entry, or
   an inline ``recipe = {...}`` table in it (see :func:`task_recipes` for precedence).
 - ``[control]``: the negation control set (``kind = "imagenet"``; see ``editkit.runs.edit``).
+- ``[negation]``: how negating a language task is scored (control and prompt corpora,
+  toxicity scorer, alpha grid and rule, samples; the fields of
+  :class:`~editkit.eval.lm_negation.LanguageNegation`).
 
 Every table is checked when the file is loaded, before anything is built: a key
 that is not a scenario key, not a recipe field, or not an option of the named
@@ -26,6 +29,7 @@ Building (loading what a spec names) is ``editkit.scenario.build``.
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -35,6 +39,7 @@ from typing import Any
 from editkit.core.registry import Registry
 from editkit.data import GENERIC_SOURCES, TASK_SOURCES
 from editkit.errors import ConfigError
+from editkit.eval.lm_negation import LanguageNegation
 from editkit.models import BACKBONES, HEADS
 from editkit.settings import extra_scenario_dirs
 from editkit.train import recipe as recipe_mod
@@ -45,7 +50,8 @@ SCENARIO_DIR = Path(str(resources.files("editkit.scenarios")))
 
 
 #: The tables and values a scenario file may hold at its top level.
-SCENARIO_KEYS = ("name", "description", "backbone", "heads", "generic", "data", "control", "tasks", "recipe")
+SCENARIO_KEYS = ("name", "description", "backbone", "heads", "generic", "data", "control", "negation", "tasks",
+                 "recipe")
 TASK_RECIPE_KEYS = ("epochs", "steps")
 #: Keys of a ``[[tasks]]`` entry besides its source's options.
 TASK_KEYS = ("name", "source", "recipe", *TASK_RECIPE_KEYS)
@@ -83,6 +89,7 @@ class ScenarioSpec:
     path: Path | None = None
     data: dict[str, Any] = field(default_factory=dict)
     control: dict[str, Any] | None = None
+    negation: LanguageNegation | None = None
 
     @property
     def task_names(self) -> list[str]:
@@ -140,6 +147,7 @@ def parse_scenario(data: dict[str, Any], path: Path | None = None) -> ScenarioSp
         path=path,
         data=dict(data.get("data", {})),
         control=dict(data["control"]) if "control" in data else None,
+        negation=_negation(data["negation"], where) if "negation" in data else None,
     )
     _check_options(spec, where)
     return spec
@@ -177,6 +185,11 @@ def _check_options(spec: ScenarioSpec, where: object) -> None:
         source = _record(TASK_SOURCES, task.kind, f"{where}: task {task.name!r}")
         source.refuse_unknown(task.options, f"{where}: task {task.name!r} (source {task.kind!r})")
         source.refuse_unknown(spec.data, f"{where}: [data], given to task {task.name!r} (source {task.kind!r})")
+
+
+def _negation(table: dict[str, Any], where: object) -> LanguageNegation:
+    _refuse_unknown(table, tuple(f.name for f in dataclasses.fields(LanguageNegation)), f"{where}: [negation]")
+    return LanguageNegation(**table)
 
 
 def _task_spec(table: dict[str, Any], where: object) -> TaskSpec:

@@ -145,6 +145,8 @@ class StepComputer:
             features = (batching.split(primal, sizes)[0] + task_tangent).float()  # no-op in fp32; leaves bf16
             mask = batching.output_mask(batch)
             reg_masks = batching.split(mask, sizes)[1:] if mask is not None else None
+            if self.regularizer.on_logits:  # the fixed head is linear: the logits' tangents are the head's image
+                reg_tangents = [self.head(t) for t in reg_tangents]
             reg = self.regularizer.loss([t.float() for t in reg_tangents], reg_masks)
         else:
             args, kwargs = batching.arguments(x)

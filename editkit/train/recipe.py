@@ -24,6 +24,7 @@ from editkit.util.fields import choice
 
 SCHEDULES = ("cyclic", "strict")
 SCOPES = ("seen", "all")
+PENALTY_TARGETS = ("features", "logits")
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,11 @@ class Recipe:
         "help": "Unlabeled examples per penalty source per step (unset: batch size // 8, at least 1)."})
     squared: bool = field(default=False, metadata={
         "help": "Penalise ||J tau||^2 instead of ||J tau|| (the official code uses the norm)."})
+    penalty_on: str = choice("features", PENALTY_TARGETS,
+                             "What tauJp measures: features = the backbone's outputs (a language model's final "
+                             "hidden states, per sequence, padding masked); logits = a language model's next-token "
+                             "logits (the head applied to the tangent), L2 over the sequence axis and averaged over "
+                             "the vocabulary, as in the paper's text code.")
     generic: bool = field(default=True, metadata={
         "help": "Also penalise on the scenario's always-available unlabeled source, if it has one: it "
                 "regularises the first task of a stream, which has no earlier task."})
@@ -119,10 +125,13 @@ class Recipe:
         return from_mapping({k: v for k, v in overrides.items() if v is not None}, base=self)
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields; ``epochs`` only when set (banks written before it existed compare equal)."""
+        """All fields; ``epochs`` only when set and ``penalty_on`` only when not the default (banks
+        written before they existed compare equal)."""
         values = dataclasses.asdict(self)
         if values["epochs"] is None:
             del values["epochs"]
+        if values["penalty_on"] == "features":
+            del values["penalty_on"]
         return values
 
 

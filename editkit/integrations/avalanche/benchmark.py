@@ -76,3 +76,14 @@ def experiences(benchmark, names: Sequence[str] | None = None) -> list[Experienc
             )
         )
     return out
+
+
+def task_experiences(tasks: Sequence[TaskData]) -> list[Experience]:
+    """The stream of ``tasks`` in order (task label = index), read from editkit's own task data.
+
+    What :func:`benchmark_from_tasks` followed by :func:`experiences` gives, without wrapping
+    every split in an Avalanche classification dataset: language-modelling tasks have no
+    classes to wrap, and the wrapper's per-item cost would slow image loaders.
+    """
+    return [Experience(index=i, name=t.name, task_label=i, train=t.train, test=t.test, val=t.val,
+                       num_classes=t.num_classes) for i, t in enumerate(tasks)]

@@ -1,0 +1,135 @@
+"""Negating a language task: what theta_0 - alpha tau does to perplexities and to sampled text.
+
+The paper's negation experiment on language models: fine-tune on toxic text, subtract
+the task vector, and check that toxicity falls while language ability is kept. Three
+numbers per edited model:
+
+- **control perplexity**: on held-out clean text (language ability; must stay close
+  to theta_0's);
+- **target perplexity**: on held-out toxic text (how much of the task was removed;
+  higher is better);
+- **toxicity**: the fraction of sampled continuations of held-out prompts that a
+  toxicity scorer flags, with its standard error, and the mean score.
+
+The negated model is theta_0 - alpha tau applied to the weights, for every mode: it is
+an ordinary model that can generate. For vectors of linearized models the exact
+f_lin perplexities are reported beside it. alpha is chosen on validation splits by
+the control-perplexity rule (``editkit.merge.coefficients``), so the number of
+samples only matters for the final rows, not for the choice.
+
+Perplexities run on the cached prefix states through the tail only, so a grid of
+alphas costs a few tail passes; sampling runs the whole model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from editkit.core.batching import labelled_collate
+from editkit.core.linearize import LinearizedModel, NonLinearModel
+from editkit.core.modes import Mode
+from editkit.merge.coefficients import DEFAULT_PERPLEXITY_RULE, PERPLEXITY_RULES
+from editkit.eval.language import perplexity, sample_continuations, samples_for_stderr, toxicity_summary
+from editkit.util.fields import choice
+from editkit.util.progress import NullProgress, Progress
+
+#: Standard error the sampled toxic fraction must reach at worst (p = 0.5): sets the default sample count.
+MAX_STDERR = 0.03
+
+
+@dataclass(frozen=True)
+class LanguageNegation:
+    """How a language task's negation is scored: the ``[negation]`` table of a text scenario.
+
+    Each field's ``metadata["help"]`` is its one description (the CLI's options are made from it).
+    """
+
+    control_text: str = field(default="clean-news", metadata={
+        "help": "Text corpus whose validation / test splits give the control perplexity (language ability)."})
+    prompts: str = field(default="toxic-prompts", metadata={
+        "help": "Text corpus whose validation / test splits are the prompts continued for the toxicity score."})
+    scorer: str = field(default="profanity", metadata={"help": "Toxicity scorer of the sampled continuations."})
+    alphas: tuple[float, ...] = field(default=(0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0), metadata={
+        "help": "Negation coefficients tried (theta_0 - alpha tau), comma-separated."})
+    rule: str = choice(DEFAULT_PERPLEXITY_RULE, tuple(PERPLEXITY_RULES),
+                       "How alpha is chosen on validation: the largest target perplexity whose control perplexity "
+                       "stays within the rule's bound of theta_0's (relative: (1 + margin) x; absolute: + margin).")
+    margin: float | None = field(default=None, metadata={
+        "help": "The rule's margin (default: 0.05 relative, 0.5 absolute)."})
+    samples: int = field(default=samples_for_stderr(MAX_STDERR), metadata={
+        "help": f"Sampled continuations per scored model (the default keeps the toxic fraction's standard error "
+                f"<= {MAX_STDERR})."})
+    max_new_tokens: int = field(default=20, metadata={"help": "Tokens sampled per continuation."})
+    eval_blocks: int | None = field(default=96, metadata={
+        "help": "At most this many token blocks per perplexity split (default: all with 0)."})
+    batch_size: int = field(default=16, metadata={"help": "Sequences per evaluation batch."})
+    seed: int = field(default=0, metadata={"help": "Seed of the sampled continuations."})
+
+    def __post_init__(self) -> None:
+        alphas = self.alphas.split(",") if isinstance(self.alphas, str) else self.alphas  # the CLI gives text
+        object.__setattr__(self, "alphas", tuple(float(a) for a in alphas))
+        if self.eval_blocks == 0:
+            object.__setattr__(self, "eval_blocks", None)
+
+
+def task_model(tail: nn.Module, mode: str, delta: Mapping[str, torch.Tensor] | None, *,
+               linearized: bool) -> nn.Module:
+    """The tail at theta_0 + delta: its weights edited, or (``linearized``) the exact f_lin of a linear vector."""
+    model = LinearizedModel(tail) if linearized and Mode(mode).linearized else NonLinearModel(tail)
+    if delta is not None:
+        model.load_task_vector(delta)
+    return model
+
+
+def split_perplexity(model: nn.Module, head: nn.Module, dataset: Any, batching: Any, *, batch_size: int,
+                     progress: Progress | None = None, description: str = "perplexity") -> float:
+    """Perplexity of ``head(model(prefix states))`` over a split of token sequences."""
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=labelled_collate(batching))
+
+    def logits_of(batch: Any) -> torch.Tensor:
+        args, kwargs = batching.arguments(batch)
+        return head(model(*args, **kwargs))
+
+    return perplexity(logits_of, loader, progress=progress or NullProgress(), description=description)
+
+
+@contextlib.contextmanager
+def edited_weights(backbone: Any, delta: Mapping[str, torch.Tensor] | None) -> Iterator[nn.Module]:
+    """The whole model with theta_0 + delta in its tail, restored exactly afterwards (for sampling)."""
+    if not delta:
+        yield backbone.lm
+        return
+    names = backbone.tail_parameters()
+    saved = {}
+    try:
+        with torch.no_grad():
+            for name, value in delta.items():
+                param = backbone.lm.get_parameter(names[name])
+                saved[name] = param.detach().clone()
+                param.add_(value.to(param))
+        yield backbone.lm
+    finally:
+        with torch.no_grad():
+            for name, value in saved.items():
+                backbone.lm.get_parameter(names[name]).copy_(value)
+
+
+def toxicity(backbone: Any, delta: Mapping[str, torch.Tensor] | None, prompts: list[str], scorer: Any,
+             settings: LanguageNegation, *, progress: Progress | None = None,
+             description: str = "sampling") -> dict[str, float | int]:
+    """Toxic fraction (with standard error) and mean score of continuations sampled from theta_0 + delta."""
+    with edited_weights(backbone, delta) as lm:
+        pairs = sample_continuations(lm, backbone.tokenizer, prompts, samples=settings.samples,
+                                     max_new_tokens=settings.max_new_tokens, seed=settings.seed,
+                                     batch_size=settings.batch_size * 2, progress=progress or NullProgress())
+    return toxicity_summary(scorer.score([continuation for _, continuation in pairs]), scorer.threshold)
+
+
+def scaled(tau: Mapping[str, torch.Tensor], coefficient: float) -> dict[str, torch.Tensor]:
+    return {name: value * coefficient for name, value in tau.items()}

@@ -1,0 +1,221 @@
+"""Negate a language task: ``editkit negate toxic``.
+
+The vector is taken from the scenario's bank; when the bank has none yet, the
+scenario is first run as a one-task stream (fine-tuned with rich progress and
+banked like any stream vector). The scenario is rebuilt around the vector (its
+backbone must be the bank's base: a vision vector is refused here by fingerprint),
+and theta_0 - alpha tau is scored (``editkit.eval.lm_negation``):
+
+1. **validation**, for every alpha of the grid: control and target perplexity; alpha
+   is chosen by the control-perplexity rule (unless given);
+2. **test**, for theta_0, theta_0 + tau, theta_0 - tau and theta_0 - alpha* tau: control and
+   target perplexity (and, for vectors of linearized models, the exact f_lin
+   perplexities of the negations), plus the toxicity of sampled continuations of
+   held-out prompts, and the selectivity ln(target ratio) / ln(control ratio).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from editkit.bank.store import Bank
+from editkit.core.modes import Mode
+from editkit.data.text import corpus_split, sequences
+from editkit.errors import ConfigError
+from editkit.eval.lm_negation import LanguageNegation, scaled, split_perplexity, task_model, toxicity
+from editkit.eval.toxicity import TOXICITY_SCORERS
+from editkit.merge.arithmetic import combine
+from editkit.merge.coefficients import select_perplexity_negation_alpha
+from editkit.runs.edit import recorded_build, scenario_of
+from editkit.runs.report import pyplot
+from editkit.scenario.build import BuiltScenario
+from editkit.scenario.options import BuildOptions
+from editkit.scenario.spec import ScenarioSpec, known_scenarios, load_scenario
+from editkit.train.runtime import Runtime, default_runtime
+from editkit.util.progress import NullProgress, Progress
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class EvalSplits:
+    """The held-out text a negation is scored on, prefix states cached once for every model scored."""
+
+    control: Any
+    target: Any
+    prompts: list[str]
+
+
+def negation_settings(built: BuiltScenario, overrides: Mapping[str, Any] | None = None) -> LanguageNegation:
+    """The scenario's ``[negation]`` table with ``overrides`` (None values keep) laid over it."""
+    base = built.spec.negation or LanguageNegation()
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    return dataclasses.replace(base, **given)
+
+
+def eval_splits(built: BuiltScenario, target: str, split: str, settings: LanguageNegation,
+                progress: Progress) -> EvalSplits:
+    """Control text, the target task's text and prompts of ``split`` (``val`` or ``test``)."""
+    task = built.task(target)
+    target_data = getattr(task, split)
+    length = max(len(ids) for ids in task.train.ids)
+    control = sequences(built.backbone, corpus_split(settings.control_text, split), length, limit=settings.eval_blocks,
+                        progress=progress, description=f"{settings.control_text} {split}")
+    return EvalSplits(control, target_data, corpus_split(settings.prompts, split))
+
+
+def _perplexities(built: BuiltScenario, data: EvalSplits, mode: str, delta: Mapping[str, torch.Tensor] | None,
+                  settings: LanguageNegation, progress: Progress, label: str, *,
+                  linearized: bool = False) -> dict[str, float]:
+    backbone = built.backbone
+    model = task_model(backbone.module, mode, delta, linearized=linearized)
+    return {role: split_perplexity(model, backbone.head, getattr(data, role), backbone.batching,
+                                   batch_size=settings.batch_size, progress=progress, description=f"{label}: {role}")
+            for role in ("control", "target")}
+
+
+def selectivity(row: Mapping[str, float], base: Mapping[str, float]) -> float | None:
+    """ln(target ppl ratio) / ln(control ppl ratio) against theta_0: target removed per unit of control lost."""
+    control = math.log(row["control"] / base["control"])
+    if control <= 0:
+        return None
+    return math.log(row["target"] / base["target"]) / control
+
+
+def tune(built: BuiltScenario, tau: Mapping[str, torch.Tensor], mode: str, settings: LanguageNegation,
+         progress: Progress, target: str) -> dict[str, Any]:
+    """Validation perplexities over the alpha grid and the alpha the rule picks."""
+    data = eval_splits(built, target, "val", settings, progress)
+    base = _perplexities(built, data, mode, None, settings, progress, "validation: theta_0")
+    rows = [{"alpha": a, **_perplexities(built, data, mode, scaled(tau, -a), settings, progress,
+                                         f"validation: alpha {a:g}")} for a in settings.alphas]
+    choice = select_perplexity_negation_alpha([(r["alpha"], r["control"], r["target"]) for r in rows],
+                                              base["control"], rule=settings.rule, margin=settings.margin)
+    if not choice.met:
+        log.warning("no alpha of %s keeps control perplexity <= %.2f: the best tried is %g", settings.alphas,
+                    choice.bound, choice.alpha)
+    return {"split": "validation", "pretrained": base, "grid": rows, "alpha": choice.alpha, "met": choice.met,
+            "bound": choice.bound, "rule": choice.rule, "margin": choice.margin}
+
+
+def score_test(built: BuiltScenario, tau: Mapping[str, torch.Tensor], mode: str, alphas: Mapping[str, float],
+               settings: LanguageNegation, progress: Progress, target: str) -> list[dict[str, Any]]:
+    """Test rows: theta_0 (alpha 0), +tau (alpha -1) and each named negation, with sampled toxicity."""
+    data = eval_splits(built, target, "test", settings, progress)
+    scorer = TOXICITY_SCORERS[settings.scorer].build()
+    rows = []
+    for label, alpha in {"theta_0": 0.0, "+tau": -1.0, **alphas}.items():
+        delta = scaled(tau, -alpha) if alpha else None
+        row: dict[str, Any] = {"model": label, "alpha": alpha,
+                               **_perplexities(built, data, mode, delta, settings, progress, f"test: {label}")}
+        if Mode(mode).linearized and alpha > 0:
+            exact = _perplexities(built, data, mode, delta, settings, progress, f"test: {label} (f_lin)",
+                                  linearized=True)
+            row.update(control_flin=exact["control"], target_flin=exact["target"])
+        row.update(toxicity(built.backbone, delta, data.prompts, scorer, settings, progress=progress,
+                            description=f"sampling: {label}"))
+        rows.append(row)
+    for row in rows:
+        row["selectivity"] = selectivity(row, rows[0]) if row["alpha"] > 0 else None
+    return rows
+
+
+def negate_language(bank: Bank, name: str, *, alpha: float | None = None, settings: Mapping[str, Any] | None = None,
+                    progress: Progress | None = None, build: BuildOptions | None = None,
+                    runtime: Runtime | None = None) -> dict[str, Any]:
+    """Score theta_0 - alpha tau of language vector ``name``; alpha chosen on validation unless given.
+
+    settings: fields of :class:`LanguageNegation` laid over the scenario's ``[negation]`` table.
+    Returns the report (see the module docstring); alpha = 1 is always among the test rows.
+    """
+    progress = progress or NullProgress()
+    runtime = runtime or default_runtime()
+    vector = combine(bank, {name: 1.0})  # tau, read and verified before anything is built
+    built = scenario_of(bank, [name], progress, build=recorded_build(bank, name, build), runtime=runtime)
+    if not hasattr(built.backbone, "prefix"):
+        raise ConfigError(f"vector {name!r} was not fine-tuned on a language model: use `editkit negate` "
+                          "without language-model options")
+    chosen = negation_settings(built, settings)
+    target = bank.get(name).task
+    tuning = None
+    if alpha is None:
+        tuning = tune(built, vector.tensors, vector.mode, chosen, progress, target)
+        alpha = tuning["alpha"]
+    negations = {"-tau": 1.0} if alpha == 1.0 else {"-tau": 1.0, f"-{alpha:g} tau": alpha}
+    rows = score_test(built, vector.tensors, vector.mode, negations, chosen, progress, target)
+    return {"operation": "negate", "scenario": built.spec.name, "vector": name, "target_task": target,
+            "mode": vector.mode, "alpha": alpha, "tuning": tuning, "settings": dataclasses.asdict(chosen),
+            "rows": rows, "backbone": built.backbone.name}
+
+
+def ensure_vector(spec: ScenarioSpec, name: str, bank_dir: Path, *, progress: Progress | None = None,
+                  build: BuildOptions | None = None, runtime: Runtime | None = None, **recipe: Any) -> Bank:
+    """The bank at ``bank_dir``, first running ``spec`` as a stream into it when it lacks vector ``name``.
+
+    recipe: fields laid over the scenario's recipe (``mode``, ``steps``...; None keeps)."""
+    bank = Bank(bank_dir)
+    if not (bank.exists() and name in bank.names()):
+        from editkit.runs.stream import run_scenario
+
+        log.info("bank %s has no vector %r: fine-tuning it first", bank_dir, name)
+        run_scenario(spec.path or spec.name, bank=bank_dir, progress=progress, build=build, runtime=runtime, **recipe)
+        bank = Bank(bank_dir)
+    return bank
+
+
+def language_scenario(name: str) -> ScenarioSpec | None:
+    """The known scenario called ``name`` if it is a language-negation scenario with a task ``name``
+    (``editkit negate toxic`` names the task and its scenario at once), else None."""
+    if name not in known_scenarios():
+        return None
+    spec = load_scenario(name)
+    return spec if spec.negation is not None and name in spec.task_names else None
+
+
+def is_language_vector(bank: Bank, name: str) -> bool:
+    """Whether the scenario vector ``name`` was banked from negates language (has a ``[negation]`` table)."""
+    scenario = bank.get(name).scenario
+    return scenario in known_scenarios() and load_scenario(scenario).negation is not None
+
+
+def plot_negation(reports: list[Mapping[str, Any]], path: Path) -> Path:
+    """Control vs target perplexity across the validation alpha grid (one curve per mode), and the test
+    rows' toxic fraction with its standard error."""
+    plt = pyplot()
+    fig, (curves, bars) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for report in reports:
+        tuning = report.get("tuning")
+        if tuning:
+            points = [tuning["pretrained"]] + tuning["grid"]
+            line, = curves.plot([p["control"] for p in points], [p["target"] for p in points], marker="o",
+                                label=report["mode"])
+            chosen = next(p for p in tuning["grid"] if p["alpha"] == tuning["alpha"])
+            curves.scatter([chosen["control"]], [chosen["target"]], s=120, facecolors="none",
+                           edgecolors=line.get_color())
+            curves.axvline(tuning["bound"], color=line.get_color(), linestyle=":", linewidth=0.8)
+    curves.set_xlabel("control perplexity (validation)")
+    curves.set_ylabel("target perplexity (validation)")
+    curves.set_yscale("log")
+    curves.set_title("theta_0 - alpha tau across alpha (circle: chosen)")
+    if any(r.get("tuning") for r in reports):
+        curves.legend()
+    labels, values, errors = [], [], []
+    for report in reports:
+        for row in report["rows"]:
+            labels.append(f"{report['mode']}\n{row['model']}")
+            values.append(row["toxic_fraction"])
+            errors.append(row["toxic_fraction_stderr"])
+    bars.bar(range(len(values)), values, yerr=errors, capsize=3)
+    bars.set_xticks(range(len(values)), labels, rotation=60, fontsize=7)
+    bars.set_ylabel("toxic fraction of samples (test)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
