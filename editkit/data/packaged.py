@@ -52,6 +52,7 @@ from editkit.data.tasks import TaskData, tensor_task
 from editkit.data.sources import read_idx
 from editkit.errors import ConfigError, MissingResourceError
 from editkit.settings import cache_dir
+from editkit.core.artifacts import fetch
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +282,7 @@ def fashion_mnist_dir() -> Path:
     target = cache_dir() / "fashion-mnist"
     if _has_fashion_files(target):
         return target
-    deb = _cache.fetch(_cache.FASHION_MNIST_DEB)
+    deb = fetch(_cache.FASHION_MNIST_DEB)
     log.info("extracting Fashion-MNIST idx files from %s into %s", deb.name, target)
     _extract_deb_members(deb, _DEB_FASHION_PREFIX, set(FASHION_FILES.values()), target)
     return target
@@ -329,7 +330,7 @@ def build_animal_mnist(
 ) -> PackagedDataset:
     """Animal-MNIST (10000 28x28 animal silhouettes, 10 classes x 1000) from the pinned
     ``animal-mnist`` wheel, read as a zip; stratified split."""
-    wheel_path = _cache.fetch(_cache.ANIMAL_MNIST_WHEEL)
+    wheel_path = fetch(_cache.ANIMAL_MNIST_WHEEL)
     with zipfile.ZipFile(wheel_path) as wheel:
         images = _read_wheel_pickle(wheel, ANIMAL_DATA_MEMBER, wheel_path)
         labels = _read_wheel_pickle(wheel, ANIMAL_LABEL_MEMBER, wheel_path)

