@@ -73,3 +73,33 @@ def accuracy_table(title: str, per_task: Mapping[str, float], single: Mapping[st
         table.caption_justify = "left"
         table.caption_style = "bold"
     return table
+
+
+def _ppl(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value / 1000:.1f}k" if value >= 10_000 else f"{value:.1f}"
+
+
+def language_negation_table(report: Mapping) -> Table:
+    """Validation grid (what alpha was chosen on) and the test rows of a language negation."""
+    tuning = report.get("tuning")
+    rule = (f"chosen alpha {report['alpha']:g} ({tuning['rule']} rule: control ppl <= {tuning['bound']:.2f}"
+            f"{'' if tuning['met'] else ', NOT met by any alpha: best tried'})" if tuning else
+            f"alpha {report['alpha']:g} (given)")
+    table = Table(title=f"negate {report['vector']} ({report['mode']}, {report['backbone']}): {rule}")
+    for column in ("split", "model", "control ppl", "target ppl", "f_lin control / target", "selectivity",
+                   "toxic fraction ± s.e.", "mean score"):
+        table.add_column(column, justify="right" if column not in ("split", "model") else "left")
+    if tuning:
+        rows = [{"alpha": 0.0, **tuning["pretrained"]}, *tuning["grid"]]
+        for row in rows:
+            model = "theta_0" if row["alpha"] == 0 else f"-{row['alpha']:g} tau"
+            marker = " ◀" if row["alpha"] == report["alpha"] else ""
+            table.add_row("val", model + marker, _ppl(row["control"]), _ppl(row["target"]), "", "", "", "")
+    for row in report["rows"]:
+        flin = (f"{_ppl(row['control_flin'])} / {_ppl(row['target_flin'])}" if "control_flin" in row else "")
+        sel = "" if row["selectivity"] is None else f"{row['selectivity']:.1f}"
+        table.add_row("test", row["model"], _ppl(row["control"]), _ppl(row["target"]), flin, sel,
+                      f"{row['toxic_fraction']:.3f} ± {row['toxic_fraction_stderr']:.3f}", f"{row['mean_score']:.3f}")
+    return table

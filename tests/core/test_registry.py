@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from editkit.core.registry import Option, Record, Registry
-from editkit.data import GENERIC_SOURCES, TASK_SOURCES
+from editkit.data import GENERIC_SOURCES, TASK_SOURCES, TEXT_CORPORA
 from editkit.errors import ConfigError
 from editkit.merge import MERGE_METHODS
 from editkit.merge.ties import TIES_DEFAULT_K, ties_merge
@@ -80,10 +80,11 @@ def test_unregister_and_labels():
 
 
 @pytest.mark.parametrize("registry, names", [
-    (BACKBONES, ["clip", "efficientnet-lite0"]),
-    (HEADS, ["probe", "zero-shot"]),
-    (TASK_SOURCES, ["packaged", "vision8"]),
-    (GENERIC_SOURCES, ["natural-crops"]),
+    (BACKBONES, ["causal-lm", "clip", "efficientnet-lite0"]),
+    (HEADS, ["lm", "probe", "zero-shot"]),
+    (TASK_SOURCES, ["packaged", "text", "vision8"]),
+    (GENERIC_SOURCES, ["natural-crops", "text"]),
+    (TEXT_CORPORA, ["clean-news", "toxic", "toxic-prompts"]),
     (MERGE_METHODS, ["task-arithmetic", "ties"]),
 ])
 def test_built_in_extensions_register_themselves_once(registry, names):

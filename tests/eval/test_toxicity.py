@@ -15,6 +15,7 @@ import pytest
 import sklearn
 
 from editkit import settings
+from editkit.core import artifacts
 from editkit.data import cache
 from editkit.errors import MissingResourceError
 from editkit.eval import toxicity
@@ -46,7 +47,7 @@ def test_scores_hand_picked_texts(scorer):
 
 def test_score_is_predict_proba_of_the_wheels_joblib_files(scorer, tmp_path):
     """The scorer equals the model's P(class 1) computed here from the extracted joblib files."""
-    with zipfile.ZipFile(cache.fetch(cache.ALT_PROFANITY_CHECK_WHEEL)) as wheel:
+    with zipfile.ZipFile(artifacts.fetch(cache.ALT_PROFANITY_CHECK_WHEEL)) as wheel:
         wheel.extractall(tmp_path, members=[toxicity.PROFANITY_VECTORIZER, toxicity.PROFANITY_MODEL])
     vectorizer = joblib.load(tmp_path / toxicity.PROFANITY_VECTORIZER)
     model = joblib.load(tmp_path / toxicity.PROFANITY_MODEL)
@@ -70,7 +71,7 @@ def test_refuses_another_scikit_learn(monkeypatch, scorer):
 
 def test_refusal_when_the_wheel_cannot_be_fetched(tmp_path, monkeypatch):
     monkeypatch.setenv(settings.CACHE_ENV, str(tmp_path / "empty"))
-    monkeypatch.setattr(cache, "_command", lambda a: [sys.executable, "-c", "import sys; sys.exit('no network')"])
+    monkeypatch.setattr(artifacts, "_command", lambda a: [sys.executable, "-c", "import sys; sys.exit('no network')"])
     lines = TOXICITY_SCORERS["profanity"].check()
     assert len(lines) == 1 and "\n" not in lines[0]
     assert "pip download --no-deps alt-profanity-check==1.9.1" in lines[0] and "no network" in lines[0]
