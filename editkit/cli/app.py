@@ -393,6 +393,12 @@ def bench(
         torch.set_num_threads(max(1, threads))
     start = time.perf_counter()
     config = BenchConfig(**settings, recipe=recipe, build=BuildOptions(**build)).validated()
+    from editkit.scenario.spec import load_scenario
+
+    spec = load_scenario(config.scenario)
+    if spec.negation is not None:
+        _bench_language(spec, config, runtime_options)
+        return
     with process_runtime(**runtime_options) as runtime:
         result = run_bench(config, runtime=runtime, progress=RichProgress())
     report = result.report
@@ -416,6 +422,22 @@ def bench(
     console.print(f"vectors trained now: {', '.join(f'{m} {n}' for m, n in trained.items())}  "
                   f"(others reused from {config.bank_root})   {time.perf_counter() - start:.0f} s")
     console.print(f"report: {result.report_path}   plots: {', '.join(report['plots'].values())}")
+
+
+def _bench_language(spec, config: BenchConfig, runtime_options: dict) -> None:
+    """A language scenario's bench: the modes' negations side by side (``editkit.runs.bench.language``)."""
+    from editkit.cli.console import RichProgress, console, language_bench_table, language_negation_table
+    from editkit.runs.bench.language import run_language_bench
+    from editkit.runs.stream import process_runtime
+
+    with process_runtime(**runtime_options) as runtime:
+        report, path = run_language_bench(spec, modes=tuple(config.modes), bank_root=config.bank_root,
+                                          run_dir=config.run_dir, recipe=config.recipe, build=config.build,
+                                          runtime=runtime, progress=RichProgress())
+    for mode_report in report["modes"].values():
+        console.print(language_negation_table(mode_report))
+    console.print(language_bench_table(report))
+    console.print(f"{report['seconds']:.0f} s   report: {path}   plot: {report['plots']['negation']}")
 
 
 if __name__ == "__main__":

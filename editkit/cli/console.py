@@ -103,3 +103,23 @@ def language_negation_table(report: Mapping) -> Table:
         table.add_row("test", row["model"], _ppl(row["control"]), _ppl(row["target"]), flin, sel,
                       f"{row['toxic_fraction']:.3f} ± {row['toxic_fraction_stderr']:.3f}", f"{row['mean_score']:.3f}")
     return table
+
+
+def language_bench_table(report: Mapping) -> Table:
+    """The modes at their tuned alphas (test split), and the checks of tauJp against the others."""
+    table = Table(title=f"{report['scenario']}: negation per mode at its tuned alpha (test)")
+    for column in ("mode", "alpha", "control ppl", "target ppl", "selectivity", "toxic fraction ± s.e.",
+                   "mean score", "< theta_0 by 2 s.e."):
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    for mode, row in report["comparison"]["per_mode"].items():
+        sel = "–" if row["selectivity"] is None else f"{row['selectivity']:.1f}"
+        table.add_row(mode, f"{row['alpha']:g}{'' if row['met'] else ' (rule not met)'}", _ppl(row["control"]),
+                      _ppl(row["target"]), sel, f"{row['toxic_fraction']:.3f} ± {row['toxic_fraction_stderr']:.3f}",
+                      f"{row['mean_score']:.3f}", "yes" if row["below_theta0"] else "no")
+    checks = report["comparison"]["checks"]
+    if checks:
+        table.caption = (f"tauJp target ppl / best other mode's = {checks['target_ratio']:.2f} "
+                         f"(wanted >= {checks['target_ratio_wanted']}: {'met' if checks['target_ratio_met'] else 'NOT met'}); "
+                         f"tauJp toxic fraction below theta_0's by > 2 s.e.: "
+                         f"{'yes' if checks['toxicity_below_theta0'] else 'no'}")
+    return table

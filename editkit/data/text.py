@@ -18,6 +18,7 @@ split; registered here:
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
 
 import torch
@@ -28,7 +29,8 @@ from editkit.core.taujp import LazyUnlabeledSource
 from editkit.data import GENERIC_SOURCES, TASK_SOURCES, TEXT_CORPORA
 from editkit.data.tasks import TaskData
 from editkit.errors import ConfigError
-from editkit.util.progress import NullProgress, Progress
+
+log = logging.getLogger(__name__)
 
 #: Splits a corpus provides.
 SPLITS = ("train", "val", "test")
@@ -40,16 +42,24 @@ class TokenSequences(Dataset):
 
     The ids are the labels (the next-token loss shifts them); ``input(i)`` gives the
     states alone, so a tauJp source never reads the tokens it would be scored on.
+    The states of the whole split are computed on first use, in batches: a run that
+    never reads a split (negation never trains) never pays for its prefix.
     """
 
-    def __init__(self, ids: Sequence[torch.Tensor], states: Sequence[torch.Tensor]) -> None:
-        if len(ids) != len(states):
-            raise ValueError("one hidden-state sequence per token sequence")
+    def __init__(self, ids: Sequence[torch.Tensor], backbone: Any, description: str = "prefix states") -> None:
         self.ids = list(ids)
-        self.states = list(states)
+        self._backbone = backbone
+        self._description = description
+        self._states: list[torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def states(self) -> list[torch.Tensor]:
+        if self._states is None:
+            self._states = prefix_states(self._backbone, self.ids, description=self._description)
+        return self._states
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.states[index], self.ids[index]
@@ -81,31 +91,29 @@ def pack(tokenizer: Any, texts: Sequence[str], length: int, *, limit: int | None
 
 
 @torch.no_grad()
-def prefix_states(backbone: Any, blocks: Sequence[torch.Tensor], *, progress: Progress | None = None,
-                  description: str = "prefix states") -> list[torch.Tensor]:
+def prefix_states(backbone: Any, blocks: Sequence[torch.Tensor], *, description: str = "prefix states") -> list[torch.Tensor]:
     """The frozen prefix's hidden states of each block, computed in right-padded batches."""
-    progress = progress or NullProgress()
+    log.info("%s: computing the frozen prefix's hidden states of %d blocks", description, len(blocks))
     states: list[torch.Tensor] = []
     collate = backbone.batching.collate
-    with progress.task(description, total=len(blocks)) as bar:
-        for start in range(0, len(blocks), PREFIX_BATCH):
-            chunk = blocks[start : start + PREFIX_BATCH]
-            batch = collate(chunk)
-            hidden = backbone.prefix(batch.inputs, batch.attention_mask)
-            states.extend(h[: len(ids)].clone() for h, ids in zip(hidden, chunk))
-            bar.advance(len(chunk))
+    for start in range(0, len(blocks), PREFIX_BATCH):
+        chunk = blocks[start : start + PREFIX_BATCH]
+        batch = collate(chunk)
+        device = next(backbone.lm.parameters()).device
+        hidden = backbone.prefix(batch.inputs.to(device), batch.attention_mask.to(device)).cpu()
+        states.extend(h[: len(ids)].clone() for h, ids in zip(hidden, chunk))
     return states
 
 
 def sequences(backbone: Any, texts: Sequence[str], max_length: int, *, limit: int | None = None,
-              progress: Progress | None = None, description: str = "prefix states") -> TokenSequences:
-    """Packed blocks of ``texts`` with their prefix states."""
+              description: str = "prefix states") -> TokenSequences:
+    """Packed blocks of ``texts``; their prefix states are computed when first read."""
     if not hasattr(backbone, "prefix"):
         raise ConfigError(f"text data needs a causal-lm backbone, not {backbone.name}")
     blocks = pack(backbone.tokenizer, texts, max_length, limit=limit)
     if not blocks:
         raise ConfigError(f"{description}: no text to build sequences from")
-    return TokenSequences(blocks, prefix_states(backbone, blocks, progress=progress, description=description))
+    return TokenSequences(blocks, backbone, description)
 
 
 def corpus_split(corpus: str, split: str, seed: int = 0) -> list[str]:

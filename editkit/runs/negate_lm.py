@@ -27,7 +27,7 @@ import torch
 from editkit.bank.store import Bank
 from editkit.core.modes import Mode
 from editkit.data.text import corpus_split, sequences
-from editkit.errors import ConfigError
+from editkit.errors import ConfigError, IncompatibleVectorsError
 from editkit.eval.lm_negation import LanguageNegation, scaled, split_perplexity, task_model, toxicity
 from editkit.eval.toxicity import TOXICITY_SCORERS
 from editkit.merge.arithmetic import combine
@@ -66,7 +66,7 @@ def eval_splits(built: BuiltScenario, target: str, split: str, settings: Languag
     target_data = getattr(task, split)
     length = max(len(ids) for ids in task.train.ids)
     control = sequences(built.backbone, corpus_split(settings.control_text, split), length, limit=settings.eval_blocks,
-                        progress=progress, description=f"{settings.control_text} {split}")
+                        description=f"{settings.control_text} {split}")
     return EvalSplits(control, target_data, corpus_split(settings.prompts, split))
 
 
@@ -128,16 +128,21 @@ def score_test(built: BuiltScenario, tau: Mapping[str, torch.Tensor], mode: str,
 
 def negate_language(bank: Bank, name: str, *, alpha: float | None = None, settings: Mapping[str, Any] | None = None,
                     progress: Progress | None = None, build: BuildOptions | None = None,
-                    runtime: Runtime | None = None) -> dict[str, Any]:
+                    runtime: Runtime | None = None, built: BuiltScenario | None = None) -> dict[str, Any]:
     """Score theta_0 - alpha tau of language vector ``name``; alpha chosen on validation unless given.
 
     settings: fields of :class:`LanguageNegation` laid over the scenario's ``[negation]`` table.
-    Returns the report (see the module docstring); alpha = 1 is always among the test rows.
+    built: the scenario already built (several banks of one scenario share it); its base model
+    must be the bank's. Returns the report (see the module docstring); alpha = 1 is always among
+    the test rows.
     """
     progress = progress or NullProgress()
     runtime = runtime or default_runtime()
     vector = combine(bank, {name: 1.0})  # tau, read and verified before anything is built
-    built = scenario_of(bank, [name], progress, build=recorded_build(bank, name, build), runtime=runtime)
+    if built is None:
+        built = scenario_of(bank, [name], progress, build=recorded_build(bank, name, build), runtime=runtime)
+    elif built.backbone.fingerprint() != bank.base:
+        raise IncompatibleVectorsError(f"bank {bank.root} was built on another base model than {built.backbone.name}")
     if not hasattr(built.backbone, "prefix"):
         raise ConfigError(f"vector {name!r} was not fine-tuned on a language model: use `editkit negate` "
                           "without language-model options")
