@@ -146,9 +146,12 @@ class StreamRunner:
     def merge_and_evaluate(self, t: int) -> MergedScores:
         """Score theta_0 + sum of banked tau_0..tau_t on tasks 0..t; store the numbers in the bank."""
         names = [self.exps[i].name for i in range(t + 1)]
-        tau = self.bank.merge({n: 1.0 for n in names}, base=self.base)
-        per_task = self.evaluate(tau, range(t + 1), f"merged 0..{t}")
         single = {n: self.bank.get(n).metrics["single_task"] for n in names}
+        if t == 0:  # theta_0 + tau_0 is the single-task model, already scored
+            per_task = dict(single)
+        else:
+            tau = self.bank.merge({n: 1.0 for n in names}, base=self.base)
+            per_task = self.evaluate(tau, range(t + 1), f"merged 0..{t}")
         merged = MergedScores(per_task=per_task, **addition_summary(per_task, single))
         self.runtime.barrier()  # every process has read the bank before rank 0 rewrites the manifest
         if self.runtime.is_main:
