@@ -231,7 +231,8 @@ def _labels(config: dict[str, Any], path: Path) -> list[str]:
     labels = list(config["dataset"]["args"]["classes"])
     if arch != DETOXIFY_ARCH or not set(DETOXIFY_LABELS) & set(labels):
         raise ConfigError(f"{path} is a {arch} checkpoint with labels {labels}: the detoxify scorer reads "
-                          f"{DETOXIFY_ARCH} checkpoints with a {' or '.join(DETOXIFY_LABELS)} label (Detoxify's original)")
+                          f"{DETOXIFY_ARCH} checkpoints with a {' or '.join(DETOXIFY_LABELS)} label "
+                          "(Detoxify's original)")
     return labels
 
 

@@ -38,16 +38,19 @@ runner = CliRunner()
 
 def _civil_comments(directory: Path) -> None:
     (directory / "data").mkdir()
-    for split, rows in {"train": TOXIC * 3 + ["A lovely morning"], "validation": TOXIC[::-1] + ["Ugly stupid liars"],
-                        "test": ["Clowns and crooks run this whole rotten town", "Morons, all of them, every one"]}.items():
+    splits = {"train": TOXIC * 3 + ["A lovely morning"], "validation": TOXIC[::-1] + ["Ugly stupid liars"],
+              "test": ["Clowns and crooks run this whole rotten town", "Morons, all of them, every one"]}
+    for split, rows in splits.items():
         toxicity = pa.array([0.1 if "lovely" in r else 0.9 for r in rows], pa.float32())
-        pq.write_table(pa.table({"text": rows, "toxicity": toxicity}), directory / "data" / f"{split}-00000-of-00001.parquet")
+        table = pa.table({"text": rows, "toxicity": toxicity})
+        pq.write_table(table, directory / "data" / f"{split}-00000-of-00001.parquet")
 
 
 def _wikitext(directory: Path) -> None:
     (directory / "wikitext-103-raw-v1").mkdir()
     for split in ("train", "validation", "test"):
-        pq.write_table(pa.table({"text": CLEAN * 4}), directory / "wikitext-103-raw-v1" / f"{split}-00000-of-00001.parquet")
+        path = directory / "wikitext-103-raw-v1" / f"{split}-00000-of-00001.parquet"
+        pq.write_table(pa.table({"text": CLEAN * 4}), path)
 
 
 def _bert(directory: Path) -> None:
@@ -134,8 +137,8 @@ def test_tiny_gpt2_streams_two_steps_from_local_copies(offline, tmp_path, monkey
 
     check = runner.invoke(app, ["stream", "--scenario", str(scenario), "--check"])
     assert check.exit_code == 0 and "ok" in check.output, check.output
-    result = runner.invoke(app, ["stream", "--scenario", str(scenario), "--steps", "2", "--bank", str(tmp_path / "bank"),
-                                 "--run-dir", str(tmp_path / "run")])
+    result = runner.invoke(app, ["stream", "--scenario", str(scenario), "--steps", "2",
+                                 "--bank", str(tmp_path / "bank"), "--run-dir", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["scenario"] == "toxic-gpt2" and report["mode"] == "taujp"
