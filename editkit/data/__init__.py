@@ -10,7 +10,8 @@ split (``train`` / ``val`` / ``test``) of a named text corpus; its ``check()`` l
 always-available :class:`~editkit.core.taujp.UnlabeledSource` of a ``[generic]`` table.
 
 The built-in sources (packaged offline datasets, vision8, natural-image crops, text as
-language-modelling data and the offline toxic / clean / prompt corpora) register
+language-modelling data, the offline toxic / clean / prompt corpora and the Hugging Face copies of
+Civil Comments and WikiText-103) register
 themselves in their own modules, imported below; what they read from disk or the
 network is loaded only when a builder runs.
 """
@@ -21,4 +22,4 @@ TASK_SOURCES: Registry[Record] = Registry("task source")
 GENERIC_SOURCES: Registry[Record] = Registry("generic source")
 TEXT_CORPORA: Registry[Record] = Registry("text corpus")
 
-from editkit.data import natural, packaged, text, toxic_corpus, vision8  # noqa: E402,F401  (built-in extensions register themselves)
+from editkit.data import hf_text, natural, packaged, text, toxic_corpus, vision8  # noqa: E402,F401  (built-in extensions register themselves)

@@ -77,11 +77,14 @@ def pack(tokenizer: Any, texts: Sequence[str], length: int, *, limit: int | None
     """Token-id blocks of ``length`` from ``texts`` joined by end-of-sequence tokens.
 
     The last block may be shorter (kept when it has two tokens or more: one prediction).
-    ``limit``: at most that many blocks (the first ones).
+    ``limit``: at most that many blocks (the first ones); tokenizing stops once they are full,
+    so a few blocks of a large corpus (WikiText-103's train split) cost only their own texts.
     """
     eos = tokenizer.eos_token_id
     stream: list[int] = []
     for text in texts:
+        if limit is not None and len(stream) >= limit * length:
+            break
         stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
         if eos is not None:
             stream.append(eos)

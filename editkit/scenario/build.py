@@ -15,9 +15,11 @@ from typing import Any
 from torch import nn
 
 from editkit.core.taujp import UnlabeledSource
-from editkit.data import GENERIC_SOURCES, TASK_SOURCES
+from editkit.data import GENERIC_SOURCES, TASK_SOURCES, TEXT_CORPORA
 from editkit.data.tasks import TaskData
 from editkit.errors import ConfigError
+from editkit.eval.lm_negation import LanguageNegation
+from editkit.eval.toxicity import TOXICITY_SCORERS
 from editkit.models import BACKBONES, HEADS
 from editkit.models.backbone import Backbone
 from editkit.scenario.options import BuildOptions
@@ -91,10 +93,12 @@ def load_task(task: TaskSpec, backbone: Backbone, options: dict[str, Any]) -> Ta
 
 
 def check_scenario(spec: ScenarioSpec, build: BuildOptions | None = None) -> list[str]:
-    """One line per missing piece (weights, each task's data); empty when the scenario can be built.
+    """One line per missing piece (weights, each task's data, the ``[negation]`` table's corpora and
+    scorer); empty when the scenario can be built and scored.
 
     Uses the registered checks only: families and sources without one (packaged
-    data, EfficientNet from pip) are taken as present. Downloads nothing.
+    data, EfficientNet from pip) are taken as present. Downloads nothing. A piece
+    two parts need (one dataset behind two corpora) is listed once.
     """
     family, options = backbone_options(spec, build)
     problems: list[str] = []
@@ -103,7 +107,16 @@ def check_scenario(spec: ScenarioSpec, build: BuildOptions | None = None) -> lis
     for task in spec.tasks:
         if (check := TASK_SOURCES[task.kind].check) is not None:
             problems += check(task.name, task.dataset, **task_options(spec, task, build))
-    return problems
+    if spec.negation is not None:
+        problems += _negation_problems(spec.negation)
+    return list(dict.fromkeys(problems))
+
+
+def _negation_problems(negation: LanguageNegation) -> list[str]:
+    """What scoring a negation needs besides the tasks: its control and prompt corpora and its scorer."""
+    checks = [TEXT_CORPORA[corpus].check for corpus in (negation.control_text, negation.prompts)]
+    checks.append(TOXICITY_SCORERS[negation.scorer].check)
+    return [line for check in checks if check is not None for line in check()]
 
 
 def build_heads(spec: ScenarioSpec, backbone: Backbone, tasks: list[TaskData], seed: int) -> dict[str, nn.Module]:

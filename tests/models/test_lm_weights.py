@@ -22,8 +22,8 @@ from editkit.core import artifacts
 from editkit.errors import MissingResourceError
 from editkit.models import lm_weights
 from editkit.models.lm_weights import causal_lm_problems, describe, kind_of, load_causal_lm
+from helpers.hub import EOS, bpe_tokenizer, fast_tokenizer, hub_repo
 
-EOS = "<|endoftext|>"
 _CALLER_CACHE = os.environ.get(settings.CACHE_ENV)  # read before the fixture below points it at a tmp dir
 TEXTS = ["the cat sat on the mat", "a dog"]
 
@@ -42,22 +42,10 @@ def _no_network(artifact, dest_dir):
 def bpe():
     """A real byte-level BPE tokenizer learned from a few words; ``<|endoftext|>`` is id 0 and there is no pad
     token (:func:`_fast` wraps it padding on the left, so the tests see loading switch to right padding)."""
-    import tokenizers
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    tokenizer = tokenizers.Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=[EOS], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(["the cat sat on the mat", "a dog ate the hat", "hello world"] * 5, trainer)
-    return tokenizer
+    return bpe_tokenizer()
 
 
-def _fast(bpe):
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS, bos_token=EOS, padding_side="left")
+_fast = fast_tokenizer
 
 
 def _llama(vocab_size: int):
@@ -143,29 +131,10 @@ def test_checkpoint_directory_loads_bit_exact(family, bpe, tmp_path):
     assert _tied(lm) == _tied(original) == (family == "llama")
 
 
-def _hub_repo(hub: Path, repo_id: str, fill) -> Path:
-    """A model repository in the Hugging Face hub cache layout, files in ``blobs/`` linked from the snapshot."""
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = hub / ("models--" + repo_id.replace("/", "--"))
-    staging = repo / "staging"
-    fill(staging)
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (repo / "blobs").mkdir()
-    for i, file in enumerate(sorted(staging.iterdir())):
-        blob = repo / "blobs" / f"blob{i}"
-        file.rename(blob)
-        (snapshot / file.name).symlink_to(Path("..", "..", "blobs", blob.name))
-    staging.rmdir()
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    return snapshot
-
-
 def test_hub_id_loads_from_the_local_cache(bpe, tmp_path):
     original, tokenizer = _gpt2(bpe.get_vocab_size()), _fast(bpe)
     hub = tmp_path / "hub"
-    _hub_repo(hub, "org/tiny-gpt2", lambda d: _save(original, tokenizer, d))
+    hub_repo(hub, "org/tiny-gpt2", lambda d: _save(original, tokenizer, d))
     assert causal_lm_problems("org/tiny-gpt2", hub_cache=str(hub)) == []
     lm, loaded_tokenizer = load_causal_lm("org/tiny-gpt2", hub_cache=str(hub))
     _assert_same_model(lm, loaded_tokenizer, original, tokenizer)
@@ -176,7 +145,7 @@ def test_hub_cache_defaults_to_huggingface_hubs(bpe, tmp_path, monkeypatch):
 
     hub = tmp_path / "hf-home-hub"
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
-    _hub_repo(hub, "org/tiny-gpt2", lambda d: _save(_gpt2(bpe.get_vocab_size()), _fast(bpe), d))
+    hub_repo(hub, "org/tiny-gpt2", lambda d: _save(_gpt2(bpe.get_vocab_size()), _fast(bpe), d))
     assert causal_lm_problems("org/tiny-gpt2") == []
     assert causal_lm_problems("org/other")[0].startswith(f"org/other is not in the Hugging Face cache at {hub}:")
 
@@ -199,7 +168,7 @@ def test_missing_hub_id_is_one_line_and_refused_before_work(tmp_path, monkeypatc
 
 def test_hub_snapshot_without_weights_or_tokenizer(bpe, tmp_path):
     hub = tmp_path / "hub"
-    _hub_repo(hub, "org/half", lambda d: _gpt2(bpe.get_vocab_size()).config.save_pretrained(d))
+    hub_repo(hub, "org/half", lambda d: _gpt2(bpe.get_vocab_size()).config.save_pretrained(d))
     problems = causal_lm_problems("org/half", hub_cache=str(hub))
     assert [p.split(" (")[0] for p in problems] == [f"org/half in the Hugging Face cache at {hub} has no weights",
                                                     f"org/half in the Hugging Face cache at {hub} has no tokenizer"]
