@@ -84,7 +84,8 @@ def test_unregister_and_labels():
     (HEADS, ["lm", "probe", "zero-shot"]),
     (TASK_SOURCES, ["packaged", "text", "vision8"]),
     (GENERIC_SOURCES, ["natural-crops", "text"]),
-    (TEXT_CORPORA, ["clean-news", "toxic", "toxic-prompts"]),
+    (TEXT_CORPORA, ["civil-comments-prompts", "civil-comments-toxic", "clean-news", "toxic", "toxic-prompts",
+                    "wikitext-103"]),
     (MERGE_METHODS, ["task-arithmetic", "ties"]),
 ])
 def test_built_in_extensions_register_themselves_once(registry, names):
