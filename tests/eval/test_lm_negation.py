@@ -20,6 +20,7 @@ from editkit.models.causal_lm import causal_lm_backbone
 from editkit.models.heads import LinearHead
 from editkit.runs.negate_lm import selectivity
 from helpers import models
+from helpers.text import hand_perplexity
 
 TEXTS = ["the cat sat on the mat.", "a dog ate the hat!", "hello world, good bye"]
 LENGTH = 12
@@ -41,18 +42,6 @@ def data(backbone):
 def tail_delta(backbone, scale: float = 0.5, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {n: scale * torch.randn(p.shape, generator=g) for n, p in backbone.module.named_parameters()}
-
-
-def hand_perplexity(lm, blocks: list[torch.Tensor]) -> float:
-    """exp(mean over every predicted token of -log p), each block run alone through the whole model."""
-    nll, count = 0.0, 0
-    with torch.no_grad():
-        for block in blocks:
-            log_probs = torch.log_softmax(lm(input_ids=block[None]).logits[0].double(), dim=-1)
-            for t in range(len(block) - 1):
-                nll -= float(log_probs[t, block[t + 1]])
-                count += 1
-    return math.exp(nll / count)
 
 
 def greedy(lm, tokenizer) -> list[int]:
