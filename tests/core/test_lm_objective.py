@@ -12,9 +12,8 @@ import math
 
 import pytest
 import torch
-from torch.nn import functional as F
 
-from editkit.core.batching import IGNORE_INDEX, SequenceBatch, SequenceBatching
+from editkit.core.batching import IGNORE_INDEX, SequenceBatching
 from editkit.core.linearize import LinearizedModel
 from editkit.core.objectives import next_token_loss, next_token_nll
 from editkit.core.taujp import Regularizer, UnlabeledSource, penalty
