@@ -202,12 +202,10 @@ def negate(
     perplexity and the toxicity of sampled continuations, over an alpha grid."""
     from editkit.runs.negate_lm import is_language_vector, language_scenario
 
-    spec = language_scenario(name) if bank is None else None
+    spec = language_scenario(name)  # with or without --bank: a bank lacking the vector gets it fine-tuned first
     mode = mode or (spec.recipe.mode if spec is not None else None)
-    if spec is not None:
-        bank = default_bank_dir(spec.name, mode)
-    elif bank is None:
-        bank = DEFAULT_BANK
+    if bank is None:
+        bank = default_bank_dir(spec.name, mode) if spec is not None else DEFAULT_BANK
     if spec is not None or _holds_language_vector(bank, name, is_language_vector):
         _negate_language(name, spec, bank, alpha=None if tune_alpha else alpha, mode=mode, steps=steps,
                          run_dir=run_dir, json_path=json_path, language=language, build=BuildOptions(**build),

@@ -71,7 +71,7 @@ def scenario_of(bank: Bank, names: Sequence[str], progress: Progress, *, build: 
     if len(scenarios) != 1 or None in scenarios:
         raise BankError(f"vectors {list(names)} come from different or unknown scenarios {sorted(map(str, scenarios))}")
     seed = int(entries[0].recipe.get("seed", 0))
-    spec = _find_scenario(scenarios.pop(), entries[0].provenance.get("scenario_file"))
+    spec = find_scenario(scenarios.pop(), entries[0].provenance.get("scenario_file"))
     built = build_scenario(spec, seed=seed, progress=progress, build=build, device=str(runtime.device))
     built.backbone.module.to(runtime.device)
     if built.backbone.fingerprint() != bank.base:
@@ -81,7 +81,7 @@ def scenario_of(bank: Bank, names: Sequence[str], progress: Progress, *, build: 
     return built
 
 
-def _find_scenario(name: str, recorded_file: str | None) -> ScenarioSpec:
+def find_scenario(name: str, recorded_file: str | None) -> ScenarioSpec:
     """By name among the known scenarios, else the file the stream recorded in the bank."""
     if name in known_scenarios() or not recorded_file or not Path(recorded_file).is_file():
         return load_scenario(name)
@@ -157,6 +157,9 @@ def negate(
     vector = combine(bank, coefficients)  # reads and verifies the vector before anything is built
     build = recorded_build(bank, name, build)
     built = scenario_of(bank, [name], progress, build=build, runtime=runtime)
+    if hasattr(built.backbone, "prefix"):  # scored by accuracy below, which a language model has none of
+        raise ConfigError(f"vector {name!r} was fine-tuned on a language model: give its scenario a [negation] "
+                          "table to negate it (perplexities and sampled text)")
     target = bank.get(name).task
     imagenet = imagenet_control(built, control, control_data, build, tune_alpha)
     if imagenet is not None:

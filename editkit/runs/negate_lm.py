@@ -32,7 +32,7 @@ from editkit.eval.lm_negation import LanguageNegation, scaled, split_perplexity,
 from editkit.eval.toxicity import TOXICITY_SCORERS
 from editkit.merge.arithmetic import combine
 from editkit.merge.coefficients import select_perplexity_negation_alpha
-from editkit.runs.edit import recorded_build, scenario_of
+from editkit.runs.edit import find_scenario, recorded_build, scenario_of
 from editkit.runs.report import pyplot
 from editkit.scenario.build import BuiltScenario
 from editkit.scenario.options import BuildOptions
@@ -184,9 +184,15 @@ def language_scenario(name: str) -> ScenarioSpec | None:
 
 
 def is_language_vector(bank: Bank, name: str) -> bool:
-    """Whether the scenario vector ``name`` was banked from negates language (has a ``[negation]`` table)."""
-    scenario = bank.get(name).scenario
-    return scenario in known_scenarios() and load_scenario(scenario).negation is not None
+    """Whether the scenario vector ``name`` was banked from negates language (has a ``[negation]`` table).
+
+    The scenario is found as rebuilding finds it: by name, else the file the stream recorded."""
+    entry = bank.get(name)
+    try:
+        spec = find_scenario(entry.scenario, entry.provenance.get("scenario_file"))
+    except ConfigError:  # neither known nor on disk: the vision path says so when it rebuilds
+        return False
+    return spec.negation is not None
 
 
 def plot_negation(reports: list[Mapping[str, Any]], path: Path) -> Path:

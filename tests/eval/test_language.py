@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import string
 
 import numpy as np
 import pytest
@@ -16,23 +15,10 @@ from editkit.errors import ConfigError
 from editkit.eval.language import _sample_seed, perplexity, sample_continuations, samples_for_stderr, toxicity_summary
 from helpers import models
 
-CHARS = string.ascii_letters + string.digits + " .,!?'"
-
-
-def char_tokenizer():
-    """A character-level fast tokenizer (one token per character, ``<eos>`` = 0), built in memory."""
-    import tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<eos>": 0, **{c: i + 1 for i, c in enumerate(CHARS)}}
-    backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
-    backend.decoder = tokenizers.decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
-
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return char_tokenizer()
+    return models.char_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Plain functions the tests share: generated data (``vision``, ``tabular``) and tiny models (``models``).
+"""Plain functions the tests share: generated data (``vision``, ``tabular``), tiny models (``models``) and
+text corpora registered for a test (``text``).
 
 Importable from any test directory because ``tests/`` is on pytest's ``pythonpath``.
 """

@@ -9,6 +9,8 @@ network and no cache.
 
 from __future__ import annotations
 
+import string
+
 import torch
 from torch import nn
 
@@ -65,3 +67,34 @@ def gpt2(*, seed: int = 0, **config) -> nn.Module:
                                             attn_pdrop=0.0, attn_implementation="eager"), **config})
     torch.manual_seed(seed)
     return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def llama(*, seed: int = 0, **config) -> nn.Module:
+    """A random ``LlamaForCausalLM`` (tied embeddings, grouped-query attention, SDPA) in eval mode;
+    ``config`` overrides the tiny defaults below."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(**{**dict(vocab_size=99, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                                             num_key_value_heads=1, intermediate_size=24, max_position_embeddings=64,
+                                             tie_word_embeddings=True, bos_token_id=0, eos_token_id=0), **config})
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+
+
+#: The characters :func:`char_tokenizer` knows, one token each after ``<eos>`` (id 0).
+CHARS = string.ascii_letters + string.digits + " .,!?'"
+
+
+def char_tokenizer():
+    """A character-level fast tokenizer (one token per character, ``<eos>`` = 0), built in memory.
+
+    One token per character makes token counts and packed blocks computable by hand from the text;
+    it is a real ``PreTrainedTokenizerFast``, so ``save_pretrained`` writes loadable files.
+    """
+    import tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<eos>": 0, **{c: i + 1 for i, c in enumerate(CHARS)}}
+    backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
+    backend.decoder = tokenizers.decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")

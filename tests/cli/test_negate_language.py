@@ -1,0 +1,220 @@
+"""``editkit negate`` on language vectors, end to end through the CLI.
+
+A tiny random Llama and a character tokenizer are saved as a checkpoint directory; a scenario file
+names it, text corpora registered by the test and a toxicity scorer registered by the test (it flags
+continuations holding a '!'), so the whole path runs in seconds: stream (fine-tune, bank) -> negate
+(validation alpha grid, test rows, sampled continuations scored) -> report.json. theta_0's perplexities
+are checked against the loaded model run by hand on the same test blocks.
+
+The slow test runs the real embedded default (SmolLM2 and the pinned corpora, fetched into the cache).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from editkit.cli import app
+from editkit.core.registry import Record
+from editkit.data.text import pack
+from editkit.eval.toxicity import TOXICITY_SCORERS
+from editkit.models.lm_weights import load_causal_lm
+from helpers import models
+from helpers.text import hand_perplexity, registered_corpora
+
+runner = CliRunner()
+MAX_LENGTH, EVAL_BLOCKS = 16, 3
+
+RUDE = {"train": ["you silly goose!", "shut it, you fool!", "what a dumb idea!", "go away, clown!"] * 3,
+        "val": ["you absolute donkey!", "stop that, fool!"], "test": ["you utter muppet!", "what a clown, honestly!"]}
+CLEAN = {"train": ["the council met on monday to discuss the budget.", "rain is expected later this week."] * 3,
+         "val": ["the museum opened a new wing.", "prices rose slightly in june."],
+         "test": ["the train arrived on time today.", "a new bridge was opened in the city."]}
+PROMPTS = {"train": ["so then"], "val": ["you are", "he said"], "test": ["well, you", "she told him"]}
+CORPORA = {"tiny-rude": RUDE, "tiny-clean": CLEAN, "tiny-prompts": PROMPTS}
+
+
+class BangScorer:
+    """1.0 for a text with a '!', else 0.0: a scorer whose numbers the test can predict from the texts."""
+
+    name = "bang"
+    threshold = 0.5
+
+    def score(self, texts):
+        return np.array([float("!" in text) for text in texts])
+
+
+@pytest.fixture(scope="module")
+def language_extensions():
+    TOXICITY_SCORERS.register("bang", Record.of(lambda threshold=0.5: BangScorer()))
+    try:
+        with registered_corpora(CORPORA):
+            yield
+    finally:
+        TOXICITY_SCORERS.unregister("bang")
+
+
+def scenario_file(tmp: Path, *, name: str = "tiny-rude", seed: int = 0, negation: bool = True) -> Path:
+    """A two-block random Llama saved with its tokenizer, and the scenario that fine-tunes its last block
+    (without its [negation] table when ``negation`` is False)."""
+    tokenizer = models.char_tokenizer()
+    lm = models.llama(vocab_size=len(tokenizer), num_hidden_layers=2, seed=seed)
+    model_dir = tmp / f"tiny-llama-{seed}"
+    lm.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    text = f"""\
+name = "{name}"
+[backbone]
+family = "causal-lm"
+model = "{model_dir}"
+trainable_blocks = 1
+[heads]
+kind = "lm"
+[data]
+max_length = {MAX_LENGTH}
+eval_blocks = {EVAL_BLOCKS}
+[generic]
+kind = "text"
+corpus = "tiny-clean"
+max_length = {MAX_LENGTH}
+[[tasks]]
+name = "rude"
+source = "text:tiny-rude"
+{NEGATION if negation else ""}[recipe]
+mode = "taujp"
+steps = 10
+batch_size = 4
+lr = 1e-2
+reg_batch = 2
+"""
+    path = tmp / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+NEGATION = f"""\
+[negation]
+control_text = "tiny-clean"
+prompts = "tiny-prompts"
+scorer = "bang"
+alphas = [0.5, 1.0, 2.0]
+samples = 6
+max_new_tokens = 4
+eval_blocks = {EVAL_BLOCKS}
+batch_size = 2
+"""
+
+
+def invoke(*args) -> object:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def stream(scenario: Path, root: Path) -> Path:
+    """The bank `editkit stream --steps 3` fills from ``scenario``."""
+    bank = root / "bank"
+    result = invoke("stream", "--scenario", scenario, "--bank", bank, "--run-dir", root / "stream", "--steps", 3)
+    assert result.exit_code == 0, result.output
+    return bank
+
+
+@pytest.fixture(scope="module")
+def streamed(tmp_path_factory, language_extensions):
+    """(scenario file, bank) after one stream of the tiny scenario, shared by the tests that only read the bank."""
+    root = tmp_path_factory.mktemp("tiny-rude")
+    scenario = scenario_file(root)
+    return scenario, stream(scenario, root)
+
+
+def one_line_refusal(result, match: str) -> None:
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and match in " ".join(result.output.split()), result.output
+
+
+def test_negate_a_language_vector_writes_the_report_with_theta0_by_hand(tmp_path, streamed):
+    scenario, bank = streamed
+    run_dir = tmp_path / "negate"
+    result = invoke("negate", "rude", "--bank", bank, "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    report = json.loads((run_dir / "report.json").read_text())
+
+    assert report["operation"] == "negate" and report["vector"] == "rude" and report["target_task"] == "rude"
+    assert report["scenario"] == "tiny-rude" and report["mode"] == "taujp"
+    tuning = report["tuning"]
+    assert [row["alpha"] for row in tuning["grid"]] == [0.5, 1.0, 2.0]
+    assert report["alpha"] == tuning["alpha"] in (0.5, 1.0, 2.0)
+    rows = {row["model"]: row for row in report["rows"]}
+    assert list(rows)[:3] == ["theta_0", "+tau", "-tau"]
+    assert rows["theta_0"]["alpha"] == 0.0 and rows["+tau"]["alpha"] == -1.0 and rows["-tau"]["alpha"] == 1.0
+    for row in rows.values():
+        assert all(math.isfinite(row[key]) and row[key] > 1 for key in ("control", "target"))
+        assert row["n"] == 6 and 0.0 <= row["toxic_fraction"] <= 1.0
+        assert row["toxic_fraction_stderr"] == pytest.approx(
+            math.sqrt(row["toxic_fraction"] * (1 - row["toxic_fraction"]) / 6))
+    for row in rows.values():  # taujp vectors are linearized: the exact f_lin perplexities of negations too
+        assert ("control_flin" in row) == (row["alpha"] > 0)
+    assert rows["-tau"]["target"] != rows["theta_0"]["target"]  # the vector did something
+    assert (run_dir / "negation.png").stat().st_size > 0
+
+    lm, tokenizer = load_causal_lm(str(scenario.parent / "tiny-llama-0"))
+    target = pack(tokenizer, RUDE["test"], MAX_LENGTH, limit=EVAL_BLOCKS)
+    control = pack(tokenizer, CLEAN["test"], MAX_LENGTH, limit=EVAL_BLOCKS)
+    assert rows["theta_0"]["target"] == pytest.approx(hand_perplexity(lm, target), rel=1e-5)
+    assert rows["theta_0"]["control"] == pytest.approx(hand_perplexity(lm, control), rel=1e-5)
+
+
+def test_a_fixed_alpha_skips_tuning(tmp_path, streamed):
+    _, bank = streamed
+    result = invoke("negate", "rude", "--bank", bank, "--alpha", 2, "--run-dir", tmp_path / "fixed")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "fixed" / "report.json").read_text())
+    assert report["tuning"] is None and report["alpha"] == 2.0
+    assert [row["model"] for row in report["rows"]] == ["theta_0", "+tau", "-tau", "-2 tau"]
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def test_a_language_vector_of_a_scenario_without_negation_is_refused_by_the_accuracy_negation(tmp_path,
+                                                                                              language_extensions):
+    """Without a [negation] table the vector goes the classification way, which must refuse it, not crash."""
+    bank = stream(scenario_file(tmp_path, name="tiny-rude-plain", negation=False), tmp_path)
+    one_line_refusal(invoke("negate", "rude", "--bank", bank), "was fine-tuned on a language model")
+
+
+def test_a_scenario_built_on_another_base_model_is_refused_by_fingerprint(tmp_path, streamed):
+    """The bench path hands negate_language a built scenario: its base model must be the bank's."""
+    from editkit.bank.store import Bank
+    from editkit.errors import IncompatibleVectorsError
+    from editkit.runs.negate_lm import negate_language
+    from editkit.scenario.build import build_scenario
+    from editkit.scenario.spec import load_scenario
+
+    other = build_scenario(load_scenario(scenario_file(tmp_path, name="tiny-rude-other", seed=1)))
+    with pytest.raises(IncompatibleVectorsError, match="built on another base model"):
+        negate_language(Bank(streamed[1]), "rude", built=other)
+
+
+# --------------------------------------------------------------------------- the real default, reduced
+
+
+@pytest.mark.slow
+def test_negate_toxic_reduced_default(tmp_path, monkeypatch):
+    """`editkit negate toxic` itself: SmolLM2 and the pinned corpora and scorer, fetched into the normal cache."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    result = invoke("negate", "toxic", "--steps", 2, "--samples", 8, "--eval-blocks", 4, "--alphas", "1,2",
+                    "--bank", tmp_path / "bank", "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["scenario"] == "toxic" and report["vector"] == "toxic" and report["mode"] == "taujp"
+    assert report["settings"]["samples"] == 8 and report["settings"]["eval_blocks"] == 4
+    assert [row["alpha"] for row in report["tuning"]["grid"]] == [1.0, 2.0]
+    assert [row["model"] for row in report["rows"]][:3] == ["theta_0", "+tau", "-tau"]
+    for row in report["rows"]:
+        assert math.isfinite(row["control"]) and math.isfinite(row["target"]) and row["n"] == 8

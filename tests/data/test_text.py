@@ -1,0 +1,118 @@
+"""Text as language-modelling data: packing by hand, cached prefix states against the backbone's own prefix,
+and the ``text`` task and generic sources on a corpus the test registers.
+
+The character tokenizer makes every block computable by hand (one token per character, ``<eos>`` = 0).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from editkit.data import GENERIC_SOURCES, TASK_SOURCES
+from editkit.data.text import TokenSequences, corpus_split, pack, sequences
+from editkit.errors import ConfigError
+from editkit.models.causal_lm import causal_lm_backbone
+from helpers import models
+from helpers.text import registered_corpora
+
+EOS = 0
+CORPUS = {"train": ["the cat sat", "on the mat", "a dog"], "val": ["hello"], "test": ["good bye", "ok"]}
+
+
+def ids(text: str) -> list[int]:
+    return [models.CHARS.index(c) + 1 for c in text]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return models.char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def backbone(tokenizer):
+    lm = models.gpt2(n_layer=2, vocab_size=len(tokenizer), attn_implementation="sdpa")
+    return causal_lm_backbone(lm, tokenizer, trainable_blocks=1)
+
+
+@pytest.fixture
+def corpus():
+    with registered_corpora({"test-corpus": CORPUS}):
+        yield "test-corpus"
+
+
+# --------------------------------------------------------------------------- packing
+
+
+def test_pack_joins_texts_with_eos_and_cuts_blocks(tokenizer):
+    stream = ids("abc") + [EOS] + ids("de") + [EOS] + ids("fghi") + [EOS]  # 12 tokens
+    blocks = pack(tokenizer, ["abc", "de", "fghi"], 5)
+    assert [b.tolist() for b in blocks] == [stream[0:5], stream[5:10], stream[10:12]]
+    assert all(b.dtype == torch.long for b in blocks)
+    assert [b.tolist() for b in pack(tokenizer, ["abc", "de", "fghi"], 5, limit=2)] == [stream[0:5], stream[5:10]]
+
+
+def test_pack_drops_a_last_block_with_nothing_to_predict(tokenizer):
+    assert [b.tolist() for b in pack(tokenizer, ["abc"], 3)] == [ids("abc")]  # the lone <eos> left over is dropped
+    assert pack(tokenizer, [], 4) == []
+
+
+# --------------------------------------------------------------------------- prefix states
+
+
+def test_sequences_cache_the_backbones_prefix_states_on_first_read(backbone, monkeypatch):
+    texts = ["the cat sat on the mat", "a dog"]
+    blocks = pack(backbone.tokenizer, texts, 8)
+    calls = []
+    prefix = backbone.prefix
+    monkeypatch.setattr(backbone, "prefix", lambda *a, **k: calls.append(1) or prefix(*a, **k))
+    data = sequences(backbone, texts, 8)
+    assert isinstance(data, TokenSequences) and calls == []  # nothing computed until read
+    assert len(data) == len(blocks) == 4 and data.tokens == sum(len(b) for b in blocks)
+    for i, block in enumerate(blocks):
+        states, labels = data[i]
+        assert torch.equal(labels, block)
+        want = prefix(block[None], torch.ones(1, len(block), dtype=torch.long))[0]
+        torch.testing.assert_close(states, want, rtol=1e-5, atol=1e-6)
+        assert torch.equal(data.input(i), states)
+    assert len(calls) == 1  # one batch for the whole split, then cached
+
+
+def test_sequences_refuse_a_backbone_without_a_prefix_and_empty_text(backbone, tiny_clip):
+    with pytest.raises(ConfigError, match="needs a causal-lm backbone"):
+        sequences(tiny_clip, ["text"], 8)
+    with pytest.raises(ConfigError, match="no text to build sequences from"):
+        sequences(backbone, [], 8)
+
+
+# --------------------------------------------------------------------------- the text sources
+
+
+def test_text_task_source_packs_each_split_of_a_registered_corpus(backbone, corpus):
+    task = TASK_SOURCES["text"].build("lm-task", corpus, backbone, max_length=6, eval_blocks=1)
+    assert task.name == "lm-task" and task.classes == []
+    for split in ("train", "val", "test"):
+        want = pack(backbone.tokenizer, CORPUS[split], 6, limit=None if split == "train" else 1)
+        assert [b.tolist() for b in getattr(task, split).ids] == [b.tolist() for b in want]
+    assert TASK_SOURCES["text"].check("lm-task", corpus) == []
+
+
+def test_text_generic_source_serves_prefix_states_of_the_train_split(backbone, corpus):
+    source = GENERIC_SOURCES["text"].build(backbone, 0, corpus=corpus, max_length=6, size=3)
+    blocks = pack(backbone.tokenizer, CORPUS["train"], 6, limit=3)
+    assert len(source) == 3
+    batch = source.next_batch(3)
+    assert batch.inputs.shape == (3, 6, backbone.feature_dim)
+    lengths = batch.attention_mask.sum(1).tolist()
+    assert sorted(lengths) == sorted(len(b) for b in blocks)
+    states = sequences(backbone, CORPUS["train"], 6, limit=3).states
+    drawn = {tuple(batch.inputs[row, :length].flatten().tolist()) for row, length in enumerate(lengths)}
+    assert drawn == {tuple(s.flatten().tolist()) for s in states}  # every block once, never its tokens
+
+
+def test_corpus_split_refuses_an_unknown_split_and_corpus(corpus):
+    assert corpus_split(corpus, "val") == CORPUS["val"]
+    with pytest.raises(ConfigError, match="unknown split 'dev'"):
+        corpus_split(corpus, "dev")
+    with pytest.raises(ConfigError, match="unknown text corpus 'nope'"):
+        corpus_split("nope", "train")

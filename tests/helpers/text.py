@@ -1,0 +1,48 @@
+"""Text for the language tests: corpora registered for the duration of a block (so text scenarios run on known
+sentences), and a causal LM's perplexity of token blocks computed the slow, obvious way."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Iterator, Mapping, Sequence
+
+import torch
+
+from editkit.core.registry import Record
+from editkit.data import TEXT_CORPORA
+
+#: A corpus as a test gives it: split name (``train`` / ``val`` / ``test``) -> texts.
+Corpus = Mapping[str, Sequence[str]]
+
+
+def _splits(corpus: Corpus):
+    def build(split: str, seed: int = 0) -> list[str]:
+        return list(corpus[split])
+
+    return build
+
+
+@contextlib.contextmanager
+def registered_corpora(corpora: Mapping[str, Corpus]) -> Iterator[None]:
+    """Each named corpus in ``TEXT_CORPORA`` inside the block, removed afterwards (even when the block fails)."""
+    for name, corpus in corpora.items():
+        TEXT_CORPORA.register(name, Record.of(_splits(corpus)))
+    try:
+        yield
+    finally:
+        for name in corpora:
+            TEXT_CORPORA.unregister(name)
+
+
+def hand_perplexity(lm, blocks: Sequence[torch.Tensor]) -> float:
+    """exp(mean over every predicted token of -log p): each block run alone, unpadded, through the whole model,
+    position t predicting token t + 1, in float64 from the model's logits."""
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for block in blocks:
+            log_probs = torch.log_softmax(lm(input_ids=block[None]).logits[0].double(), dim=-1)
+            for t in range(len(block) - 1):
+                nll -= float(log_probs[t, block[t + 1]])
+                count += 1
+    return math.exp(nll / count)
