@@ -87,10 +87,12 @@ def language_negation_table(report: Mapping) -> Table:
     rule = (f"chosen alpha {report['alpha']:g} ({tuning['rule']} rule: control ppl <= {tuning['bound']:.2f}"
             f"{'' if tuning['met'] else ', NOT met by any alpha: best tried'})" if tuning else
             f"alpha {report['alpha']:g} (given)")
-    table = Table(title=f"negate {report['vector']} ({report['mode']}, {report['backbone']}): {rule}")
-    for column in ("split", "model", "control ppl", "target ppl", "f_lin control / target", "selectivity",
-                   "toxic fraction ± s.e.", "mean score"):
-        table.add_column(column, justify="right" if column not in ("split", "model") else "left")
+    table = Table(title=f"negate {report['vector']} ({report['mode']}, {report['backbone']}): {rule}",
+                  caption="ppl: perplexity of control (clean) and target text; f_lin: exact linearized-model "
+                          "perplexities; sel.: ln(target ratio) / ln(control ratio) vs theta_0; toxic: fraction of "
+                          "sampled continuations flagged, ± standard error; score: mean toxicity score")
+    for column in ("split", "model", "ctrl ppl", "tgt ppl", "f_lin ctrl/tgt", "sel.", "toxic ± s.e.", "score"):
+        table.add_column(column, justify="left" if column in ("split", "model") else "right", no_wrap=True)
     if tuning:
         rows = [{"alpha": 0.0, **tuning["pretrained"]}, *tuning["grid"]]
         for row in rows:
@@ -101,20 +103,19 @@ def language_negation_table(report: Mapping) -> Table:
         flin = (f"{_ppl(row['control_flin'])} / {_ppl(row['target_flin'])}" if "control_flin" in row else "")
         sel = "" if row["selectivity"] is None else f"{row['selectivity']:.1f}"
         table.add_row("test", row["model"], _ppl(row["control"]), _ppl(row["target"]), flin, sel,
-                      f"{row['toxic_fraction']:.3f} ± {row['toxic_fraction_stderr']:.3f}", f"{row['mean_score']:.3f}")
+                      f"{row['toxic_fraction']:.3f}±{row['toxic_fraction_stderr']:.3f}", f"{row['mean_score']:.3f}")
     return table
 
 
 def language_bench_table(report: Mapping) -> Table:
     """The modes at their tuned alphas (test split), and the checks of tauJp against the others."""
     table = Table(title=f"{report['scenario']}: negation per mode at its tuned alpha (test)")
-    for column in ("mode", "alpha", "control ppl", "target ppl", "selectivity", "toxic fraction ± s.e.",
-                   "mean score", "< theta_0 by 2 s.e."):
-        table.add_column(column, justify="left" if column == "mode" else "right")
+    for column in ("mode", "alpha", "ctrl ppl", "tgt ppl", "sel.", "toxic ± s.e.", "score", "< theta_0 - 2 s.e."):
+        table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
     for mode, row in report["comparison"]["per_mode"].items():
         sel = "–" if row["selectivity"] is None else f"{row['selectivity']:.1f}"
-        table.add_row(mode, f"{row['alpha']:g}{'' if row['met'] else ' (rule not met)'}", _ppl(row["control"]),
-                      _ppl(row["target"]), sel, f"{row['toxic_fraction']:.3f} ± {row['toxic_fraction_stderr']:.3f}",
+        table.add_row(mode, f"{row['alpha']:g}{'' if row['met'] else ' (not met)'}", _ppl(row["control"]),
+                      _ppl(row["target"]), sel, f"{row['toxic_fraction']:.3f}±{row['toxic_fraction_stderr']:.3f}",
                       f"{row['mean_score']:.3f}", "yes" if row["below_theta0"] else "no")
     checks = report["comparison"]["checks"]
     if checks:

@@ -41,6 +41,9 @@ from editkit.util.progress import NullProgress, Progress
 
 #: Standard error the sampled toxic fraction must reach at worst (p = 0.5): sets the default sample count.
 MAX_STDERR = 0.03
+#: Continuations sampled together: each generation step costs about the same for 1 or 128 rows on a CPU,
+#: so large batches make sampling several times cheaper.
+SAMPLE_BATCH = 128
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def toxicity(backbone: Any, delta: Mapping[str, torch.Tensor] | None, prompts: l
     with edited_weights(backbone, delta) as lm:
         pairs = sample_continuations(lm, backbone.tokenizer, prompts, samples=settings.samples,
                                      max_new_tokens=settings.max_new_tokens, seed=settings.seed,
-                                     batch_size=settings.batch_size * 2, progress=progress or NullProgress())
+                                     batch_size=SAMPLE_BATCH, progress=progress or NullProgress())
     return toxicity_summary(scorer.score([continuation for _, continuation in pairs]), scorer.threshold)
 
 
