@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -149,14 +150,17 @@ def negate_language(bank: Bank, name: str, *, alpha: float | None = None, settin
     chosen = negation_settings(built, settings)
     target = bank.get(name).task
     tuning = None
+    started = time.perf_counter()
     if alpha is None:
         tuning = tune(built, vector.tensors, vector.mode, chosen, progress, target)
         alpha = tuning["alpha"]
+    tuned = time.perf_counter()
     negations = {"-tau": 1.0} if alpha == 1.0 else {"-tau": 1.0, f"-{alpha:g} tau": alpha}
     rows = score_test(built, vector.tensors, vector.mode, negations, chosen, progress, target)
+    seconds = {"validation": tuned - started, "test": time.perf_counter() - tuned}
     return {"operation": "negate", "scenario": built.spec.name, "vector": name, "target_task": target,
             "mode": vector.mode, "alpha": alpha, "tuning": tuning, "settings": dataclasses.asdict(chosen),
-            "rows": rows, "backbone": built.backbone.name}
+            "rows": rows, "backbone": built.backbone.name, "seconds": seconds}
 
 
 def ensure_vector(spec: ScenarioSpec, name: str, bank_dir: Path, *, progress: Progress | None = None,
