@@ -98,12 +98,15 @@ def stream(
     if check:
         _check_scenario(scenario, options)
         return
+    from editkit.scenario.spec import load_scenario
+
     progress = RichProgress()
     singles: dict[str, float] = {}
+    language = load_scenario(scenario).heads.get("kind") == "lm"  # scores are perplexities, not accuracies
 
     def show(step: StepRecord) -> None:
         singles[step.task] = step.single_task
-        console.print(step_table(step, singles))
+        console.print(step_table(step, singles, perplexity=language))
 
     with process_runtime(**runtime_options) as runtime:
         result, report = run_scenario(scenario, bank=bank, run_dir=run_dir, resume=resume, progress=progress,
@@ -111,11 +114,10 @@ def stream(
     if report is None:  # a torchrun process other than rank 0
         return
     final = report["final"]
-    console.print(
-        f"[bold]final merged model (alpha = 1.0, {report['mode']}, scope {report['recipe']['scope']}):[/bold] "
-        f"absolute {pct(final['absolute'])}  normalized {pct(final['normalized'])}  "
-        f"({result.seconds:.0f} s)"
-    )
+    scores = (f"mean test perplexity {final['absolute']:.1f}" if language else
+              f"absolute {pct(final['absolute'])}  normalized {pct(final['normalized'])}")
+    console.print(f"[bold]final merged model (alpha = 1.0, {report['mode']}, scope {report['recipe']['scope']}):"
+                  f"[/bold] {scores}  ({result.seconds:.0f} s)")
     console.print(f"bank: {report['bank']}   report: {Path(report['plots'][0]).parent / 'report.json'}")
 
 

@@ -6,7 +6,7 @@ Used by the CLI and available to scripts; library modules never print.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -43,18 +43,25 @@ class RichProgress:
             yield _RichTask(progress, progress.add_task(description, total=total, info=""))
 
 
-def step_table(step: StepRecord, single: Mapping[str, float]) -> Table:
-    """One stream step: the merged model (alpha = 1) on every task seen so far."""
+def step_table(step: StepRecord, single: Mapping[str, float], *, perplexity: bool = False) -> Table:
+    """One stream step: the merged model (alpha = 1) on every task seen so far.
+
+    perplexity: the scores are test perplexities (language tasks), shown as numbers, without the
+    normalized column (a ratio of perplexities is not the paper's normalized accuracy)."""
     merged = step.merged
     title = (f"after {step.task} (step {step.step + 1})" + ("  [resumed from bank]" if step.resumed else "")
              + f"  —  {step.cost.seconds_per_step or 0:.2f} s/step")
+    if perplexity:
+        return accuracy_table(title + "  —  test perplexity", merged["per_task"], pretrained={step.task: step.pretrained},
+                              fmt=_ppl)
     return accuracy_table(title, merged["per_task"], single={t: single[t] for t in merged["per_task"]},
                           summary={"absolute": merged["absolute"], "normalized": merged["normalized"]})
 
 
 def accuracy_table(title: str, per_task: Mapping[str, float], single: Mapping[str, float] | None = None,
-                   pretrained: Mapping[str, float] | None = None, summary: Mapping[str, float] | None = None) -> Table:
-    """Per-task accuracy rows plus a summary row (absolute / normalized)."""
+                   pretrained: Mapping[str, float] | None = None, summary: Mapping[str, float] | None = None,
+                   fmt: Callable[[float | None], str] = pct) -> Table:
+    """Per-task score rows (accuracy as percentages by default; ``fmt`` formats others) plus a summary row."""
     table = Table(title=title, title_justify="left")
     table.add_column("task")
     columns = [("pretrained", pretrained), ("edited", per_task), ("single-task", single)]
@@ -64,7 +71,7 @@ def accuracy_table(title: str, per_task: Mapping[str, float], single: Mapping[st
     if single is not None:
         table.add_column("normalized", justify="right")
     for task in per_task:
-        row = [task] + [pct(values.get(task)) for _, values in columns]
+        row = [task] + [fmt(values.get(task)) for _, values in columns]
         if single is not None:
             row.append(pct(per_task[task] / single[task] if single.get(task) else None))
         table.add_row(*row)

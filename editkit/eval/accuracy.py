@@ -59,8 +59,12 @@ def classify(head: nn.Module, features: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class ClassificationScorer:
-    """Accuracy on a labelled split under the task's fixed head.
+class SplitScorer:
+    """A score summed over the batches of one split under the task's fixed head.
+
+    Subclasses say what a batch adds (:meth:`tally`: two numbers, such as correct and
+    total) and how the sums become the score (:meth:`finish`). Under torchrun each
+    process takes every ``world_size``-th example and the sums are added over processes.
 
     batching: how the split's inputs are collated and passed to the model (the backbone's).
     """
@@ -74,6 +78,14 @@ class ClassificationScorer:
         per_process = -(-len(self.dataset) // world_size)  # ceiling division: rank 0 holds the most
         return -(-per_process // batch_size)
 
+    def tally(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """What one batch adds to the split's two sums."""
+        raise NotImplementedError
+
+    def finish(self, first: float, second: float) -> float:
+        """The score from the split's two sums."""
+        raise NotImplementedError
+
     @torch.no_grad()
     def score(self, model: nn.Module, *, batch_size: int = 256, runtime: Runtime | None = None,
               progress_task=None) -> float:
@@ -85,29 +97,26 @@ class ClassificationScorer:
         head = self.head.to(device)
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=runtime.workers,
                             pin_memory=cuda, collate_fn=labelled_collate(self.batching))
-        counts = torch.zeros(2, dtype=torch.int64, device=device)
+        totals = torch.zeros(2, dtype=torch.float64, device=device)
         for x, y in loader:
             x, y = x.to(device, non_blocking=cuda), y.to(device, non_blocking=cuda)
             args, kwargs = self.batching.arguments(x)
             with runtime.autocast():
                 features = model(*args, **kwargs)
-            counts[0] += (classify(head, features.float()) == y).sum()
-            counts[1] += len(y)
+            totals += self.tally(head(features.float()), y).double()
             if progress_task is not None:
                 progress_task.advance(1)
-        correct, total = runtime.all_reduce_sum(counts).tolist()
+        return self.finish(*runtime.all_reduce_sum(totals).tolist())
+
+
+class ClassificationScorer(SplitScorer):
+    """Accuracy on a labelled split: the argmax of the head's logits against the labels."""
+
+    def tally(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.stack([(logits.argmax(dim=1) == labels).sum(), torch.tensor(len(labels), device=labels.device)])
+
+    def finish(self, correct: float, total: float) -> float:
         return correct / max(1, total)
-
-
-
-
-def task_scorer(name: str, head: nn.Module, dataset: Dataset, batching: Batching) -> Scorer:
-    """The scorer a task's head calls for: perplexity for a language model's head, else accuracy."""
-    if getattr(head, "objective", None) == "language-modeling":
-        from editkit.eval.language import PerplexityScorer
-
-        return PerplexityScorer(name, head, dataset, batching)
-    return ClassificationScorer(name, head, dataset, batching)
 
 
 def evaluate_vector(

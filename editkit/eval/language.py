@@ -20,17 +20,13 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
 
-from editkit.core.batching import Batching, labelled_collate
 from editkit.core.objectives import next_token_nll
-from editkit.train.runtime import Runtime
+from editkit.eval.accuracy import SplitScorer
 from editkit.errors import ConfigError
 from editkit.util.progress import NullProgress, Progress
 
@@ -181,44 +177,19 @@ def samples_for_stderr(max_stderr: float) -> int:
     return max(1, math.ceil(round((0.5 / max_stderr) ** 2, 9)))
 
 
-@dataclass
-class PerplexityScorer:
+class PerplexityScorer(SplitScorer):
     """Perplexity of a language-modelling split under the task's fixed LM head (lower is better).
 
-    Implements the :class:`~editkit.eval.accuracy.Scorer` protocol, so streams score text
-    tasks as they score classification tasks. Under torchrun each process takes a slice
-    of the split and the summed log-likelihoods and token counts are combined.
+    A :class:`~editkit.eval.accuracy.SplitScorer`, so streams score text tasks as they score
+    classification tasks: the sums are the split's negative log-likelihood and its number of
+    predicted tokens (token-weighted, as :func:`perplexity`).
     """
 
-    name: str
-    head: nn.Module
-    dataset: Dataset
-    batching: Batching
+    def tally(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        nll, count = next_token_nll(logits, labels)
+        return torch.stack([nll.double(), torch.tensor(float(count), dtype=torch.float64, device=nll.device)])
 
-    def batches(self, batch_size: int, world_size: int) -> int:
-        per_process = -(-len(self.dataset) // world_size)
-        return -(-per_process // batch_size)
-
-    @torch.no_grad()
-    def score(self, model: nn.Module, *, batch_size: int = 16, runtime: Runtime | None = None,
-              progress_task=None) -> float:
-        runtime = runtime or Runtime()
-        dataset = self.dataset
-        if runtime.distributed:
-            dataset = Subset(dataset, range(runtime.rank, len(dataset), runtime.world_size))
-        head = self.head.to(runtime.device)
-        loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=labelled_collate(self.batching))
-        totals = torch.zeros(2, dtype=torch.float64, device=runtime.device)
-        for x, labels in loader:
-            x, labels = x.to(runtime.device), labels.to(runtime.device)
-            args, kwargs = self.batching.arguments(x)
-            with runtime.autocast():
-                logits = head(model(*args, **kwargs).float())
-            nll, count = next_token_nll(logits, labels)
-            totals += torch.stack([nll.double(), torch.tensor(float(count), dtype=torch.float64, device=nll.device)])
-            if progress_task is not None:
-                progress_task.advance(1)
-        nll, count = runtime.all_reduce_sum(totals).tolist()
+    def finish(self, nll: float, count: float) -> float:
         if count == 0:
             raise ConfigError(f"task {self.name!r}: perplexity needs at least one predicted token")
         return math.exp(nll / count)

@@ -32,7 +32,8 @@ from editkit.bank.store import Bank
 from editkit.train.runtime import Runtime, default_runtime, setup, teardown
 from editkit.errors import BankError, ConfigError, MissingResourceError
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world
-from editkit.eval.accuracy import Scorer, addition_summary, evaluate_vector, task_scorer
+from editkit.eval.accuracy import Scorer, addition_summary, evaluate_vector
+from editkit.eval.scorers import task_scorer
 from editkit.util.progress import NullProgress, Progress
 from editkit.runs.records import MergedScores, StepRecord, StreamResult, StreamStepCallback, TrainingCost
 from editkit.train.recipe import Recipe

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from editkit.data.text import pack, sequences
-from editkit.eval.accuracy import ClassificationScorer, task_scorer
+from editkit.eval.accuracy import ClassificationScorer
+from editkit.eval.scorers import task_scorer
 from editkit.eval.language import PerplexityScorer
 from editkit.eval.lm_negation import edited_weights, scaled, split_perplexity, task_model
 from editkit.models.causal_lm import causal_lm_backbone
