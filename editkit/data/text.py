@@ -18,7 +18,6 @@ split; registered here:
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Sequence
 
 import torch
@@ -30,8 +29,6 @@ from editkit.data import GENERIC_SOURCES, TASK_SOURCES, TEXT_CORPORA
 from editkit.data.tasks import TaskData
 from editkit.errors import ConfigError
 
-log = logging.getLogger(__name__)
-
 #: Splits a corpus provides.
 SPLITS = ("train", "val", "test")
 PREFIX_BATCH = 16
@@ -42,30 +39,37 @@ class TokenSequences(Dataset):
 
     The ids are the labels (the next-token loss shifts them); ``input(i)`` gives the
     states alone, so a tauJp source never reads the tokens it would be scored on.
-    The states of the whole split are computed on first use, in batches: a run that
-    never reads a split (negation never trains) never pays for its prefix.
+    States are computed when first read, ``PREFIX_BATCH`` consecutive blocks at a time,
+    and kept: a run pays for the prefix of the blocks it reads, once (negation never
+    reads the train split; a short run reads a few chunks of it).
     """
 
-    def __init__(self, ids: Sequence[torch.Tensor], backbone: Any, description: str = "prefix states") -> None:
+    def __init__(self, ids: Sequence[torch.Tensor], backbone: Any) -> None:
         self.ids = list(ids)
         self._backbone = backbone
-        self._description = description
-        self._states: list[torch.Tensor] | None = None
+        self._chunks: dict[int, list[torch.Tensor]] = {}
 
     def __len__(self) -> int:
         return len(self.ids)
 
+    def state(self, index: int) -> torch.Tensor:
+        """Block ``index``'s prefix states (its chunk computed on first use)."""
+        chunk, offset = divmod(index, PREFIX_BATCH)
+        if chunk not in self._chunks:
+            start = chunk * PREFIX_BATCH
+            self._chunks[chunk] = prefix_states(self._backbone, self.ids[start : start + PREFIX_BATCH])
+        return self._chunks[chunk][offset]
+
     @property
     def states(self) -> list[torch.Tensor]:
-        if self._states is None:
-            self._states = prefix_states(self._backbone, self.ids, description=self._description)
-        return self._states
+        """Every block's prefix states (all computed)."""
+        return [self.state(i) for i in range(len(self))]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.states[index], self.ids[index]
+        return self.state(index), self.ids[index]
 
     def input(self, index: int) -> torch.Tensor:
-        return self.states[index]
+        return self.state(index)
 
     @property
     def tokens(self) -> int:
@@ -94,18 +98,12 @@ def pack(tokenizer: Any, texts: Sequence[str], length: int, *, limit: int | None
 
 
 @torch.no_grad()
-def prefix_states(backbone: Any, blocks: Sequence[torch.Tensor], *, description: str = "prefix states") -> list[torch.Tensor]:
-    """The frozen prefix's hidden states of each block, computed in right-padded batches."""
-    log.info("%s: computing the frozen prefix's hidden states of %d blocks", description, len(blocks))
-    states: list[torch.Tensor] = []
-    collate = backbone.batching.collate
-    for start in range(0, len(blocks), PREFIX_BATCH):
-        chunk = blocks[start : start + PREFIX_BATCH]
-        batch = collate(chunk)
-        device = next(backbone.lm.parameters()).device
-        hidden = backbone.prefix(batch.inputs.to(device), batch.attention_mask.to(device)).cpu()
-        states.extend(h[: len(ids)].clone() for h, ids in zip(hidden, chunk))
-    return states
+def prefix_states(backbone: Any, blocks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The frozen prefix's hidden states of each block, computed as one right-padded batch."""
+    batch = backbone.batching.collate(blocks)
+    device = next(backbone.lm.parameters()).device
+    hidden = backbone.prefix(batch.inputs.to(device), batch.attention_mask.to(device)).cpu()
+    return [h[: len(ids)].clone() for h, ids in zip(hidden, blocks)]
 
 
 def sequences(backbone: Any, texts: Sequence[str], max_length: int, *, limit: int | None = None,
@@ -116,7 +114,7 @@ def sequences(backbone: Any, texts: Sequence[str], max_length: int, *, limit: in
     blocks = pack(backbone.tokenizer, texts, max_length, limit=limit)
     if not blocks:
         raise ConfigError(f"{description}: no text to build sequences from")
-    return TokenSequences(blocks, backbone, description)
+    return TokenSequences(blocks, backbone)
 
 
 def corpus_split(corpus: str, split: str, seed: int = 0) -> list[str]:

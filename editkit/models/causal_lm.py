@@ -179,9 +179,11 @@ class CausalLMBackbone(Backbone):
 
 
 def resolve_blocks(trainable_blocks: int | str, total: int) -> int:
-    """K from the ``trainable_blocks`` setting (an int in 1..total, or ``"all"``)."""
+    """K from the ``trainable_blocks`` setting (an int in 1..total, or ``"all"``; the command line gives text)."""
     if trainable_blocks == ALL_BLOCKS:
         return total
+    if isinstance(trainable_blocks, str) and trainable_blocks.isdigit():
+        trainable_blocks = int(trainable_blocks)
     if isinstance(trainable_blocks, bool) or not isinstance(trainable_blocks, int) or not 1 <= trainable_blocks <= total:
         raise ConfigError(f"trainable_blocks must be an integer in 1..{total} or {ALL_BLOCKS!r}, "
                           f"not {trainable_blocks!r}")

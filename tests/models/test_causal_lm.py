@@ -147,10 +147,15 @@ def _final_norm(lm) -> nn.Module:
     return lm.base_model.norm if lm.config.model_type == "llama" else lm.base_model.ln_f
 
 
-@pytest.mark.parametrize("bad", [0, LAYERS + 1, -1, "2", 1.5, True, "ALL", None])
+@pytest.mark.parametrize("bad", [0, LAYERS + 1, -1, "0", "x2", 1.5, True, "ALL", None])
 def test_trainable_blocks_out_of_range_or_of_the_wrong_type_is_refused(lm, bad):
     with pytest.raises(ConfigError, match=f"trainable_blocks must be an integer in 1..{LAYERS} or 'all'"):
         causal_lm_backbone(lm, None, trainable_blocks=bad)
+
+
+def test_trainable_blocks_given_as_text_is_a_count(lm):
+    """The command line (--trainable-blocks 2) gives text."""
+    assert causal_lm_backbone(lm, None, trainable_blocks="2").module.first == LAYERS - 2
 
 
 def test_all_blocks_is_every_block(lm):
