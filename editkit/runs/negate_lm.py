@@ -60,17 +60,6 @@ def negation_settings(built: BuiltScenario, overrides: Mapping[str, Any] | None 
     return dataclasses.replace(base, **given)
 
 
-def eval_splits(built: BuiltScenario, target: str, split: str, settings: LanguageNegation,
-                progress: Progress) -> EvalSplits:
-    """Control text, the target task's text and prompts of ``split`` (``val`` or ``test``)."""
-    task = built.task(target)
-    target_data = getattr(task, split)
-    length = max(len(ids) for ids in task.train.ids)
-    control = sequences(built.backbone, corpus_split(settings.control_text, split), length, limit=settings.eval_blocks,
-                        description=f"{settings.control_text} {split}")
-    return EvalSplits(control, target_data, corpus_split(settings.prompts, split))
-
-
 def _perplexities(built: BuiltScenario, data: EvalSplits, mode: str, delta: Mapping[str, torch.Tensor] | None,
                   settings: LanguageNegation, progress: Progress, label: str, *,
                   linearized: bool = False) -> dict[str, float]:
@@ -81,6 +70,53 @@ def _perplexities(built: BuiltScenario, data: EvalSplits, mode: str, delta: Mapp
             for role in ("control", "target")}
 
 
+class NegationEvaluation:
+    """What a language task's negations are scored on, and theta_0's scores, each computed once.
+
+    The held-out splits (control text, the task's text, prompts; their prefix states) and
+    theta_0's perplexities and sampled toxicity do not depend on the vector, so the bench's
+    modes share one evaluation.
+    """
+
+    def __init__(self, built: BuiltScenario, target: str, settings: LanguageNegation,
+                 progress: Progress | None = None) -> None:
+        self.built, self.target, self.settings = built, target, settings
+        self.progress = progress or NullProgress()
+        self._splits: dict[str, EvalSplits] = {}
+        self._theta0: dict[str, dict[str, Any]] = {}
+
+    def splits(self, split: str) -> EvalSplits:
+        """Control text, the target task's text and prompts of ``split`` (``val`` or ``test``)."""
+        if split not in self._splits:
+            task = self.built.task(self.target)
+            length = max(len(ids) for ids in task.train.ids)
+            control = sequences(self.built.backbone, corpus_split(self.settings.control_text, split), length,
+                                limit=self.settings.eval_blocks, description=f"{self.settings.control_text} {split}")
+            self._splits[split] = EvalSplits(control, getattr(task, split), corpus_split(self.settings.prompts, split))
+        return self._splits[split]
+
+    def perplexities(self, split: str, mode: str, delta: Mapping[str, torch.Tensor] | None, label: str, *,
+                     linearized: bool = False) -> dict[str, float]:
+        return _perplexities(self.built, self.splits(split), mode, delta, self.settings, self.progress, label,
+                             linearized=linearized)
+
+    def toxicity(self, split: str, delta: Mapping[str, torch.Tensor] | None, label: str) -> dict[str, Any]:
+        scorer = TOXICITY_SCORERS[self.settings.scorer].build()
+        return toxicity(self.built.backbone, delta, self.splits(split).prompts, scorer, self.settings,
+                        progress=self.progress, description=f"sampling: {label}")
+
+    def theta0(self, split: str, *, sampled: bool) -> dict[str, Any]:
+        """theta_0's perplexities on ``split`` (and, ``sampled``, its toxicity), computed once."""
+        key = f"{split}{'+sampled' if sampled else ''}"
+        if key not in self._theta0:
+            row = dict(self._theta0.get(split) or self.perplexities(split, "nonlinear", None, f"{split}: theta_0"))
+            self._theta0.setdefault(split, dict(row))
+            if sampled:
+                row.update(self.toxicity(split, None, "theta_0"))
+            self._theta0[key] = row
+        return self._theta0[key]
+
+
 def selectivity(row: Mapping[str, float], base: Mapping[str, float]) -> float | None:
     """ln(target ppl ratio) / ln(control ppl ratio) against theta_0: target removed per unit of control lost."""
     control = math.log(row["control"] / base["control"])
@@ -89,13 +125,12 @@ def selectivity(row: Mapping[str, float], base: Mapping[str, float]) -> float | 
     return math.log(row["target"] / base["target"]) / control
 
 
-def tune(built: BuiltScenario, tau: Mapping[str, torch.Tensor], mode: str, settings: LanguageNegation,
-         progress: Progress, target: str) -> dict[str, Any]:
+def tune(evaluation: NegationEvaluation, tau: Mapping[str, torch.Tensor], mode: str) -> dict[str, Any]:
     """Validation perplexities over the alpha grid and the alpha the rule picks."""
-    data = eval_splits(built, target, "val", settings, progress)
-    base = _perplexities(built, data, mode, None, settings, progress, "validation: theta_0")
-    rows = [{"alpha": a, **_perplexities(built, data, mode, scaled(tau, -a), settings, progress,
-                                         f"validation: alpha {a:g}")} for a in settings.alphas]
+    settings = evaluation.settings
+    base = evaluation.theta0("val", sampled=False)
+    rows = [{"alpha": a, **evaluation.perplexities("val", mode, scaled(tau, -a), f"validation: alpha {a:g}")}
+            for a in settings.alphas]
     choice = select_perplexity_negation_alpha([(r["alpha"], r["control"], r["target"]) for r in rows],
                                               base["control"], rule=settings.rule, margin=settings.margin)
     if not choice.met:
@@ -105,22 +140,18 @@ def tune(built: BuiltScenario, tau: Mapping[str, torch.Tensor], mode: str, setti
             "bound": choice.bound, "rule": choice.rule, "margin": choice.margin}
 
 
-def score_test(built: BuiltScenario, tau: Mapping[str, torch.Tensor], mode: str, alphas: Mapping[str, float],
-               settings: LanguageNegation, progress: Progress, target: str) -> list[dict[str, Any]]:
+def score_test(evaluation: NegationEvaluation, tau: Mapping[str, torch.Tensor], mode: str,
+               alphas: Mapping[str, float]) -> list[dict[str, Any]]:
     """Test rows: theta_0 (alpha 0), +tau (alpha -1) and each named negation, with sampled toxicity."""
-    data = eval_splits(built, target, "test", settings, progress)
-    scorer = TOXICITY_SCORERS[settings.scorer].build()
-    rows = []
-    for label, alpha in {"theta_0": 0.0, "+tau": -1.0, **alphas}.items():
-        delta = scaled(tau, -alpha) if alpha else None
+    rows = [{"model": "theta_0", "alpha": 0.0, **evaluation.theta0("test", sampled=True)}]
+    for label, alpha in {"+tau": -1.0, **alphas}.items():
+        delta = scaled(tau, -alpha)
         row: dict[str, Any] = {"model": label, "alpha": alpha,
-                               **_perplexities(built, data, mode, delta, settings, progress, f"test: {label}")}
+                               **evaluation.perplexities("test", mode, delta, f"test: {label}")}
         if Mode(mode).linearized and alpha > 0:
-            exact = _perplexities(built, data, mode, delta, settings, progress, f"test: {label} (f_lin)",
-                                  linearized=True)
+            exact = evaluation.perplexities("test", mode, delta, f"test: {label} (f_lin)", linearized=True)
             row.update(control_flin=exact["control"], target_flin=exact["target"])
-        row.update(toxicity(built.backbone, delta, data.prompts, scorer, settings, progress=progress,
-                            description=f"sampling: {label}"))
+        row.update(evaluation.toxicity("test", delta, label))
         rows.append(row)
     for row in rows:
         row["selectivity"] = selectivity(row, rows[0]) if row["alpha"] > 0 else None
@@ -129,38 +160,39 @@ def score_test(built: BuiltScenario, tau: Mapping[str, torch.Tensor], mode: str,
 
 def negate_language(bank: Bank, name: str, *, alpha: float | None = None, settings: Mapping[str, Any] | None = None,
                     progress: Progress | None = None, build: BuildOptions | None = None,
-                    runtime: Runtime | None = None, built: BuiltScenario | None = None) -> dict[str, Any]:
+                    runtime: Runtime | None = None, evaluation: NegationEvaluation | None = None) -> dict[str, Any]:
     """Score theta_0 - alpha tau of language vector ``name``; alpha chosen on validation unless given.
 
     settings: fields of :class:`LanguageNegation` laid over the scenario's ``[negation]`` table.
-    built: the scenario already built (several banks of one scenario share it); its base model
-    must be the bank's. Returns the report (see the module docstring); alpha = 1 is always among
-    the test rows.
+    evaluation: what vectors of one scenario share (built scenario, held-out data, theta_0's scores;
+    ``settings`` is then ignored); its base model must be the bank's. Returns the report (see the
+    module docstring); alpha = 1 is always among the test rows.
     """
     progress = progress or NullProgress()
     runtime = runtime or default_runtime()
     vector = combine(bank, {name: 1.0})  # tau, read and verified before anything is built
-    if built is None:
+    if evaluation is None:
         built = scenario_of(bank, [name], progress, build=recorded_build(bank, name, build), runtime=runtime)
-    elif built.backbone.fingerprint() != bank.base:
-        raise IncompatibleVectorsError(f"bank {bank.root} was built on another base model than {built.backbone.name}")
-    if not hasattr(built.backbone, "prefix"):
-        raise ConfigError(f"vector {name!r} was not fine-tuned on a language model: use `editkit negate` "
-                          "without language-model options")
-    chosen = negation_settings(built, settings)
-    target = bank.get(name).task
+        if not hasattr(built.backbone, "prefix"):
+            raise ConfigError(f"vector {name!r} was not fine-tuned on a language model: use `editkit negate` "
+                              "without language-model options")
+        evaluation = NegationEvaluation(built, bank.get(name).task, negation_settings(built, settings), progress)
+    elif evaluation.built.backbone.fingerprint() != bank.base:
+        raise IncompatibleVectorsError(f"bank {bank.root} was built on another base model than "
+                                       f"{evaluation.built.backbone.name}")
     tuning = None
     started = time.perf_counter()
     if alpha is None:
-        tuning = tune(built, vector.tensors, vector.mode, chosen, progress, target)
+        tuning = tune(evaluation, vector.tensors, vector.mode)
         alpha = tuning["alpha"]
     tuned = time.perf_counter()
     negations = {"-tau": 1.0} if alpha == 1.0 else {"-tau": 1.0, f"-{alpha:g} tau": alpha}
-    rows = score_test(built, vector.tensors, vector.mode, negations, chosen, progress, target)
+    rows = score_test(evaluation, vector.tensors, vector.mode, negations)
     seconds = {"validation": tuned - started, "test": time.perf_counter() - tuned}
-    return {"operation": "negate", "scenario": built.spec.name, "vector": name, "target_task": target,
-            "mode": vector.mode, "alpha": alpha, "tuning": tuning, "settings": dataclasses.asdict(chosen),
-            "rows": rows, "backbone": built.backbone.name, "seconds": seconds}
+    return {"operation": "negate", "scenario": evaluation.built.spec.name, "vector": name,
+            "target_task": evaluation.target, "mode": vector.mode, "alpha": alpha, "tuning": tuning,
+            "settings": dataclasses.asdict(evaluation.settings), "rows": rows,
+            "backbone": evaluation.built.backbone.name, "seconds": seconds}
 
 
 def ensure_vector(spec: ScenarioSpec, name: str, bank_dir: Path, *, progress: Progress | None = None,

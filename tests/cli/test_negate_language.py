@@ -188,16 +188,17 @@ def test_a_language_vector_of_a_scenario_without_negation_is_refused_by_the_accu
 
 
 def test_a_scenario_built_on_another_base_model_is_refused_by_fingerprint(tmp_path, streamed):
-    """The bench path hands negate_language a built scenario: its base model must be the bank's."""
+    """The bench path hands negate_language an evaluation of a built scenario: its base model must be the bank's."""
     from editkit.bank.store import Bank
     from editkit.errors import IncompatibleVectorsError
-    from editkit.runs.negate_lm import negate_language
+    from editkit.runs.negate_lm import NegationEvaluation, negate_language, negation_settings
     from editkit.scenario.build import build_scenario
     from editkit.scenario.spec import load_scenario
 
     other = build_scenario(load_scenario(scenario_file(tmp_path, name="tiny-rude-other", seed=1)))
+    evaluation = NegationEvaluation(other, "rude", negation_settings(other))
     with pytest.raises(IncompatibleVectorsError, match="built on another base model"):
-        negate_language(Bank(streamed[1]), "rude", built=other)
+        negate_language(Bank(streamed[1]), "rude", evaluation=evaluation)
 
 
 # --------------------------------------------------------------------------- the real default, reduced

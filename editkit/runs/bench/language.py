@@ -2,8 +2,8 @@
 
 For each mode the scenario's vector is fine-tuned into its own bank (or reused from
 it), then negated with alpha chosen on validation by the control-perplexity rule
-(``editkit.runs.negate_lm``). The scenario is built once and shared by every mode's
-negation (one model, one set of cached prefix states). The report compares the modes
+(``editkit.runs.negate_lm``). The scenario is built once and its evaluation shared by
+every mode's negation (one model, one set of cached prefix states, theta_0 scored once). The report compares the modes
 at their tuned alphas, and at alpha = 1:
 
 - target perplexity (higher: more of the task removed) and control perplexity;
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from editkit.runs.negate_lm import ensure_vector, negate_language, plot_negation
+from editkit.runs.negate_lm import NegationEvaluation, ensure_vector, negate_language, negation_settings, plot_negation
 from editkit.runs.report import write_json
 from editkit.scenario.build import build_scenario
 from editkit.scenario.options import BuildOptions
@@ -42,7 +42,8 @@ def run_language_bench(spec: ScenarioSpec, *, modes: tuple[str, ...], bank_root:
     banks = {m: ensure_vector(spec, task, default_bank_dir(spec.name, m, root=bank_root), progress=progress,
                               build=build, runtime=runtime, **{**recipe, "mode": m}) for m in modes}
     built = build_scenario(spec, seed=spec.recipe.seed, progress=progress, build=build, device=str(runtime.device))
-    reports = {m: negate_language(bank, task, progress=progress, runtime=runtime, built=built)
+    evaluation = NegationEvaluation(built, task, negation_settings(built), progress)
+    reports = {m: negate_language(bank, task, progress=progress, runtime=runtime, evaluation=evaluation)
                for m, bank in banks.items()}
     out_dir = run_dir or default_run_dir(spec.name, "bench")
     report = {"scenario": spec.name, "task": task, "modes": reports, "comparison": compare(reports),
