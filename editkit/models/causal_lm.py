@@ -26,6 +26,7 @@ Weights are read from local disk only (``editkit.models.lm_weights``).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,12 @@ _FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
 
 class _Stop(Exception):
     """Raised by a forward pre-hook to end a forward pass once what was wanted is captured."""
+
+
+#: Held while a capturing hook is on a block and while the tail runs its blocks: the prefix of a tauJp
+#: source is computed in the loader thread while the main thread trains the tail through the same
+#: modules, and a hook of one thread must never fire in the other's forward pass.
+_BLOCKS_IN_USE = threading.RLock()
 
 
 def decoder_blocks(base: nn.Module, count: int) -> nn.ModuleList:
@@ -71,13 +78,14 @@ def _capture_input(base: nn.Module, block: nn.Module, **inputs: Any) -> tuple[tu
         captured.update(args=args, kwargs=kwargs)
         raise _Stop
 
-    handle = block.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        base(**inputs, use_cache=False)
-    except _Stop:
-        pass
-    finally:
-        handle.remove()
+    with _BLOCKS_IN_USE:
+        handle = block.register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            base(**inputs, use_cache=False)
+        except _Stop:
+            pass
+        finally:
+            handle.remove()
     return captured["args"], captured["kwargs"]
 
 
@@ -112,10 +120,11 @@ class DecoderTail(nn.Module):
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         base, first = self._base
-        args, kwargs = block_arguments(base, first, hidden, attention_mask)
-        for block in self.layers.values():
-            out = block(hidden, *args, **kwargs)
-            hidden = out[0] if isinstance(out, tuple) else out
+        with _BLOCKS_IN_USE:
+            args, kwargs = block_arguments(base, first, hidden, attention_mask)
+            for block in self.layers.values():
+                out = block(hidden, *args, **kwargs)
+                hidden = out[0] if isinstance(out, tuple) else out
         return self.norm(hidden)
 
 

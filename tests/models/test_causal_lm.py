@@ -182,3 +182,29 @@ def test_lm_head_is_the_models_output_layer_and_refuses_a_bias(lm):
         torch.testing.assert_close(backbone.head(hidden), lm.get_output_embeddings()(hidden))
     with pytest.raises(ConfigError, match="has a bias"):
         LanguageModelHead(nn.Linear(4, 5, bias=True))
+
+
+def test_prefix_in_another_thread_never_disturbs_the_tail(lm):
+    """A tauJp source computes prefix states in the loader thread while the main thread runs the tail through
+    the same decoder blocks: neither thread's capturing hook may fire in the other's pass."""
+    import threading
+
+    backbone = causal_lm_backbone(lm, None, trainable_blocks=1)
+    ids = torch.randint(0, lm.config.vocab_size, (3, 7))
+    hidden = backbone.prefix(ids)
+    expected = backbone.module(hidden)
+    failures: list[BaseException] = []
+
+    def prefixes() -> None:
+        try:
+            for _ in range(40):
+                assert torch.equal(backbone.prefix(ids), hidden)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            failures.append(exc)
+
+    worker = threading.Thread(target=prefixes)
+    worker.start()
+    for _ in range(40):
+        assert torch.equal(backbone.module(hidden), expected)
+    worker.join()
+    assert not failures
