@@ -17,14 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from huggingface_hub import constants
 from typer.testing import CliRunner
 
 from editkit import settings
 from editkit.bank.store import Bank
 from editkit.cli import app
 from editkit.eval.toxicity import DETOXIFY_URL, detoxify_checkpoint
-from helpers.hub import bpe_tokenizer, fast_tokenizer, hub_repo
+from helpers.hub import bpe_tokenizer, empty_caches, fast_tokenizer, hub_repo
 from helpers.models import gpt2
 
 #: The scenario files of this checkout (the installed package may point elsewhere).
@@ -71,10 +70,7 @@ def _gpt2(directory: Path) -> None:
 @pytest.fixture
 def offline(tmp_path, monkeypatch):
     """Empty caches, this checkout's scenarios, a working directory of its own; returns the hub cache."""
-    hub = tmp_path / "hub"
-    hub.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
-    monkeypatch.setenv(settings.CACHE_ENV, str(tmp_path / "cache"))
+    hub = empty_caches(tmp_path, monkeypatch)
     monkeypatch.setenv(settings.SCENARIOS_ENV, str(SCENARIOS))
     monkeypatch.delenv(settings.DATA_ENV, raising=False)
     monkeypatch.chdir(tmp_path)

@@ -12,12 +12,10 @@ import hashlib
 import numpy as np
 import pytest
 import torch
-from huggingface_hub import constants
 
-from editkit import settings
 from editkit.errors import ConfigError, MissingResourceError
 from editkit.eval.toxicity import DETOXIFY_FILE, DETOXIFY_URL, TOXICITY_SCORERS, detoxify_checkpoint
-from helpers.hub import hub_repo
+from helpers.hub import empty_caches, hub_repo
 
 #: The original checkpoint's label order; "toxic" is put third here, so the scorer must read the order.
 CLASSES = ["severe_toxic", "obscene", "toxic", "threat", "insult", "identity_hate"]
@@ -76,11 +74,7 @@ def _by_hand(model, texts) -> np.ndarray:
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
-    path = tmp_path / "hub"
-    path.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(path))
-    monkeypatch.setenv(settings.CACHE_ENV, str(tmp_path / "cache"))
-    return path
+    return empty_caches(tmp_path, monkeypatch)
 
 
 def test_scores_equal_the_hand_forward_with_the_checkpoints_label_order(hub, tmp_path):

@@ -16,6 +16,19 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 WORDS = ["the cat sat on the mat", "a dog ate the hat", "hello world"]
 
 
+def empty_caches(tmp_path: Path, monkeypatch) -> Path:
+    """An empty Hugging Face hub cache (returned) and an empty editkit cache, both under ``tmp_path``."""
+    from huggingface_hub import constants
+
+    from editkit import settings
+
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv(settings.CACHE_ENV, str(tmp_path / "cache"))
+    return hub
+
+
 def hub_repo(hub: Path, repo_id: str, fill: Callable[[Path], object], *, kind: str = "models") -> Path:
     """A ``kind`` (``models`` / ``datasets``) repository in the hub cache layout: ``fill(directory)`` writes its
     files (subfolders too), which become blobs linked from the snapshot. Returns the snapshot directory."""
