@@ -185,7 +185,7 @@ def negate(
                                           "vision vectors; chosen on validation for language vectors)."),
     tune_alpha: bool = typer.Option(False, "--tune-alpha", help="Choose alpha on validation. Vision: grid 0, 0.05, "
                                     "..., 1, lowest target accuracy keeping control >= --min-control x pretrained; "
-                                    "language: the --alpha-rule over --alphas."),
+                                    "language: the --rule over --alphas."),
     min_control: float = typer.Option(NEGATION_RETAIN, help="Vision, with --tune-alpha: control accuracy to keep, "
                                       "as a fraction of the pretrained model's."),
     control: str = ControlOption,

@@ -77,7 +77,7 @@ class PerplexityBound:
     help: str
 
 
-#: The control-perplexity rules by name, each with its default margin (``--alpha-rule``, ``--alpha-margin``).
+#: The control-perplexity rules by name, each with its default margin (``--rule``, ``--margin`` of ``editkit negate``).
 PERPLEXITY_RULES: Mapping[str, PerplexityBound] = {
     "relative": PerplexityBound(lambda ppl_0, tol: (1.0 + tol) * ppl_0, 0.05,
                                 "control perplexity <= (1 + margin) x the pretrained model's"),
