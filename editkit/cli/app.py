@@ -202,13 +202,14 @@ def negate(
 ) -> None:
     """theta_0 - alpha * tau: forget a task. Vision: target and control accuracy. Language: control and target
     perplexity and the toxicity of sampled continuations, over an alpha grid."""
+    from editkit.bank.store import Bank
     from editkit.runs.negate_lm import is_language_vector, language_scenario
 
     spec = language_scenario(name)  # with or without --bank: a bank lacking the vector gets it fine-tuned first
     mode = mode or (spec.recipe.mode if spec is not None else None)
     if bank is None:
         bank = default_bank_dir(spec.name, mode) if spec is not None else DEFAULT_BANK
-    if spec is not None or _holds_language_vector(bank, name, is_language_vector):
+    if spec is not None or is_language_vector(Bank(bank), name):
         _negate_language(name, spec, bank, alpha=None if tune_alpha else alpha, mode=mode, steps=steps,
                          run_dir=run_dir, json_path=json_path, language=language, build=BuildOptions(**build),
                          runtime_options=runtime_options)
@@ -216,13 +217,6 @@ def negate(
     _negate_vision(name, bank, 1.0 if alpha is None else alpha, tune_alpha=tune_alpha, min_control=min_control,
                    control=control, control_data=control_data, out=out, json_path=json_path,
                    build=BuildOptions(**build), runtime_options=runtime_options)
-
-
-def _holds_language_vector(bank: Path, name: str, is_language_vector: Callable) -> bool:
-    from editkit.bank.store import Bank
-
-    store = Bank(bank)
-    return store.exists() and name in store.names() and is_language_vector(store, name)
 
 
 def _negate_vision(name: str, bank: Path, alpha: float, *, tune_alpha: bool, min_control: float, control: str,

@@ -17,6 +17,7 @@ and theta_0 - alpha tau is scored (``editkit.eval.lm_negation``):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -100,9 +101,13 @@ class NegationEvaluation:
         return _perplexities(self.built, self.splits(split), mode, delta, self.settings, self.progress, label,
                              linearized=linearized)
 
+    @functools.cached_property
+    def scorer(self) -> Any:
+        """The toxicity scorer, loaded once (it is read from its wheel)."""
+        return TOXICITY_SCORERS[self.settings.scorer].build()
+
     def toxicity(self, split: str, delta: Mapping[str, torch.Tensor] | None, label: str) -> dict[str, Any]:
-        scorer = TOXICITY_SCORERS[self.settings.scorer].build()
-        return toxicity(self.built.backbone, delta, self.splits(split).prompts, scorer, self.settings,
+        return toxicity(self.built.backbone, delta, self.splits(split).prompts, self.scorer, self.settings,
                         progress=self.progress, description=f"sampling: {label}")
 
     def theta0(self, split: str, *, sampled: bool) -> dict[str, Any]:
@@ -220,9 +225,11 @@ def language_scenario(name: str) -> ScenarioSpec | None:
 
 
 def is_language_vector(bank: Bank, name: str) -> bool:
-    """Whether the scenario vector ``name`` was banked from negates language (has a ``[negation]`` table).
+    """Whether ``bank`` holds a vector ``name`` whose scenario negates language (has a ``[negation]`` table).
 
     The scenario is found as rebuilding finds it: by name, else the file the stream recorded."""
+    if not (bank.exists() and name in bank.names()):
+        return False
     entry = bank.get(name)
     try:
         spec = find_scenario(entry.scenario, entry.provenance.get("scenario_file"))
