@@ -71,11 +71,6 @@ class TokenSequences(Dataset):
     def input(self, index: int) -> torch.Tensor:
         return self.state(index)
 
-    @property
-    def tokens(self) -> int:
-        """Tokens in the split (what perplexity is averaged over, less one per sequence)."""
-        return sum(len(ids) for ids in self.ids)
-
 
 def pack(tokenizer: Any, texts: Sequence[str], length: int, *, limit: int | None = None) -> list[torch.Tensor]:
     """Token-id blocks of ``length`` from ``texts`` joined by end-of-sequence tokens.
