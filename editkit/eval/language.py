@@ -119,7 +119,8 @@ def sample_continuations(model: Any, tokenizer: Any, prompts: list[str], *, samp
 
     Sample ``k`` continues ``prompts[k % len(prompts)]`` with its own random stream derived from
     ``(seed, k)``, so the same call gives the same texts whatever ``batch_size`` (up to the float
-    rounding that different left padding brings). Prompts too long for the model's context
+    rounding that different left padding brings). Samples are generated in batches of similar
+    prompt length and returned in order. Prompts too long for the model's context
     (less ``max_new_tokens``) keep their last tokens, with one logged warning per call.
     The continuation is the generated text only, without the prompt or special tokens.
     """
@@ -132,18 +133,29 @@ def sample_continuations(model: Any, tokenizer: Any, prompts: list[str], *, samp
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     prompt_ids = _prompt_ids(tokenizer, prompts, budget)
     device = next(model.parameters()).device
-    pairs = []
+    continuations: list[str] = [""] * samples
     with progress.task("sampling continuations", total=math.ceil(samples / batch_size)) as task:
-        for start in range(0, samples, batch_size):
-            indices = range(start, min(samples, start + batch_size))
+        for indices in _length_batches([len(prompt_ids[k % len(prompts)]) for k in range(samples)], batch_size):
             ids, mask = _left_padded([prompt_ids[k % len(prompts)] for k in indices], pad_id)
             sampling = _SeededSampling([_sample_seed(seed, k) for k in indices], temperature, top_p)
             out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
                                  max_new_tokens=max_new_tokens, pad_token_id=pad_id, logits_processor=[sampling])
-            texts = tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
-            pairs += [(prompts[k % len(prompts)], text) for k, text in zip(indices, texts)]
+            for k, text in zip(indices, tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)):
+                continuations[k] = text
             task.advance()
-    return pairs
+    return [(prompts[k % len(prompts)], text) for k, text in enumerate(continuations)]
+
+
+def _length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into the fewest batches of at most ``batch_size``, by prompt length, sizes even.
+
+    Prompts of similar length share a batch, so little of the prefill is spent on left
+    padding (on the toxic prompts, half the padded positions), and no batch is a small
+    remainder that costs a whole generation loop for a few rows.
+    """
+    order = sorted(range(len(lengths)), key=lambda k: (lengths[k], k))
+    count = math.ceil(len(order) / batch_size)
+    return [order[i * len(order) // count:(i + 1) * len(order) // count] for i in range(count)]
 
 
 def _mean_and_stderr(values: np.ndarray) -> tuple[float, float]:

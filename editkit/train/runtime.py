@@ -53,6 +53,7 @@ from torch.utils.data import Sampler
 
 from editkit.errors import ConfigError
 from editkit.settings import torchrun_world
+from editkit.util.memory import keep_freed_memory
 from editkit.util.sharding import shard_bounds
 
 log = logging.getLogger(__name__)
@@ -201,6 +202,9 @@ def setup(
 ) -> Runtime:
     """The runtime of this process; under torchrun, joins the process group (NCCL on CUDA, gloo on CPU).
 
+    On a CPU, glibc's allocator is told to keep freed memory (``keep_freed_memory``): a
+    language-model step then spends far less time in page faults.
+
     workers: ``None`` = 0 on CPU, else ``min(8, cpus per process)``.
     """
     rank, world, local = torchrun_world()
@@ -218,6 +222,8 @@ def setup(
             dist.init_process_group(**kwargs)
             log.info("rank %d/%d joined a %s process group on %s", rank, world, backend, resolved)
         rank, world = dist.get_rank(), dist.get_world_size()
+    if resolved.type == "cpu":
+        keep_freed_memory()
     if workers is None:
         workers = 0 if resolved.type == "cpu" else min(8, max(1, (os.cpu_count() or 1) // max(1, world)))
     if workers < 0:

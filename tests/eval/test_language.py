@@ -12,7 +12,7 @@ import torch
 
 from editkit.core.batching import IGNORE_INDEX
 from editkit.errors import ConfigError
-from editkit.eval.language import _sample_seed, perplexity, sample_continuations, samples_for_stderr, toxicity_summary
+from editkit.eval.language import _length_batches, _sample_seed, perplexity, sample_continuations, samples_for_stderr, toxicity_summary
 from helpers import models
 
 
@@ -135,6 +135,13 @@ def test_sampling_is_reproducible_for_a_seed_and_changes_with_it(lm, tokenizer):
 def test_a_samples_text_does_not_depend_on_the_batch_it_was_drawn_in(lm, tokenizer):
     prompts = ["hi", "a much longer prompt"]
     assert sample(lm, tokenizer, prompts, batch_size=1) == sample(lm, tokenizer, prompts, batch_size=5)
+
+
+def test_samples_are_batched_by_prompt_length_in_batches_of_even_size():
+    lengths = [5, 1, 3, 1, 5, 2, 9]
+    batches = _length_batches(lengths, batch_size=3)
+    assert batches == [[1, 3], [5, 2], [0, 4, 6]]  # lengths (1, 1), (2, 3), (5, 5, 9): 7 = 2 + 2 + 3, not 3 + 3 + 1
+    assert _length_batches(lengths, batch_size=7) == [[1, 3, 5, 2, 0, 4, 6]]
 
 
 def test_continuations_are_the_tokens_a_hand_gumbel_max_loop_draws_after_the_prompt(lm, tokenizer):
