@@ -85,6 +85,7 @@ def stream(
     bank: Optional[Path] = typer.Option(None, help="Bank directory (default banks/<scenario>-<mode>)."),
     run_dir: Optional[Path] = typer.Option(None, help="Run directory for report.json and plots (default runs/<scenario>-<mode>)."),
     resume: bool = typer.Option(False, help="Continue from the last banked experience."),
+    log: str = option_for(BenchConfig, "log"),
 ) -> None:
     """Fine-tune each task of a scenario in turn, bank its vector, evaluate the merged model at alpha = 1.
 
@@ -110,7 +111,7 @@ def stream(
 
     with process_runtime(**runtime_options) as runtime:
         result, report = run_scenario(scenario, bank=bank, run_dir=run_dir, resume=resume, progress=progress,
-                                      on_step=show, build=options, runtime=runtime, **recipe)
+                                      on_step=show, build=options, runtime=runtime, loggers=log, **recipe)
     if report is None:  # a torchrun process other than rank 0
         return
     final = report["final"]
@@ -427,7 +428,7 @@ def _bench_language(spec, config: BenchConfig, runtime_options: dict) -> None:
     with process_runtime(**runtime_options) as runtime:
         report, path = run_language_bench(spec, modes=tuple(config.modes), bank_root=config.bank_root,
                                           run_dir=config.run_dir, recipe=config.recipe, build=config.build,
-                                          runtime=runtime, progress=RichProgress())
+                                          runtime=runtime, progress=RichProgress(), loggers=config.log)
     for mode_report in report["modes"].values():
         console.print(language_negation_table(mode_report))
     console.print(language_bench_table(report))

@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -201,16 +201,19 @@ def negate_language(bank: Bank, name: str, *, alpha: float | None = None, settin
 
 
 def ensure_vector(spec: ScenarioSpec, name: str, bank_dir: Path, *, progress: Progress | None = None,
-                  build: BuildOptions | None = None, runtime: Runtime | None = None, **recipe: Any) -> Bank:
+                  build: BuildOptions | None = None, runtime: Runtime | None = None, loggers: Sequence[str] = (),
+                  log_dir: Path | None = None, **recipe: Any) -> Bank:
     """The bank at ``bank_dir``, first running ``spec`` as a stream into it when it lacks vector ``name``.
 
-    recipe: fields laid over the scenario's recipe (``mode``, ``steps``...; None keeps)."""
+    recipe: fields laid over the scenario's recipe (``mode``, ``steps``...; None keeps).
+    loggers, log_dir: the stream's loggers, as ``run_scenario`` takes them."""
     bank = Bank(bank_dir)
     if not (bank.exists() and name in bank.names()):
         from editkit.runs.stream import run_scenario
 
         log.info("bank %s has no vector %r: fine-tuning it first", bank_dir, name)
-        run_scenario(spec.path or spec.name, bank=bank_dir, progress=progress, build=build, runtime=runtime, **recipe)
+        run_scenario(spec.path or spec.name, bank=bank_dir, progress=progress, build=build, runtime=runtime,
+                     loggers=loggers, log_dir=log_dir, **recipe)
         bank = Bank(bank_dir)
     return bank
 

@@ -35,6 +35,7 @@ from editkit.settings import default_bank_dir, default_run_dir, torchrun_world
 from editkit.eval.accuracy import Scorer, addition_summary, evaluate_vector
 from editkit.eval.scorers import task_scorer
 from editkit.util.progress import NullProgress, Progress
+from editkit.runs.loggers import RunLogger, open_loggers, parse_loggers
 from editkit.runs.records import MergedScores, StepRecord, StreamResult, StreamStepCallback, TrainingCost
 from editkit.train.recipe import Recipe
 from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
@@ -66,6 +67,7 @@ class StreamRunner:
         task_recipes: Mapping[str, Recipe] | None = None,
         unlabeled: Mapping[str, Dataset] | None = None,
         provenance: Mapping[str, Any] | None = None,
+        logger: RunLogger | None = None,
     ) -> None:
         self.exps = list(exps)
         self.backbone = backbone
@@ -80,6 +82,7 @@ class StreamRunner:
         self.unlabeled = dict(unlabeled or {})
         self.runtime = runtime
         self.provenance = dict(provenance or {})
+        self.logger = logger
         self.base = backbone.fingerprint()
         self._sources: dict[int, UnlabeledSource] = {}
 
@@ -130,9 +133,13 @@ class StreamRunner:
         head = self.heads[exp.name]
         recipe = self.recipe_for(t)
         with self.progress.task(f"[{t + 1}/{len(self.exps)}] {exp.name} ({recipe.mode})", total=recipe.steps) as bar:
+            def on_train_step(step: int, values: dict[str, float]) -> None:
+                bar.advance(1, **values)
+                if self.logger is not None:
+                    self.logger.train_step(exp.name, step, values)
+
             result = fine_tune(self.backbone.module, head, exp.train, recipe, self.regularizer(t),
-                               on_step=lambda step, rec: bar.advance(1, **rec), runtime=self.runtime,
-                               batching=self.backbone.batching)
+                               on_step=on_train_step, runtime=self.runtime, batching=self.backbone.batching)
         single = self.evaluate(result.task_vector, [t], f"{exp.name}: single-task")[exp.name]
         pretrained = self.evaluate(None, [t], f"{exp.name}: pretrained")[exp.name]
         record = StepRecord(step=t, task=exp.name, pretrained=pretrained, single_task=single,
@@ -186,6 +193,8 @@ class StreamRunner:
                 record.merged = self.merge_and_evaluate(t)
             record.resumed = banked is not None
             out.steps.append(record)
+            if self.logger is not None:
+                self.logger.experience(record)
             if on_step is not None:
                 on_step(record)
         out.seconds = time.perf_counter() - start
@@ -225,6 +234,7 @@ def run_stream(
     unlabeled: Mapping[str, Dataset] | None = None,
     runtime: Runtime | None = None,
     provenance: Mapping[str, Any] | None = None,
+    logger: RunLogger | None = None,
 ) -> StreamResult:
     """Fine-tune, bank and evaluate each experience in order (see module docstring).
 
@@ -234,7 +244,9 @@ def run_stream(
     unlabeled: inputs-only datasets by experience name for the penalty sources
         (default: the experiences' train splits, read lazily, element 0 of each item).
     runtime: device / precision / process group (default: one process on the backbone's device).
-        Under data parallelism ``progress`` and ``on_step`` are used on rank 0 only.
+        Under data parallelism ``progress``, ``on_step`` and ``logger`` are used on rank 0 only.
+    logger: told every optimizer step and every finished experience (``editkit.runs.loggers``;
+        :func:`~editkit.runs.loggers.open_loggers` builds one from names).
     """
     names = [e.name for e in exps]
     if len(set(names)) != len(names):
@@ -245,10 +257,10 @@ def run_stream(
     bank = bank if isinstance(bank, Bank) else Bank(bank)
     runtime = runtime or default_runtime(backbone.module)
     if not runtime.is_main:
-        progress, on_step = None, None
+        progress, on_step, logger = None, None, None
     runner = StreamRunner(exps, backbone, heads, recipe, bank, scenario=scenario, generic=generic,
                           progress=progress or NullProgress(), runtime=runtime, task_recipes=task_recipes,
-                          unlabeled=unlabeled, provenance=provenance)
+                          unlabeled=unlabeled, provenance=provenance, logger=logger)
     return runner.run(resume=resume, on_step=on_step)
 
 
@@ -274,12 +286,13 @@ def run_benchmark(
     resume: bool = False,
     progress: Progress | None = None,
     on_step: StreamStepCallback | None = None,
+    logger: RunLogger | None = None,
 ) -> StreamResult:
     """Run any Avalanche benchmark (train_stream / test_stream with task labels)."""
     exps = experiences(benchmark, names)
     heads = heads if heads is not None else probe_heads(backbone, exps, seed=recipe.seed)
     return run_stream(exps, backbone, heads, recipe, bank, scenario=scenario, generic=generic, resume=resume,
-                      progress=progress, on_step=on_step)
+                      progress=progress, on_step=on_step, logger=logger)
 
 
 def run_scenario(
@@ -292,6 +305,8 @@ def run_scenario(
     on_step: StreamStepCallback | None = None,
     build: BuildOptions | None = None,
     runtime: Runtime | None = None,
+    loggers: str | Sequence[str] = (),
+    log_dir: str | Path | None = None,
     **overrides: Any,
 ) -> tuple[StreamResult, dict[str, Any] | None]:
     """Run a scenario file end to end and write ``report.json`` + ``stream.png`` into the run directory.
@@ -305,6 +320,10 @@ def run_scenario(
     or data raise :class:`MissingResourceError` with one line per missing piece, and
     neither the bank nor the run directory is created.
 
+    loggers: by name (``"tensorboard,csv"``, see ``editkit.runs.loggers``), refused by name
+    before anything is built when unknown; they write into ``log_dir`` (default: the run
+    directory) as the run goes, on the main process only, and are closed when it ends.
+
     runtime: where to run (default: :func:`process_runtime`'s, held for this run). Returns
     the result and the report dictionary (the report is None on ranks other than 0).
     """
@@ -312,6 +331,7 @@ def run_scenario(
     from editkit.scenario.spec import load_scenario, task_recipes
     from editkit.scenario.build import build_scenario, check_scenario
 
+    loggers = parse_loggers(loggers)
     spec = load_scenario(scenario)
     recipe = spec.recipe.with_overrides(**overrides)
     recipes = task_recipes(spec, **overrides)
@@ -330,10 +350,12 @@ def run_scenario(
         built.backbone.module.to(runtime.device)
         exps = task_experiences(built.tasks)
         provenance = {"scenario_file": str(spec.path.resolve()) if spec.path else None, "build": build.to_json()}
+        logger = held.enter_context(open_loggers(loggers if runtime.is_main else (),
+                                                 Path(log_dir) if log_dir is not None else out_dir, spec.task_names))
         result = run_stream(exps, built.backbone, built.heads, recipe, bank_dir, scenario=spec.name,
                             generic=built.generic, resume=resume, progress=progress, on_step=on_step,
                             task_recipes=recipes, unlabeled={t.name: t.train for t in built.tasks}, runtime=runtime,
-                            provenance=provenance)
+                            provenance=provenance, logger=logger)
         report = None
         if runtime.is_main:
             plot = plot_stream(result, out_dir / "stream.png")

@@ -34,6 +34,7 @@ from editkit.eval.sweep import ModeEvaluator, SharedModels, TaskSplits
 from editkit.data.tasks import TaskData, TensorTaskDataset
 
 from helpers import models
+from helpers.scenarios import write_scenario
 
 runner = CliRunner()
 STEPS = 3
@@ -193,22 +194,6 @@ def test_file_backed_splits_give_the_same_numbers_as_in_memory_ones(tmp_path, mo
 
 
 # --- end to end through the CLI ---------------------------------------------------------------
-
-
-DATASETS = {"digits": "digits", "mnist": "mnist", "fashion": "fashion-mnist"}
-
-
-def write_scenario(directory: Path, tasks=TASKS, name: str = "bench-mini") -> Path:
-    lines = [f'name = "{name}"', 'description = "reduced offline-vision for bench tests"',
-             "[backbone]", 'family = "efficientnet-lite0"', "image_size = 32",
-             "[heads]", 'kind = "probe"', "shots = 5", "[generic]", 'kind = "natural-crops"', "size = 64"]
-    for task in tasks:
-        lines += ["[[tasks]]", f'name = "{task}"', f'source = "packaged:{DATASETS[task]}"',
-                  "train_size = 120", f"test_size = {N_TEST}"]
-    lines += ["[recipe]", 'mode = "taujp"', "steps = 100", "batch_size = 16", "lr = 1e-4", "reg_batch = 4"]
-    path = directory / f"{name}.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def bench_args(scenario: Path, root: Path, *extra) -> list[str]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from editkit.runs.negate_lm import NegationEvaluation, ensure_vector, negate_language, negation_settings, plot_negation
 from editkit.runs.report import write_json
@@ -34,18 +34,21 @@ TARGET_RATIO = 1.5
 
 def run_language_bench(spec: ScenarioSpec, *, modes: tuple[str, ...], bank_root: Path, run_dir: Path | None,
                        recipe: Mapping[str, Any], build: BuildOptions, runtime: Runtime,
-                       progress: Progress | None = None) -> tuple[dict[str, Any], Path]:
-    """Train (or reuse) each mode's vector, negate it, write ``report.json`` and ``negation.png``."""
+                       progress: Progress | None = None, loggers: Sequence[str] = ()) -> tuple[dict[str, Any], Path]:
+    """Train (or reuse) each mode's vector, negate it, write ``report.json`` and ``negation.png``.
+
+    loggers: log each mode's fine-tuning, when it runs, into ``<run dir>/<mode>/``."""
     progress = progress or NullProgress()
     started = time.perf_counter()
     task = spec.task_names[0]
+    out_dir = run_dir or default_run_dir(spec.name, "bench")
     banks = {m: ensure_vector(spec, task, default_bank_dir(spec.name, m, root=bank_root), progress=progress,
-                              build=build, runtime=runtime, **{**recipe, "mode": m}) for m in modes}
+                              build=build, runtime=runtime, loggers=loggers, log_dir=out_dir / m,
+                              **{**recipe, "mode": m}) for m in modes}
     built = build_scenario(spec, seed=spec.recipe.seed, progress=progress, build=build, device=str(runtime.device))
     evaluation = NegationEvaluation(built, task, negation_settings(built), progress)
     reports = {m: negate_language(bank, task, progress=progress, runtime=runtime, evaluation=evaluation)
                for m, bank in banks.items()}
-    out_dir = run_dir or default_run_dir(spec.name, "bench")
     report = {"scenario": spec.name, "task": task, "modes": reports, "comparison": compare(reports),
               "seconds": time.perf_counter() - started,
               "plots": {"negation": str(plot_negation(list(reports.values()), out_dir / "negation.png"))}}

@@ -66,6 +66,7 @@ from editkit.eval.diagnostics import correlation, disentanglement_error, off_dia
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world, BANKS_DIR
 from editkit.train.runtime import Runtime, setup
 from editkit.runs.edit import CONTROLS
+from editkit.runs.loggers import LOGGERS, parse_loggers
 from editkit.runs.records import StepRecord, StreamResult
 from editkit.runs.report import jsonable, write_json
 from editkit.runs.stream import DEFAULT_SCENARIO
@@ -128,6 +129,10 @@ class BenchConfig:
                 "partial ones resumed."})
     run_dir: Path | None = field(default=None, metadata={
         "help": "Where report.json and the PNGs go (default runs/<scenario>-bench)."})
+    log: Sequence[str] = field(default=(), metadata={
+        "help": f"Comma-separated loggers ({', '.join(LOGGERS)}) writing each training step's losses, penalty, "
+                "lr and gradient norm and each experience's scores into the run directory as the stream goes "
+                "(bench: one subdirectory per mode). Default: none."})
     recipe: Mapping[str, Any] = field(default_factory=dict, metadata={
         "cli": False, "help": "Recipe fields replaced for every mode's stream (None values keep the scenario's)."})
     grid: int = field(default=PAPER_GRID_POINTS, metadata={
@@ -197,7 +202,7 @@ class BenchConfig:
             if len(pair) != 2 or pair[0] == pair[1]:
                 raise ConfigError(f"--xi-pair needs two different task names 'a,b', got {self.xi_pair!r}")
         return replace(
-            self, modes=modes, methods=methods, bank_root=Path(self.bank_root),
+            self, modes=modes, methods=methods, log=parse_loggers(self.log), bank_root=Path(self.bank_root),
             run_dir=Path(self.run_dir) if self.run_dir is not None else None, recipe=recipe,
             grid=len(alphas), alphas=tuple(alphas), negation_grid=len(negation_alphas),
             negation_alphas=tuple(negation_alphas), negation_max=max(negation_alphas), ties_k=float(self.ties_k),
@@ -373,7 +378,7 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     control = _control_task(built, config)
     timings["build_seconds"] = time.perf_counter() - t0
 
-    _run_streams(config, states, progress, runtime)
+    _run_streams(config, states, progress, runtime, run_dir)
     timings["stream_seconds"] = {m: s.stream_seconds for m, s in states.items()}
 
     t0 = time.perf_counter()
@@ -410,10 +415,12 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     return BenchResult(report, run_dir)
 
 
-def _run_streams(config: BenchConfig, states: Mapping[str, _ModeState], progress: Progress, runtime: Runtime) -> None:
+def _run_streams(config: BenchConfig, states: Mapping[str, _ModeState], progress: Progress, runtime: Runtime,
+                 run_dir: Path) -> None:
     """Each mode's stream through ``run_scenario(resume=True)``, exactly as ``editkit stream`` runs it:
     banked experiences with the same recipe are reused, missing ones trained. The stream's own
-    report goes to a temporary directory (this bench writes its run directory only at the end)."""
+    report goes to a temporary directory (this bench writes its report only at the end); its
+    loggers, if any, write into ``<run_dir>/<mode>/`` as it goes."""
     from editkit.runs.stream import run_scenario
 
     for state in states.values():
@@ -428,6 +435,7 @@ def _run_streams(config: BenchConfig, states: Mapping[str, _ModeState], progress
 
             state.stream, _ = run_scenario(config.scenario, bank=state.bank.root, run_dir=scratch, resume=True,
                                            progress=progress, on_step=on_step, build=config.build, runtime=runtime,
+                                           loggers=config.log, log_dir=run_dir / state.mode,
                                            **{**config.recipe, "mode": state.mode})
         state.stream_seconds = time.perf_counter() - start
         log.info("%s stream: %d trained, %d reused (%.0f s)", state.mode, len(state.trained),
