@@ -16,8 +16,8 @@ with one ``LOGGERS.register(name, Record.of(cls))``: ``cls(directory, tasks)`` b
 it, and it has the three methods of :class:`RunLogger`. Heavy libraries are imported
 inside the builder, so a run without loggers imports nothing new.
 
-Each run replaces the logs it finds in its directory (a ``--resume`` d run logs the
-banked experiences again, marked resumed, and the steps it trains).
+Each run replaces the logs it finds in its directory: a resumed run logs the banked
+experiences again, marked resumed, and the steps it trains.
 """
 
 from __future__ import annotations

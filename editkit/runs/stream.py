@@ -12,7 +12,8 @@ Each task may have its own recipe (per-task ``epochs`` turn into steps from the
 size of its train split). Penalty sources are read lazily (only the sampled
 unlabeled inputs are loaded). Under torchrun every process trains on its share of
 each batch and evaluates a slice of each split; only rank 0 writes the bank and
-the report (see ``editkit.train.runtime``).
+the report (see ``editkit.train.runtime``) and tells the loggers, if any, each
+optimizer step and each finished experience (``editkit.runs.loggers``).
 """
 
 from __future__ import annotations
