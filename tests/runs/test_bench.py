@@ -9,6 +9,7 @@ banks -> coefficient search -> negation -> tauJp / xi diagnostics -> cost -> rep
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from pathlib import Path
@@ -206,7 +207,7 @@ def bench_args(scenario: Path, root: Path, *extra) -> list[str]:
 def bench_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     scenario = write_scenario(root)
-    result = runner.invoke(app, bench_args(scenario, root))
+    result = runner.invoke(app, bench_args(scenario, root, "--log", "csv"))
     assert result.exit_code == 0, result.output
     report = json.loads((root / "run" / "report.json").read_text())
     return root, scenario, result.output, report
@@ -337,6 +338,20 @@ def test_every_listed_png_is_a_valid_image(bench_run):
         with Image.open(path) as image:
             assert image.format == "PNG" and image.size[0] > 100 and image.size[1] > 100
     assert not [p for p in (root / "run").iterdir() if p.name.startswith(".bench-")]
+
+
+@pytest.mark.slow
+def test_each_modes_stream_is_logged_in_its_own_directory(bench_run):
+    root, _, _, report = bench_run
+    for mode in report["modes"]:
+        with open(root / "run" / mode / "steps.csv", newline="") as f:
+            steps = list(csv.DictReader(f))
+        assert [(r["task"], r["step"]) for r in steps] == [(t, str(s)) for t in TASKS for s in range(STEPS)]
+        with open(root / "run" / mode / "experiences.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        streamed = report["streams"][mode]["steps"]
+        assert [r["task"] for r in rows] == TASKS
+        assert [float(r["merged_absolute"]) for r in rows] == [s["merged"]["absolute"] for s in streamed]
 
 
 @pytest.mark.slow
