@@ -27,7 +27,9 @@ layers. A task vector here is named tensors without their modules, so every tens
 with two or more dimensions is projected, viewed as the matrix (first dimension,
 all others flattened): linear weights as they are, convolution kernels as
 (out channels, in channels x kernel), as they act on each input patch. In a ViT this
-differs from the authors' choice only for the 2-D positional embedding. A matrix that
+also projects the patch-embedding convolution and the 2-D positional embedding, which
+the authors' code adds whole, and projects open_clip's fused q/k/v weight as one matrix
+where the authors' (Hugging Face) model has three linear layers. A matrix that
 no earlier task changed (all zeros) has no singular subspace: the new vector's
 matrix is added whole. Biases, norms and other 1-D tensors are added whole, as in the
 authors' code. Tasks are merged in the mapping's order (the bank's stream order);
