@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import typer
 
 from editkit.cli.options import Fields, option_for, with_options
+from editkit.merge import MERGE_METHODS
 from editkit.merge.coefficients import NEGATION_RETAIN
 from editkit.runs.bench.run import BenchConfig
 from editkit.runs.stream import DEFAULT_SCENARIO
@@ -145,11 +146,17 @@ def add(
     names: Optional[list[str]] = typer.Argument(None, help="Vectors to add (default: --all)."),
     all_: bool = typer.Option(False, "--all", help="Add every vector in the bank."),
     alpha: str = typer.Option("1.0", help="Scaling coefficient: one for all vectors, or one per vector ('0.5,1,0.8')."),
+    method: str = typer.Option("task-arithmetic", help=f"Merge method: {', '.join(MERGE_METHODS)} (each merges the "
+                               "vectors scaled by their alphas)."),
+    param: Optional[list[str]] = typer.Option(None, "--param", help="A merge-method option as key=value, repeatable "
+                                              "(" + "; ".join(f"{m}: {', '.join(MERGE_METHODS[m].option_names)}"
+                                                              for m in MERGE_METHODS if MERGE_METHODS[m].options)
+                                              + ")."),
     bank: Path = BankOption,
-    out: Optional[Path] = typer.Option(None, help="Save the summed task vector as safetensors."),
+    out: Optional[Path] = typer.Option(None, help="Save the merged task vector as safetensors."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
 ) -> None:
-    """theta_0 + alpha * sum(tau): accuracy on each added vector's task."""
+    """theta_0 + the vectors merged (default: alpha * sum(tau)): accuracy on each added vector's task."""
     from editkit.cli.console import RichProgress, accuracy_table, console
     from editkit.runs.edit import add as add_vectors
     from editkit.runs.edit import open_bank
@@ -165,10 +172,13 @@ def add(
     except ValueError:
         raise ConfigError(f"--alpha must be a number or comma-separated numbers, got {alpha!r}") from None
     with process_runtime(**runtime_options) as runtime:
-        result = add_vectors(store, selection, alphas[0] if len(alphas) == 1 else alphas, progress=RichProgress(),
-                             build=BuildOptions(**build), runtime=runtime)
+        result = add_vectors(store, selection, alphas[0] if len(alphas) == 1 else alphas, method=method,
+                             params=param or [], progress=RichProgress(), build=BuildOptions(**build),
+                             runtime=runtime)
     r = result.report
-    console.print(accuracy_table(f"add {', '.join(selection)} (alpha {alpha}, {r['mode']})", r["per_task"],
+    title = f"add {', '.join(selection)} (alpha {alpha}, {r['mode']}, {method}"
+    title += "".join(f", {k}={v}" for k, v in r["options"].items()) + ")"
+    console.print(accuracy_table(title, r["per_task"],
                                  single=r["single_task"], summary={"absolute": r["absolute"], "normalized": r["normalized"]}))
     _save_outputs(result, out, json_path)
 

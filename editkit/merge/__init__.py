@@ -1,14 +1,113 @@
-"""Combining task vectors: task arithmetic, TIES-merging and the coefficient rules.
+"""Combining task vectors: task arithmetic, TIES-merging, DARE, MagMax, OPCM and the coefficient rules.
 
 ``MERGE_METHODS``: method name -> record whose ``build(vectors, **options)`` takes the
-task vectors by name (a mapping that may load each one only when it is read) and
-returns the vectors whose sum, scaled by one coefficient alpha, is added to theta_0:
-task arithmetic returns its input unchanged, TIES-merging one merged vector. The
-built-in methods register themselves in their own modules, imported below.
+task vectors by name (a mapping that may load each one only when it is read, such as
+:class:`LazyVectors`) and returns the vectors whose sum, scaled by one coefficient
+alpha, is added to theta_0: task arithmetic returns its input unchanged, the other
+methods one merged vector. The built-in methods register themselves in their own
+modules, imported below.
+
+What the methods share lives here: the lazy mapping, the layout check every merge
+makes before combining vectors, and the parsing of ``key=value`` options
+(``editkit add --param``), typed by each option's default and refused by name when
+the method has no such option.
 """
 
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import torch
+
 from editkit.core.registry import Record, Registry
+from editkit.errors import ConfigError, IncompatibleVectorsError
 
 MERGE_METHODS: Registry[Record] = Registry("merge method")
 
-from editkit.merge import arithmetic, ties  # noqa: E402,F401  (built-in extensions register themselves)
+Vector = Mapping[str, torch.Tensor]
+
+
+class LazyVectors(Mapping[str, Vector]):
+    """Task vectors by name, each produced by ``load(name)`` when it is read and never kept here.
+
+    A merge method that reads the vectors one at a time (task arithmetic in the bank, DARE,
+    MagMax, OPCM) then holds one input vector at a time, whatever the number of tasks;
+    ``load`` decides whether anything is cached (the bench's evaluator keeps small vectors).
+    """
+
+    def __init__(self, names: Sequence[str], load: Callable[[str], Vector]) -> None:
+        self.names, self.load = list(names), load
+
+    def __getitem__(self, name: str) -> Vector:
+        if name not in self.names:
+            raise KeyError(name)
+        return self.load(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def checked(vectors: Iterable[Vector], what: str) -> Iterator[Vector]:
+    """The vectors in order, each refused unless it has vector 0's parameter names and shapes.
+
+    Only vector 0's shapes are kept, so a method folding the vectors one by one holds no extra
+    vector for the check; ``what`` names the method when there is no vector at all.
+    """
+    shapes: dict[str, torch.Size] | None = None
+    for i, vector in enumerate(vectors):
+        if shapes is None:
+            shapes = {key: t.shape for key, t in vector.items()}
+        elif set(vector) != set(shapes):
+            raise IncompatibleVectorsError(f"task vectors 0 and {i} have different parameter names")
+        else:
+            for key, shape in shapes.items():
+                if vector[key].shape != shape:
+                    raise IncompatibleVectorsError(f"parameter {key!r} has shape {tuple(shape)} in vector 0 "
+                                                   f"but {tuple(vector[key].shape)} in vector {i}")
+        yield vector
+    if shapes is None:
+        raise ConfigError(f"{what} needs at least one task vector")
+
+
+def method_options(method: str, given: Mapping[str, Any] | Sequence[str]) -> dict[str, Any]:
+    """A merge method's options from ``{key: value}`` or ``["key=value", ...]`` (the command line's form).
+
+    Unknown keys are refused with the known ones listed; string values take the type of the
+    option's default (``p=0.5`` is a float for DARE, ``seed=3`` an int). Range checks are the
+    method's own (its ``build`` refuses what its paper does not define).
+    """
+    record = MERGE_METHODS[method]
+    pairs = dict(_split(method, item) for item in given) if not isinstance(given, Mapping) else dict(given)
+    where = f"merge method {method!r}"
+    record.refuse_unknown(pairs, where)
+    defaults = {o.name: o.default for o in record.options}
+    return {key: _typed(value, defaults[key], f"{where}: {key}") for key, value in pairs.items()}
+
+
+def _split(method: str, item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"merge method {method!r}: options are key=value, got {item!r}")
+    return key.strip(), value.strip()
+
+
+def _typed(value: Any, default: Any, what: str) -> Any:
+    """``value`` as the type of ``default`` when it is a string (a value from the command line)."""
+    if not isinstance(value, str) or isinstance(default, str) or default is None:
+        return value
+    if isinstance(default, bool):
+        if value.lower() not in ("true", "false"):
+            raise ConfigError(f"{what} must be true or false, got {value!r}")
+        return value.lower() == "true"
+    try:
+        return type(default)(value)
+    except ValueError:
+        raise ConfigError(f"{what} must be {'an integer' if isinstance(default, int) else 'a number'}, "
+                          f"got {value!r}") from None
+
+
+# the built-in methods register themselves
+from editkit.merge import arithmetic, dare, magmax, opcm, ties  # noqa: E402,F401

@@ -28,36 +28,18 @@ Registered as the merge method ``ties`` (its coefficient is lambda).
 from __future__ import annotations
 
 import logging
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 
 from editkit.core.registry import Record
-from editkit.errors import ConfigError, IncompatibleVectorsError
-from editkit.merge import MERGE_METHODS
+from editkit.errors import ConfigError
+from editkit.merge import MERGE_METHODS, Vector, checked
 
 log = logging.getLogger(__name__)
 
 TIES_DEFAULT_K = 0.2
 TIES_DEFAULT_LAMBDA = 1.0
-
-Vector = Mapping[str, torch.Tensor]
-
-
-def _check_vectors(vectors: Sequence[Vector]) -> list[str]:
-    if not vectors:
-        raise ConfigError("TIES-merging needs at least one task vector")
-    keys = list(vectors[0])
-    for i, vector in enumerate(vectors[1:], start=1):
-        if set(vector) != set(keys):
-            raise IncompatibleVectorsError(f"task vectors 0 and {i} have different parameter names")
-        for key in keys:
-            if vector[key].shape != vectors[0][key].shape:
-                raise IncompatibleVectorsError(
-                    f"parameter {key!r} has shape {tuple(vectors[0][key].shape)} in vector 0 "
-                    f"but {tuple(vector[key].shape)} in vector {i}"
-                )
-    return keys
 
 
 def trim_threshold(vector: Vector, k: float) -> float:
@@ -100,21 +82,20 @@ def disjoint_mean(trimmed: Sequence[Vector], signs: Mapping[str, torch.Tensor]) 
     return out
 
 
-def ties_merge(vectors: Sequence[Vector], *, k: float = TIES_DEFAULT_K,
+def ties_merge(vectors: Iterable[Vector], *, k: float = TIES_DEFAULT_K,
                lam: float = TIES_DEFAULT_LAMBDA) -> dict[str, torch.Tensor]:
     """lam * TIES(vectors): trim to the top-k fraction, elect signs, disjoint mean (see module docstring)."""
-    _check_vectors(vectors)
-    trimmed = [trim(v, k) for v in vectors]
+    trimmed = [trim(v, k) for v in checked(vectors, "TIES-merging")]  # each input vector dropped once trimmed
     merged = disjoint_mean(trimmed, elect_signs(trimmed))
     kept = sum(int((t != 0).sum()) for v in trimmed for t in v.values())
-    total = sum(t.numel() for v in vectors for t in v.values())
-    log.info("TIES-merged %d vectors (k=%g, %d of %d entries kept after trimming)", len(vectors), k, kept, total)
+    total = sum(t.numel() for v in trimmed for t in v.values())
+    log.info("TIES-merged %d vectors (k=%g, %d of %d entries kept after trimming)", len(trimmed), k, kept, total)
     return {key: value * lam for key, value in merged.items()} if lam != 1.0 else merged
 
 
 def _ties_method(vectors: Mapping[str, Vector], k: float = TIES_DEFAULT_K) -> dict[str, dict[str, torch.Tensor]]:
     """The one TIES-merged vector (lambda = 1: the caller scales it), read in the mapping's order."""
-    return {"ties": ties_merge(list(vectors.values()), k=k)}
+    return {"ties": ties_merge(vectors.values(), k=k)}
 
 
 MERGE_METHODS.register("ties", Record.of(_ties_method, label="TIES-merging",

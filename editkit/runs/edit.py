@@ -5,6 +5,9 @@ provenance, the scenario file and the backbone / data options the run was given)
 the scenario is rebuilt (data, heads, backbone) to evaluate, with the build options
 given now laid over the recorded ones, and its backbone must be the bank's base.
 
+Adding merges the selected vectors with any registered merge method (task arithmetic
+by default, TIES, DARE, MagMax, OPCM: ``editkit.merge.MERGE_METHODS``) and its options.
+
 Negation reports target accuracy (lower is better) and control accuracy: on the
 scenario's other tasks, or on ImageNet validation when the scenario asks for it
 (``[control] kind = "imagenet"``) and a local copy exists (``editkit.data.imagenet``).
@@ -21,7 +24,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+import torch
 
+from editkit.core.modes import mode_family
+from editkit.merge import MERGE_METHODS, LazyVectors, method_options
 from editkit.merge.arithmetic import TaskVector, addition_coefficients, combine, negation_coefficients
 from editkit.bank.store import Bank
 from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha_grid, select_negation_alpha
@@ -99,25 +105,55 @@ def _evaluate(built: BuiltScenario, vector: TaskVector | None, mode: str, tasks:
                            description=description, runtime=runtime)
 
 
-def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, *, progress: Progress | None = None,
+def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, *, method: str = "task-arithmetic",
+        params: Mapping[str, Any] | Sequence[str] | None = None, progress: Progress | None = None,
         build: BuildOptions | None = None, runtime: Runtime | None = None) -> EditResult:
-    """theta_0 + sum alpha_i tau_i, scored on the added vectors' tasks (absolute and normalized).
+    """theta_0 + the selected vectors merged by ``method`` (task arithmetic: sum alpha_i tau_i), scored on their
+    tasks (absolute and normalized).
 
+    method: a registered merge method (``editkit.merge.MERGE_METHODS``); params: its options, as a
+        mapping or ``key=value`` strings (unknown keys are refused, naming the known ones); the method
+        merges alpha_i tau_i (see :func:`merged_vector`).
     build: options laid over what the stream recorded; runtime: where to evaluate (default: one
-    process on the CPU, fp32).
+        process on the CPU, fp32).
     """
     progress = progress or NullProgress()
     runtime = runtime or default_runtime()
     coefficients = addition_coefficients(list(names), alpha)
-    vector = combine(bank, coefficients)
+    options = method_options(method, params or {})
+    vector = merged_vector(bank, coefficients, method, options)
     first = next(iter(coefficients))
     built = scenario_of(bank, list(coefficients), progress, build=recorded_build(bank, first, build), runtime=runtime)
     tasks = [bank.get(n).task for n in coefficients]
-    per_task = _evaluate(built, vector, vector.mode, tasks, progress, "evaluating sum", runtime=runtime)
+    per_task = _evaluate(built, vector, vector.mode, tasks, progress, f"evaluating {method}", runtime=runtime)
     single = {bank.get(n).task: bank.get(n).metrics.get("single_task") for n in coefficients}
-    report = {"operation": "add", "scenario": built.spec.name, "mode": vector.mode, "coefficients": coefficients,
-              "per_task": per_task, "single_task": single, **addition_summary(per_task, single)}
+    report = {"operation": "add", "scenario": built.spec.name, "mode": vector.mode, "method": method,
+              "options": options, "coefficients": coefficients, "per_task": per_task, "single_task": single,
+              **addition_summary(per_task, single)}
     return EditResult(coefficients, vector.mode, vector, report)
+
+
+def merged_vector(bank: Bank, coefficients: Mapping[str, float], method: str, options: Mapping[str, Any]) -> TaskVector:
+    """What ``add`` adds to theta_0: ``method`` merging the scaled vectors alpha_i tau_i, read from the bank one at
+    a time in selection order. Task arithmetic returns its input, whose sum the bank streams tensor by tensor.
+    With one alpha for all, this is alpha times the method's merged vector (every built-in method commutes with
+    scaling all its inputs by one number)."""
+    record = MERGE_METHODS[method]
+    modes = {bank.get(n).mode for n in coefficients}
+    if len({mode_family(m) for m in modes}) > 1:
+        listing = ", ".join(f"{n} ({bank.get(n).mode})" for n in coefficients)
+        raise IncompatibleVectorsError(f"cannot merge non-linear and linearized vectors: {listing}")
+
+    def scaled(name: str) -> dict[str, torch.Tensor]:
+        tensors, alpha = bank.load(name, base=bank.base), coefficients[name]
+        return tensors if alpha == 1.0 else {key: alpha * t for key, t in tensors.items()}
+
+    merged = record.build(LazyVectors(list(coefficients), scaled), **options)
+    made = [n for n in merged if n not in coefficients]
+    if not made:  # the method adds the vectors as they are (task arithmetic)
+        return combine(bank, coefficients)
+    tensors = {key: sum(merged[n][key] for n in made) for key in merged[made[0]]}
+    return TaskVector(tensors, modes.pop() if len(modes) == 1 else "linear")
 
 
 def negate(

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from editkit.cli import app
@@ -227,10 +228,13 @@ def test_addition_table_shape_and_numbers(bench_run):
     root, _, output, report = bench_run
     rows = report["addition"]["rows"]
     assert report["tasks"] == TASKS and report["addition"]["columns"] == TASKS + ["absolute", "normalized"]
-    # pretrained + per mode: task arithmetic (1.0, tuned), TIES (1.0, tuned), single-task
-    assert len(rows) == 1 + 3 * 5
-    assert [(r["method"], r["coefficient"]) for r in rows[1:6]] == [
-        ("task-arithmetic", "1.0"), ("task-arithmetic", "tuned"), ("ties", "1.0"), ("ties", "tuned"), ("single-task", None)]
+    # pretrained + per mode: every merge method in registry order (1.0, tuned), then single-task
+    methods = ["dare", "magmax", "opcm", "task-arithmetic", "ties"]
+    assert len(rows) == 1 + 3 * (2 * len(methods) + 1)
+    assert [(r["method"], r["coefficient"]) for r in rows[1:12]] == [
+        (m, c) for m in methods for c in ("1.0", "tuned")] + [("single-task", None)]
+    assert report["method_options"] == {"dare": {"p": 0.9, "seed": 0, "base": "task-arithmetic"}, "magmax": {},
+                                        "opcm": {"share": 0.5}, "task-arithmetic": {}, "ties": {"k": 0.2}}
     grid = report["grid"]
     assert grid == [0.0, 0.5, 1.0]
     for row in rows:
@@ -322,8 +326,36 @@ def test_diagnostics_negation_and_cost(bench_run):
         assert cost["finetune_seconds"] > 0 and cost["merge_seconds"] > 0 and cost["peak_rss_bytes"] > 0
         assert cost["trained_now"] == TASKS
         assert cost["total_seconds"] == pytest.approx(cost["finetune_seconds"] + cost["merge_seconds"])
+        assert set(cost["method_seconds"]) == set(report["methods"]) and cost["ties_seconds"] is not None
     assert report["claims"] is not None
     assert "pearson r" in output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, mode, options", [("magmax", "nonlinear", {}), ("dare", "nonlinear", {"seed": 0}),
+                                                   ("opcm", "taujp", {"share": 0.5})])
+def test_editkit_add_method_scores_the_bench_row_at_coefficient_one(bench_run, tmp_path, method, mode, options):
+    """`editkit add --method` rebuilds the scenario and scores the merged vector with evaluate_vector: the same
+    numbers as the bench's row at coefficient 1 (exact tangents for linearized vectors may flip an argmax)."""
+    root, _, _, report = bench_run
+    out, json_path = tmp_path / "merged.safetensors", tmp_path / "add.json"
+    bank = root / "banks" / f"bench-mini-{mode}"
+    args = ["add", *TASKS, "--method", method, "--bank", bank, "--out", out, "--json", json_path]
+    for key, value in options.items():
+        args += ["--param", f"{key}={value}"]
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    numbers = json.loads(json_path.read_text())
+    assert numbers["method"] == method and numbers["options"] == options
+    row = next(r for r in report["addition"]["rows"]
+               if r["method"] == method and r["mode"] == mode and r["coefficient"] == "1.0")
+    tol = 0 if mode == "nonlinear" else 1.01 / N_TEST
+    for t in TASKS:
+        assert numbers["per_task"][t] == pytest.approx(row["per_task"][t], abs=tol + 1e-12)
+    if method == "magmax":  # the saved vector: per entry, the banked value of larger magnitude (the later on a tie)
+        a, b = (Bank(bank).load(t) for t in TASKS)
+        saved = load_file(out)
+        assert all(torch.equal(saved[k], torch.where(b[k].abs() >= a[k].abs(), b[k], a[k])) for k in a)
 
 
 @pytest.mark.slow
@@ -365,7 +397,8 @@ def test_second_run_reuses_the_banks(bench_run):
     assert again["cost"]["linear"]["trained_now"] == [] and again["cost"]["linear"]["reused"] == TASKS
     assert again["cost"]["linear"]["finetune_seconds"] == report["cost"]["linear"]["finetune_seconds"]
     assert again["cost"]["linear"]["peak_rss_bytes"] == report["cost"]["linear"]["peak_rss_bytes"]
-    same = [r for r in report["addition"]["rows"] if r["mode"] in (None, "linear") and r["method"] != "ties"]
+    same = [r for r in report["addition"]["rows"] if r["mode"] in (None, "linear")
+            and r["method"] in ("pretrained", "task-arithmetic", "single-task")]
     assert again["addition"]["rows"] == same
     assert again["taujp"]["matrices"] == {"linear": report["taujp"]["matrices"]["linear"]}
     assert again["claims"] is None  # no tauJp row to judge
@@ -392,7 +425,7 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path):
     (run / "report.json").write_text("previous")
     base = ["bench", "--scenario", str(scenario), "--bank-root", str(tmp_path / "banks"), "--run-dir", str(run)]
     refused(base + ["--modes", "linear,lienar"], "lienar")
-    refused(base + ["--methods", "ties,magmax"], "magmax")
+    refused(base + ["--methods", "ties,magmaxx"], "magmaxx")
     refused(base + ["--grid", "0"], "empty")
     refused(base + ["--grid", "1"], "at least 2")
     refused(base + ["--negation-grid", "0"], "empty")

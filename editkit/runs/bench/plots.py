@@ -6,6 +6,7 @@ from a saved ``report.json``. Each figure is saved as ``<figure>.png`` (see :fun
 
 from __future__ import annotations
 
+from itertools import cycle
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -15,6 +16,7 @@ from editkit.runs.report import pyplot
 
 MODE_COLORS = {"nonlinear": "tab:red", "linear": "tab:blue", "taujp": "tab:green"}
 DPI = 110
+METHOD_STYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))  # merge methods, in order
 
 
 def _save(fig, path: Path, *, tight: bool = True) -> Path:
@@ -38,22 +40,20 @@ def plot_alpha_curves(report: Mapping[str, Any], path: Path) -> Path:
     modes = list(report["alpha_search"])
     fig, axes = plt.subplots(1, len(modes), figsize=(4.2 * len(modes), 3.6), squeeze=False)
     pretrained = np.mean(list(report["pretrained"]["val"].values()))
+    labels = {row["method"]: row["label"] for row in report["addition"]["rows"]}
     for ax, mode in zip(axes[0], modes):
-        for method, style in (("task-arithmetic", "-"), ("ties", "--")):
-            curve = report["alpha_search"][mode].get(method)
-            if not curve:
-                continue
-            label = "task arithmetic" if method == "task-arithmetic" else "TIES"
-            ax.plot(curve["alphas"], curve["val_absolute"], style, marker="o", markersize=3, color=_color(mode),
-                    label=f"{label} (absolute)")
-            ax.plot(curve["alphas"], curve["val_normalized"], style, marker="s", markersize=3, color=_color(mode),
-                    alpha=0.45, label=f"{label} (normalized)")
+        for (method, curve), style in zip(report["alpha_search"][mode].items(), cycle(METHOD_STYLES)):
+            label = labels.get(method, method)
+            ax.plot(curve["alphas"], curve["val_absolute"], linestyle=style, marker="o", markersize=3,
+                    color=_color(mode), label=f"{label} (absolute)")
+            ax.plot(curve["alphas"], curve["val_normalized"], linestyle=style, marker="s", markersize=3,
+                    color=_color(mode), alpha=0.45, label=f"{label} (normalized)")
             best = curve["alphas"].index(curve["chosen"])
             ax.plot([curve["chosen"]], [curve["val_absolute"][best]], marker="*", markersize=14, color="black",
                     linestyle="none")
         ax.axhline(pretrained, color="gray", linestyle=":", linewidth=1, label="pretrained")
         ax.set(title=f"{mode}", xlabel="coefficient (α / λ)", ylabel="validation accuracy", ylim=(0, 1.05))
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6, ncol=2)
     fig.suptitle(f"{report['scenario']}: coefficient search on validation (★ chosen)")
     return _save(fig, path)
 

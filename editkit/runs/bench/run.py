@@ -8,8 +8,10 @@ parameter shapes before any training starts). Then, on the banked vectors:
 
 - **task addition** (paper Table 1): pretrained; task arithmetic per mode at
   alpha = 1 and at alpha tuned on the *validation* splits (grid over [0, 1],
-  chosen by absolute validation accuracy); TIES-merging per mode (top-k = 20%,
-  lambda = 1 and tuned the same way); the single-task fine-tuned reference;
+  chosen by absolute validation accuracy); every other registered merge method
+  per mode, its merged vector at coefficient 1 and tuned the same way (TIES-merging
+  with top-k = 20% or ``ties_k``, DARE, MagMax, OPCM with their defaults); the
+  single-task fine-tuned reference;
 - **negation**: theta_0 - alpha tau per task, at alpha = 1 and at the alpha
   minimising validation target accuracy with validation control accuracy
   >= 95% of theta_0's (grid of 11 points over [0, 1] by default, ``negation_grid``
@@ -74,7 +76,7 @@ from editkit.scenario.options import BuildOptions
 from editkit.errors import BankError, ConfigError, check_choices, IncompatibleVectorsError, MissingResourceError
 from editkit.util.fields import choice
 from editkit.util.memory import PeakRSS
-from editkit.merge import MERGE_METHODS
+from editkit.merge import MERGE_METHODS, LazyVectors
 from editkit.merge.ties import TIES_DEFAULT_K
 from editkit.util.progress import NullProgress, Progress
 from editkit.core.modes import Mode
@@ -249,6 +251,7 @@ class CostSection(TypedDict):
     peak_rss_mib: float | None
     merge_seconds: float
     ties_seconds: float | None
+    method_seconds: dict[str, float]  # each merge method's time to build its vectors (the streamed sum: merge_seconds)
     total_seconds: float
     trained_now: list[str]
     reused: list[str]
@@ -500,8 +503,8 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
 
     for method in (m for m in METHODS if m in config.methods):  # registry order, whatever order they were named in
         start = time.perf_counter()
-        merged = MERGE_METHODS[method].build(_BankVectors(ev, tasks), **_method_options(config).get(method, {}))
-        built = [name for name in merged if name not in tasks]  # vectors the method made (TIES: its merged one)
+        merged = MERGE_METHODS[method].build(LazyVectors(tasks, ev.vector), **_method_options(config)[method])
+        built = [name for name in merged if name not in tasks]  # vectors the method made (TIES...: its merged one)
         for name in built:
             ev.add_vector(name, merged[name])
         out["method_seconds"][method] = time.perf_counter() - start
@@ -525,27 +528,10 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
     return out
 
 
-class _BankVectors(Mapping[str, Any]):
-    """A mode's banked vectors by task name, each read from the bank only when a merge method reads it."""
-
-    def __init__(self, ev: ModeEvaluator, tasks: Sequence[str]) -> None:
-        self.ev, self.tasks = ev, list(tasks)
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self.tasks:
-            raise KeyError(name)
-        return self.ev.vector(name)
-
-    def __iter__(self):
-        return iter(self.tasks)
-
-    def __len__(self) -> int:
-        return len(self.tasks)
-
-
 def _method_options(config: BenchConfig) -> dict[str, dict[str, Any]]:
-    """Each merge method's options from the bench's settings (``--ties-k`` is TIES' ``k``)."""
-    return {"ties": {"k": config.ties_k}}
+    """Each merge method's options: its defaults, with ``--ties-k`` as TIES' ``k``."""
+    given = {"ties": {"k": config.ties_k}}
+    return {m: {**{o.name: o.default for o in MERGE_METHODS[m].options}, **given.get(m, {})} for m in METHODS}
 
 
 def _negation(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
@@ -653,6 +639,7 @@ def _cost(state: _ModeState, result: Mapping[str, Any], tasks: Sequence[str]) ->
         "peak_rss_mib": max(rss) / 2**20 if rss else None,
         "merge_seconds": merge,
         "ties_seconds": result["method_seconds"].get("ties"),  # the report's key since its first version
+        "method_seconds": dict(result["method_seconds"]),
         "total_seconds": finetune + merge,
         "trained_now": list(state.trained),
         "reused": [t for t in tasks if t not in state.trained],
@@ -713,6 +700,7 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
         "grid": list(config.alphas),
         "negation_grid": list(config.negation_alphas),
         "ties_k": config.ties_k,
+        "method_options": {m: options for m, options in _method_options(config).items() if m in config.methods},
         "run_dir": str(run_dir),
         "addition": {"split": "test", "tuned_on": "val", "columns": list(tasks) + ["absolute", "normalized"], "rows": rows},
         "alpha_search": {m: results[m]["alpha_search"] for m in states},
