@@ -153,11 +153,16 @@ def add(
                                                               for m in MERGE_METHODS if MERGE_METHODS[m].options)
                                               + ")."),
     bank: Path = BankOption,
-    out: Optional[Path] = typer.Option(None, help="Save the merged task vector as safetensors."),
+    out: Optional[Path] = typer.Option(None, help="Save the edited model, theta_0 + the merged vector, as a "
+                                       "safetensors state dict of the backbone module (non-linear vectors only; "
+                                       "with --tau-only: the merged vector itself)."),
+    tau_only: bool = typer.Option(False, "--tau-only", help="--out writes the merged task vector, not a model "
+                                  "(the only choice for linearized vectors)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
 ) -> None:
     """theta_0 + the vectors merged (default: alpha * sum(tau)): accuracy on each added vector's task."""
     from editkit.cli.console import RichProgress, accuracy_table, console
+    from editkit.runs.checkpoints import refuse_linearized, write_model
     from editkit.runs.edit import add as add_vectors
     from editkit.runs.edit import open_bank
     from editkit.runs.stream import process_runtime
@@ -167,6 +172,9 @@ def add(
     if all_ and names:
         raise ConfigError("give vector names or --all, not both")
     selection = store.names() if all_ or not names else names
+    writes_model = out is not None and not tau_only
+    if writes_model:  # refused before anything is computed
+        refuse_linearized({name: store.get(name).mode for name in selection})
     try:
         alphas = [float(a) for a in alpha.split(",")]
     except ValueError:
@@ -180,7 +188,11 @@ def add(
     title += "".join(f", {k}={v}" for k, v in r["options"].items()) + ")"
     console.print(accuracy_table(title, r["per_task"],
                                  single=r["single_task"], summary={"absolute": r["absolute"], "normalized": r["normalized"]}))
-    _save_outputs(result, out, json_path)
+    if writes_model:
+        write_model(out, result.module, result.vector, {"base": str(store.base), "method": method,
+                                                        "coefficients": str(result.coefficients)})
+        console.print(f"model (theta_0 + merged vector, the backbone module's state dict) written to {out}")
+    _save_outputs(result, None if writes_model else out, json_path)
 
 
 @app.command()
@@ -371,6 +383,37 @@ def bank_verify(bank: Path = BankOption) -> None:
     if problems:
         raise typer.Exit(1)
     console.print(f"[green]ok[/green]: {len(store)} vectors verified in {bank}")
+
+
+@bank_app.command("import")
+@friendly_errors
+@with_options(build=BUILD)
+def bank_import(
+    build: dict,
+    name: str = typer.Option(..., "--name", help="Name of the new vector."),
+    finetuned: Path = typer.Option(..., "--finetuned", help="The fine-tuned checkpoint: an open_clip or Hugging "
+                                   "Face CLIP checkpoint, or a state dict of the backbone module (safetensors or "
+                                   "torch file)."),
+    base: Optional[Path] = typer.Option(None, "--base", help="The checkpoint it was fine-tuned from (default: the "
+                                        "scenario backbone's weights); it must hold the backbone's values."),
+    task: Optional[str] = typer.Option(None, "--task", help="The scenario task the vector is for (default: --name)."),
+    scenario: str = ScenarioOption,
+    bank: Optional[Path] = typer.Option(None, "--bank", help="Bank directory (default banks/<scenario>-nonlinear, "
+                                        "beside the scenario's non-linear stream vectors)."),
+) -> None:
+    """Bank tau = theta_ft - theta_0 from a checkpoint fine-tuned elsewhere, as a non-linear vector."""
+    from editkit.cli.console import console
+    from editkit.core.modes import Mode
+    from editkit.runs.checkpoints import import_checkpoint
+    from editkit.scenario.spec import load_scenario
+
+    bank = bank or default_bank_dir(load_scenario(scenario).name, Mode.NONLINEAR)
+    entry = import_checkpoint(bank, scenario, name, finetuned, base=base, task=task, build=BuildOptions(**build))
+    imported = entry.provenance["imported"]
+    console.print(f"imported {entry.name} (task {entry.task}, {imported['finetuned']['layout']} layout, "
+                  f"|tau| = {entry.metrics['tau_norm']:.4g}) into {bank}")
+    if imported["not_held"]:
+        console.print(f"not in that layout, left at theta_0 (tau = 0): {', '.join(imported['not_held'])}")
 
 
 @app.command()

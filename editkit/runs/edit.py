@@ -49,10 +49,14 @@ IMAGENET = "ImageNet"
 
 @dataclass
 class EditResult:
+    """What an edit scored: the vector added to theta_0, its numbers, and (``add``) the backbone module holding
+    theta_0, for writing the edited model (``editkit.runs.checkpoints.write_model``)."""
+
     coefficients: dict[str, float]
     mode: str
     vector: TaskVector
     report: dict[str, Any]
+    module: torch.nn.Module | None = None
 
 
 def open_bank(path: str | Path) -> Bank:
@@ -127,10 +131,11 @@ def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, 
     tasks = [bank.get(n).task for n in coefficients]
     per_task = _evaluate(built, vector, vector.mode, tasks, progress, f"evaluating {method}", runtime=runtime)
     single = {bank.get(n).task: bank.get(n).metrics.get("single_task") for n in coefficients}
+    known = single if None not in single.values() else None  # imported vectors were never scored alone
     report = {"operation": "add", "scenario": built.spec.name, "mode": vector.mode, "method": method,
               "options": options, "coefficients": coefficients, "per_task": per_task, "single_task": single,
-              **addition_summary(per_task, single)}
-    return EditResult(coefficients, vector.mode, vector, report)
+              **addition_summary(per_task, known)}
+    return EditResult(coefficients, vector.mode, vector, report, built.backbone.module)
 
 
 def merged_vector(bank: Bank, coefficients: Mapping[str, float], method: str, options: Mapping[str, Any]) -> TaskVector:

@@ -42,6 +42,7 @@ from editkit.train.recipe import Recipe
 from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
 from editkit.scenario.options import BuildOptions
+from editkit.scenario.spec import ScenarioSpec
 
 log = logging.getLogger(__name__)
 
@@ -350,7 +351,7 @@ def run_scenario(
         built = build_scenario(spec, seed=recipe.seed, progress=progress, build=build, device=str(runtime.device))
         built.backbone.module.to(runtime.device)
         exps = task_experiences(built.tasks)
-        provenance = {"scenario_file": str(spec.path.resolve()) if spec.path else None, "build": build.to_json()}
+        provenance = scenario_provenance(spec, build)
         logger = held.enter_context(open_loggers(loggers if runtime.is_main else (),
                                                  Path(log_dir) if log_dir is not None else out_dir, spec.task_names))
         result = run_stream(exps, built.backbone, built.heads, recipe, bank_dir, scenario=spec.name,
@@ -365,6 +366,12 @@ def run_scenario(
             write_json(out_dir / "report.json", report)
         runtime.barrier()
         return result, report
+
+
+def scenario_provenance(spec: ScenarioSpec, build: BuildOptions) -> dict[str, Any]:
+    """What a banked vector records so ``add`` / ``negate`` / ``bench`` can rebuild its scenario: the scenario
+    file and the build options it was made with."""
+    return {"scenario_file": str(spec.path.resolve()) if spec.path else None, "build": build.to_json()}
 
 
 @contextlib.contextmanager

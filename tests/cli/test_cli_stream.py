@@ -125,7 +125,8 @@ def test_resume_trains_only_what_is_missing(tmp_path, seen_run, scenario):
 def test_add_reports_sum_and_writes_vector(tmp_path, seen_run):
     root, _ = seen_run
     out, json_path = tmp_path / "sum.safetensors", tmp_path / "add.json"
-    result = invoke("add", "mnist", "digits", "--alpha", "0.5,2", "--bank", root / "bank", "--out", out, "--json", json_path)
+    result = invoke("add", "mnist", "digits", "--alpha", "0.5,2", "--bank", root / "bank", "--out", out, "--tau-only",
+                    "--json", json_path)
     assert result.exit_code == 0, result.output
     bank = Bank(root / "bank")
     saved = load_file(out)

@@ -340,7 +340,7 @@ def test_editkit_add_method_scores_the_bench_row_at_coefficient_one(bench_run, t
     root, _, _, report = bench_run
     out, json_path = tmp_path / "merged.safetensors", tmp_path / "add.json"
     bank = root / "banks" / f"bench-mini-{mode}"
-    args = ["add", *TASKS, "--method", method, "--bank", bank, "--out", out, "--json", json_path]
+    args = ["add", *TASKS, "--method", method, "--bank", bank, "--out", out, "--tau-only", "--json", json_path]
     for key, value in options.items():
         args += ["--param", f"{key}={value}"]
     result = runner.invoke(app, [str(a) for a in args])
