@@ -131,7 +131,16 @@ def module_parameters(path: Path | str, module: nn.Module,
     tower = layout.read(state)
     where = f"{role} checkpoint {path} ({layout.name} layout)"
     params = dict(module.named_parameters())
-    buffers = dict(module.named_buffers())
+    _refuse_misfits(tower, params, dict(module.named_buffers()), where)
+    if tower.dropped:
+        log.info("%s: %d keys of the rest of the model left out (%s)", where, len(tower.dropped), _names(tower.dropped))
+    return layout.name, {k: v for k, v in tower.tensors.items() if k in params}, tower.not_held
+
+
+def _refuse_misfits(tower: TowerState, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor],
+                    where: str) -> None:
+    """Refuse, by name, keys the module lacks, parameters the checkpoint lacks (beyond what its layout cannot
+    hold), other shapes, and buffers whose values are not the module's."""
     unknown = tower.unknown + [k for k in tower.tensors if k not in params and k not in buffers]
     if unknown:
         raise BankError(f"{where} has {len(unknown)} key(s) the backbone does not: {_names(unknown)}")
@@ -147,14 +156,11 @@ def module_parameters(path: Path | str, module: nn.Module,
     if changed:
         raise BankError(f"{where}: buffer {changed} is not the backbone's (BatchNorm statistics updated in "
                         "training?); a task vector holds parameters only, so that model cannot be imported")
-    if tower.dropped:
-        log.info("%s: %d keys of the rest of the model left out (%s)", where, len(tower.dropped), _names(tower.dropped))
-    return layout.name, {k: v for k, v in tower.tensors.items() if k in params}, tower.not_held
 
 
 def first_difference(given: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> str | None:
-    """The first tensor of ``given`` whose values are not ``reference``'s once those are cast to its dtype, with
-    the largest difference; None when all agree."""
+    """The name and largest difference of the first tensor of ``given`` whose values are not ``reference``'s once
+    those are cast to its dtype (a half-precision copy of the same weights agrees); None when all agree."""
     for key, value in given.items():
         expected = reference[key].detach().to("cpu", value.dtype)
         if not torch.equal(value, expected):
