@@ -92,8 +92,8 @@ class MergedAccuracy(PluginMetric[AdditionSummary]):
             return evaluate_vector(model.backbone.module, entry.mode, tau, [scorer], batch_size=strategy.eval_mb_size,
                                    runtime=Runtime(device=strategy.device))[entry.name]
 
-        merged = score(self._merged_vector())
         single = self._single_task(entry, score)
+        merged = single if len(self._entries) == 1 else score(self._merged_vector())  # one vector: it is the merge
         self.per_task[entry.name], self.single_task[entry.name] = merged, single
         x = strategy.clock.train_iterations
         return [MetricValue(self, get_metric_name("MergedAcc_Exp", strategy, add_experience=True), merged, x),
