@@ -153,6 +153,10 @@ class TauJpPlugin(SupervisedPlugin):
         self.provenance = dict(provenance or {})
         self.buffer: UnlabeledBuffer | None = None
         self._generic_source: UnlabeledSource | None = None
+        # one experience's training state, set in before_training_exp
+        self._recipe: Recipe | None = None
+        self._reg_stream: Iterator[list[Any]] | None = None
+        self._schedule: torch.optim.lr_scheduler.LambdaLR | None = None
         self._saved: dict[str, Any] = {}
         self._train_seconds = 0.0
         self._started = 0.0
