@@ -135,6 +135,16 @@ class StepComputer:
 
         The task loss is the head's (:func:`~editkit.core.objectives.head_loss`): cross-entropy
         for classifiers, next-token loss over real positions for a language model's head."""
+        features, reg = self.features(x, reg_batches)
+        ce = self.task_loss(self.head(features), y)
+        stats = {"ce": ce.item(), "penalty": reg.item() / self.regularizer.lam if reg is not None else 0.0}
+        return ce, reg, stats
+
+    def features(self, x: Any, reg_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the task model's features of ``x``, lambda * penalty on ``reg_batches`` or None), from one call.
+
+        Apart from :meth:`loss` so that a training loop which applies the head and the task loss
+        itself (an Avalanche strategy) runs the same forward as this loop."""
         batching = self.batching
         if reg_batches and self.regularizer is not None and isinstance(self.model, LinearizedModel):
             batch = batching.concat(x, reg_batches)
@@ -152,9 +162,7 @@ class StepComputer:
             args, kwargs = batching.arguments(x)
             features = self.model(*args, **kwargs).float()
             reg = None
-        ce = self.task_loss(self.head(features), y)
-        stats = {"ce": ce.item(), "penalty": reg.item() / self.regularizer.lam if reg is not None else 0.0}
-        return ce, reg, stats
+        return features, reg
 
 
 class SyncedStep(nn.Module):

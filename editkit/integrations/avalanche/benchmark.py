@@ -7,24 +7,35 @@ Avalanche is imported here only (it takes seconds to import).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from torch.utils.data import Dataset
 
 from editkit.data.tasks import TaskData
 
 
-def import_avalanche():
-    """The avalanche functions editkit uses: (benchmark_from_datasets, with_task_labels, make_dataset).
+@contextlib.contextmanager
+def quiet_avalanche_import() -> Iterator[None]:
+    """Import avalanche modules inside this block.
 
-    Imported on first use (seconds), or early under torchrun. Avalanche imports
-    qpsolvers for its GEM strategy, which editkit never uses, and qpsolvers warns on
-    every import that no QP solver is installed; that one warning is silenced here.
+    Avalanche imports qpsolvers for its GEM strategy, which editkit never uses, and
+    qpsolvers warns on every import that no QP solver is installed; that one warning
+    is silenced here.
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="no QP solver found", category=UserWarning)
+        yield
+
+
+def import_avalanche():
+    """The avalanche functions editkit uses: (benchmark_from_datasets, with_task_labels, make_dataset).
+
+    Imported on first use (seconds), or early under torchrun.
+    """
+    with quiet_avalanche_import():
         from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets
         from avalanche.benchmarks.scenarios.task_aware import with_task_labels
         from avalanche.benchmarks.utils.classification_dataset import _make_taskaware_classification_dataset

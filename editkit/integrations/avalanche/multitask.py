@@ -1,0 +1,110 @@
+"""An Avalanche multi-task model: one backbone fine-tuned around theta_0, one fixed head per task label.
+
+Avalanche strategies call a :class:`~avalanche.models.MultiTaskModule` with each batch's
+task labels. Its default ``forward`` writes each task's logits into a zero tensor as wide
+as the widest head: a padded column then holds logit 0, and against heads whose logits
+are all negative (few-shot probes often are) that 0 wins the argmax, so a correct
+prediction is scored as a class the task does not have. :class:`MultiHeadTaskModel`
+returns each task's logits as its head gives them: a batch of one task (every batch of a
+task-incremental stream) gets exactly its head's columns, and rows of a mixed batch are
+padded with ``-inf``, a column that can neither win the argmax nor take probability.
+
+Heads are frozen ``nn.Module`` s mapping the backbone's features ``(N, D)`` to logits
+``(N, C_t)``, keyed by task label (or listed in task-label order). Bring your own:
+
+- a probe: :func:`editkit.models.heads.fit_probe` (features and labels -> a frozen
+  logistic-regression head) or :func:`editkit.models.heads.probe_head` (few-shot, on an
+  editkit task), as the offline-vision scenario does;
+- zero-shot: :class:`editkit.models.heads.ZeroShotHead` from class-name embeddings
+  (:mod:`editkit.models.clip` builds them for CLIP backbones);
+- any linear layer you trained yourself, passed frozen.
+
+The backbone is theta_0, in the task model of a mode (:func:`editkit.core.linearize.build_task_model`):
+linearized for ``linear`` / ``taujp``, plain for ``nonlinear``; its BatchNorm statistics stay
+theta_0's whatever ``train()`` Avalanche calls. :class:`~editkit.integrations.avalanche.plugin.TauJpPlugin`
+chooses the mode and drives training through :attr:`MultiHeadTaskModel.step`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from editkit.core.linearize import build_task_model
+from editkit.core.modes import Mode
+from editkit.models.backbone import Backbone
+from editkit.train.loop import StepComputer
+from editkit.integrations.avalanche.benchmark import quiet_avalanche_import
+
+with quiet_avalanche_import():
+    from avalanche.models import MultiTaskModule
+
+
+class MultiHeadTaskModel(MultiTaskModule):
+    """theta_0's backbone as a task model with fixed per-task heads, returning unpadded logits.
+
+    backbone: the editkit backbone (its module is theta_0 and is frozen in place; its
+        batching says how inputs are batched and called).
+    heads: frozen heads by task label (a sequence: heads in task-label order).
+    mode: the task model's mode until a plugin sets another (:meth:`set_mode`).
+    """
+
+    def __init__(self, backbone: Backbone, heads: Mapping[int, nn.Module] | Sequence[nn.Module],
+                 mode: str = Mode.LINEAR) -> None:
+        super().__init__()
+        self.backbone = backbone
+        items = heads.items() if isinstance(heads, Mapping) else enumerate(heads)
+        self.heads = nn.ModuleDict({str(int(label)): head.eval().requires_grad_(False) for label, head in items})
+        self.base = backbone.fingerprint()
+        self.task_model = build_task_model(backbone.module, mode)
+        self.mode = Mode(mode)
+        #: Set by the plugin for one experience: training forwards then run its step (task batch
+        #: and reg batches in one call), and :attr:`penalty` holds the step's lambda * penalty.
+        self.step: StepComputer | None = None
+        self.reg_batches: list[Any] = []
+        self.penalty: torch.Tensor | None = None
+
+    def set_mode(self, mode: str) -> None:
+        """Rebuild the task model in ``mode`` around theta_0 (theta restarts at theta_0)."""
+        if Mode(mode) != self.mode:
+            device = self.task_model.theta[0].device
+            self.task_model = build_task_model(self.backbone.module, mode).to(device)
+            self.mode = Mode(mode)
+
+    def adaptation(self, experience) -> None:
+        """The heads are fixed, so nothing grows; only the task labels trained on are recorded
+        (Avalanche's version also reads the experience's classes, which not every benchmark has)."""
+        if self.training:
+            self.known_train_tasks_labels |= set(experience.task_labels)
+
+    def head(self, task_label: int) -> nn.Module:
+        key = str(int(task_label))
+        if key not in self.heads:
+            raise KeyError(f"no head for task label {task_label} (heads: {', '.join(self.heads)})")
+        return self.heads[key]
+
+    def forward(self, x: Any, task_labels: torch.Tensor | int) -> torch.Tensor:
+        """Each example's logits under its task's head, unpadded (see the module docstring)."""
+        labels = torch.as_tensor(task_labels).reshape(-1).unique().tolist()
+        if len(labels) == 1:
+            return self.forward_single_task(x, labels[0])
+        task_labels = torch.as_tensor(task_labels, device=x.device)
+        outputs = {t: self.forward_single_task(x[task_labels == t], t) for t in labels}
+        width = max(o.shape[1] for o in outputs.values())
+        out = torch.full((len(x), width), float("-inf"), device=x.device)
+        for t, logits in outputs.items():
+            out[task_labels == t, : logits.shape[1]] = logits
+        return out
+
+    def forward_single_task(self, x: Any, task_label: int) -> torch.Tensor:
+        head = self.head(task_label)
+        if self.training and self.step is not None:
+            if self.step.head is not head:
+                raise ValueError(f"a batch of task {task_label} reached the step of another task")
+            features, self.penalty = self.step.features(x, self.reg_batches)
+            self.reg_batches = []
+            return head(features)
+        args, kwargs = self.backbone.batching.arguments(x)
+        return head(self.task_model(*args, **kwargs).float())

@@ -1,0 +1,261 @@
+"""tauJp inside a stock Avalanche strategy: ``plugins=[TauJpPlugin(bank="banks/mine")]``.
+
+The strategy's model must be a :class:`~editkit.integrations.avalanche.multitask.MultiHeadTaskModel`
+(theta_0's backbone and fixed per-task heads). For each training experience the plugin:
+
+1. resets theta to theta_0 and the task model to the recipe's mode (``taujp``, ``linear`` or
+   ``nonlinear``), and gives the strategy a fresh AdamW on theta (the recipe's ``lr`` and
+   ``weight_decay``) with warmup + cosine (:func:`editkit.train.loop.warmup_cosine`) and
+   gradient clipping: optimizer state never carries over from one experience to the next;
+2. replaces the strategy's dataloader, for this experience, by editkit's own batches
+   (:func:`editkit.train.loop.labelled_batches`: the recipe's seed, batch size and number of
+   steps, in one "epoch"), so the strategy takes exactly the optimizer steps
+   ``editkit stream`` takes and a vector banked here equals one banked there;
+3. at each training forward hands the model the step's reg batches, drawn from unlabeled
+   inputs of the earlier experiences (and the generic source): the task batch and the reg
+   batches go through one jvp (:meth:`editkit.train.loop.StepComputer.features`), and the
+   plugin adds lambda * penalty to the strategy's loss before the backward pass;
+4. after the experience appends tau = theta - theta_0 to the bank (main process only) with
+   its scenario, step and recipe, and keeps up to ``mem_size`` of the experience's inputs,
+   never its labels, as a penalty source for the experiences after it.
+
+Settings: a :class:`~editkit.train.recipe.Recipe` (``recipe=``) with any of its fields given
+as keywords on top (``lam=0.1, schedule="cyclic", mode="linear"``...); the recipe, not the
+strategy, decides steps, batch size, lr, weight decay, warmup, clipping and seed (the
+strategy's optimizer and ``train_epochs`` are set aside during each experience and restored
+after it; its ``train_mb_size`` is not used for training). Merged-model metrics
+(:class:`~editkit.integrations.avalanche.metrics.MergedAccuracy`) are added to the
+strategy's evaluator, so every Avalanche logger reports them.
+
+Not supported, refused at construction: ``scope="all"`` (a plugin sees each experience
+when it is trained, never the later ones) and ``accumulation > 1`` (Avalanche takes one
+optimizer step per batch).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from itertools import islice
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from editkit.bank.store import Bank
+from editkit.core.batching import Batching
+from editkit.core.taujp import Regularizer, UnlabeledSource, input_accessor, unlabeled_source
+from editkit.errors import ConfigError
+from editkit.train.loop import StepComputer, labelled_batches, reg_batch_stream, warmup_cosine
+from editkit.train.recipe import Recipe
+from editkit.train.runtime import Runtime
+from editkit.integrations.avalanche.benchmark import quiet_avalanche_import
+from editkit.integrations.avalanche.metrics import MergedAccuracy
+from editkit.integrations.avalanche.multitask import MultiHeadTaskModel
+
+with quiet_avalanche_import():
+    from avalanche.core import SupervisedPlugin
+    from avalanche.distributed import DistributedHelper
+
+log = logging.getLogger(__name__)
+
+
+class UnlabeledBuffer:
+    """Inputs of past experiences, at most ``mem_size`` each (None: all), never their labels.
+
+    Inputs are read through :func:`editkit.core.taujp.input_accessor` (element 0 of an item
+    is taken and the rest dropped at once) and stored as one batch per experience. Each
+    experience becomes an :class:`~editkit.core.taujp.UnlabeledSource` seeded
+    ``seed + 1 + index``, as ``editkit stream`` seeds the source of experience ``index``;
+    with ``mem_size=None`` it therefore draws the very batches ``editkit stream`` draws.
+    """
+
+    def __init__(self, batching: Batching, *, mem_size: int | None = None, seed: int = 0) -> None:
+        if mem_size is not None and mem_size < 1:
+            raise ConfigError(f"mem_size must be >= 1 (or None to keep every input), got {mem_size}")
+        self.batching = batching
+        self.mem_size = mem_size
+        self.seed = seed
+        self.sources: list[UnlabeledSource] = []
+
+    def add(self, name: str, dataset: Dataset, index: int) -> UnlabeledSource:
+        """Keep the inputs of experience ``index`` (a seeded sample of ``mem_size`` of them)."""
+        chosen = range(len(dataset))
+        if self.mem_size is not None and self.mem_size < len(dataset):
+            generator = torch.Generator().manual_seed(self.seed + 1 + index)
+            chosen = torch.randperm(len(dataset), generator=generator)[: self.mem_size].tolist()
+        get = input_accessor(dataset)
+        source = UnlabeledSource(name, self.batching.collate([get(i) for i in chosen]), seed=self.seed + 1 + index)
+        self.sources.append(source)
+        return source
+
+
+class StepBatches:
+    """One experience's training batches for an Avalanche strategy: ``steps`` of editkit's
+    seeded batches, each with its task labels appended (what Avalanche's forward passes on)."""
+
+    def __init__(self, batches: Iterator[tuple[Any, torch.Tensor]], steps: int, task_label: int) -> None:
+        self.batches = batches
+        self.steps = steps
+        self.task_label = task_label
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[tuple[Any, torch.Tensor, torch.Tensor]]:
+        for x, y in islice(self.batches, self.steps):
+            yield x, y, torch.full((len(y),), self.task_label, dtype=torch.long)
+
+
+class TauJpPlugin(SupervisedPlugin):
+    """Linearized fine-tuning with the tauJp penalty, one banked task vector per experience.
+
+    recipe: the base recipe (default: :class:`~editkit.train.recipe.Recipe`'s defaults);
+        ``recipe_fields`` replace single fields (``lam``, ``schedule``, ``scope``,
+        ``reg_batch``, ``mode``, ``steps``, ``lr``...; unknown names are refused).
+    bank: where the vectors go (a directory or a :class:`~editkit.bank.store.Bank`).
+    names: vector names by experience index (default ``task<i>``).
+    scenario: recorded with every vector, with ``provenance``.
+    generic: an always-available unlabeled source (an :class:`UnlabeledSource`, or a
+        dataset whose items' element 0 is read), used when ``recipe.generic`` is on.
+    mem_size: inputs kept per past experience for the penalty (None: all).
+    merged_metrics: add :class:`MergedAccuracy` to the strategy's evaluator.
+    """
+
+    def __init__(
+        self,
+        recipe: Recipe | None = None,
+        *,
+        bank: Bank | str | Path,
+        names: Sequence[str] | None = None,
+        scenario: str = "avalanche",
+        generic: UnlabeledSource | Dataset | None = None,
+        mem_size: int | None = None,
+        merged_metrics: bool = True,
+        provenance: Mapping[str, Any] | None = None,
+        **recipe_fields: Any,
+    ) -> None:
+        super().__init__()
+        self.recipe = (recipe or Recipe()).with_overrides(**recipe_fields)
+        if self.recipe.scope != "seen":
+            raise ConfigError("TauJpPlugin supports scope 'seen' only: a strategy shows it each experience when it "
+                              "is trained, never the later ones")
+        if self.recipe.accumulation != 1:
+            raise ConfigError("TauJpPlugin needs accumulation = 1: Avalanche takes one optimizer step per batch")
+        self.bank = bank if isinstance(bank, Bank) else Bank(bank)
+        self.names = list(names) if names is not None else None
+        self.scenario = scenario
+        self.generic = generic
+        self.mem_size = mem_size
+        self.merged_metrics = merged_metrics
+        self.provenance = dict(provenance or {})
+        self.buffer: UnlabeledBuffer | None = None
+        self._generic_source: UnlabeledSource | None = None
+        # one experience's training state, set in before_training_exp
+        self._recipe: Recipe | None = None
+        self._reg_stream: Iterator[list[Any]] | None = None
+        self._schedule: torch.optim.lr_scheduler.LambdaLR | None = None
+        self._saved: dict[str, Any] = {}
+        self._train_seconds = 0.0
+        self._started = 0.0
+
+    def name_of(self, index: int) -> str:
+        return self.names[index] if self.names is not None else f"task{index}"
+
+    # -- per training call ---------------------------------------------------------------------
+    def before_training(self, strategy, **kwargs) -> None:
+        model = self._model(strategy)
+        model.set_mode(self.recipe.mode)
+        if self.buffer is None:
+            self.buffer = UnlabeledBuffer(model.backbone.batching, mem_size=self.mem_size, seed=self.recipe.seed)
+        if self.merged_metrics and not any(isinstance(m, MergedAccuracy) for m in strategy.evaluator.metrics):
+            strategy.evaluator.metrics.append(MergedAccuracy(self.bank))
+
+    # -- per experience ------------------------------------------------------------------------
+    def before_training_exp(self, strategy, **kwargs) -> None:
+        model = self._model(strategy)
+        exp = strategy.experience
+        dataset = strategy.adapted_dataset
+        recipe = self.recipe.resolved(len(dataset))
+        model.task_model.load_task_vector({})  # theta = theta_0
+        head = model.head(exp.task_label)
+        model.step = StepComputer(model.task_model, head, self._regularizer(exp.current_experience, recipe),
+                                  model.backbone.batching)
+        self._reg_stream = reg_batch_stream(model.step.regularizer, recipe.steps)
+        optimizer = torch.optim.AdamW(list(model.task_model.theta), lr=recipe.lr, weight_decay=recipe.weight_decay)
+        self._schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.steps))
+        self._saved = {"optimizer": strategy.optimizer, "train_epochs": strategy.train_epochs}
+        strategy.optimizer, strategy.train_epochs = optimizer, 1
+        batches = labelled_batches(dataset, recipe.batch_size, recipe.seed, runtime=Runtime(device=strategy.device),
+                                   batching=model.backbone.batching)
+        strategy.dataloader = StepBatches(batches, recipe.steps, exp.task_label)
+        self._recipe = recipe
+        self._train_seconds = 0.0
+
+    def before_training_iteration(self, strategy, **kwargs) -> None:
+        self._started = time.perf_counter()
+
+    def before_forward(self, strategy, **kwargs) -> None:
+        """A training forward only (evaluation has its own callbacks): the step's reg batches."""
+        self._model(strategy).reg_batches = [b.to(strategy.device) for b in next(self._reg_stream)]
+
+    def before_backward(self, strategy, **kwargs) -> None:
+        model = self._model(strategy)
+        if model.penalty is not None:
+            strategy.loss = strategy.loss + model.penalty
+            model.penalty = None
+
+    def before_update(self, strategy, **kwargs) -> None:
+        params = [p for p in self._model(strategy).task_model.theta if p.grad is not None]
+        nn.utils.clip_grad_norm_(params, self._recipe.grad_clip)
+
+    def after_update(self, strategy, **kwargs) -> None:
+        self._schedule.step()
+
+    def after_training_iteration(self, strategy, **kwargs) -> None:
+        self._train_seconds += time.perf_counter() - self._started
+
+    def after_training_exp(self, strategy, **kwargs) -> None:
+        model = self._model(strategy)
+        exp, recipe = strategy.experience, self._recipe
+        index, name = exp.current_experience, self.name_of(exp.current_experience)
+        self._reg_stream.close()
+        model.step = None
+        strategy.optimizer, strategy.train_epochs = self._saved["optimizer"], self._saved["train_epochs"]
+        tau = {n: v.cpu() for n, v in model.task_model.task_vector().items()}
+        if DistributedHelper.is_main_process:
+            metrics = {"step": index, "task": name, "train_seconds": self._train_seconds,
+                       "seconds_per_step": self._train_seconds / recipe.steps, "train_steps": recipe.steps,
+                       "train_size": len(strategy.adapted_dataset)}
+            self.bank.append(name, tau, task=name, mode=recipe.mode, base=model.base, scenario=self.scenario,
+                             step=index, recipe=recipe.to_dict(), metrics=metrics, provenance=self.provenance)
+        self.buffer.add(name, strategy.adapted_dataset, index)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _regularizer(self, index: int, recipe: Recipe) -> Regularizer | None:
+        """The penalty of experience ``index``: the earlier experiences' buffers, then the generic source."""
+        if not recipe.regularized:
+            return None
+        sources = list(self.buffer.sources)
+        if recipe.generic and self.generic is not None:
+            sources.append(self._generic(recipe))
+        if not sources:
+            log.warning("experience %d has no unlabeled source: its vector is not regularized", index)
+        return Regularizer(sources, lam=recipe.lam, schedule=recipe.schedule, batch_size=recipe.reg_batch_size,
+                           squared=recipe.squared, on_logits=recipe.penalty_on == "logits")
+
+    def _generic(self, recipe: Recipe) -> UnlabeledSource:
+        if self._generic_source is None:
+            generic = self.generic
+            self._generic_source = generic if isinstance(generic, UnlabeledSource) else unlabeled_source(
+                "generic", generic, seed=recipe.seed, collate=self.buffer.batching.collate)
+        return self._generic_source
+
+    @staticmethod
+    def _model(strategy) -> MultiHeadTaskModel:
+        if not isinstance(strategy.model, MultiHeadTaskModel):
+            raise ConfigError("TauJpPlugin trains a MultiHeadTaskModel (editkit.integrations.avalanche.multitask); "
+                              f"the strategy's model is a {type(strategy.model).__name__}")
+        return strategy.model

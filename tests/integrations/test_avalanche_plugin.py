@@ -1,0 +1,279 @@
+"""TauJpPlugin in a stock Avalanche ``Naive`` strategy, checked against editkit's own stream runner.
+
+The ground truth for the plugin is ``editkit.runs.stream.run_benchmark``: the same recipe,
+seed, heads and generic source must bank the same vectors, and the merged metrics must be
+the numbers the stream runner stores. A tiny MLP backbone (with BatchNorm whose statistics
+must stay theta_0's) covers the modes quickly; the slow test repeats it on two packaged
+datasets with the real EfficientNet-Lite0 backbone.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import subprocess
+import sys
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from editkit.bank.store import Bank
+from editkit.core.taujp import UnlabeledSource
+from editkit.data.tasks import tensor_task
+from editkit.errors import ConfigError
+from editkit.integrations.avalanche.benchmark import benchmark_from_tasks, quiet_avalanche_import
+from editkit.integrations.avalanche.metrics import MergedAccuracy
+from editkit.integrations.avalanche.multitask import MultiHeadTaskModel
+from editkit.integrations.avalanche.plugin import TauJpPlugin, UnlabeledBuffer
+from editkit.core.batching import TensorBatching
+from editkit.models.backbone import Backbone
+from editkit.models.heads import LinearHead
+from editkit.runs.stream import probe_heads, run_benchmark
+from editkit.integrations.avalanche.benchmark import experiences
+from editkit.train.recipe import Recipe
+
+from helpers.models import mlp
+
+with quiet_avalanche_import():
+    from avalanche.core import SupervisedPlugin
+    from avalanche.models import MultiTaskModule
+    from avalanche.training import Naive
+    from avalanche.logging import TextLogger
+    from avalanche.training.plugins import EvaluationPlugin
+
+D_IN, FEATURES = 8, 6
+
+
+def mlp_backbone() -> Backbone:
+    """An MLP whose BatchNorm holds non-default running statistics (train mode would change them)."""
+    module = mlp(D_IN, 16, FEATURES, batchnorm=True, seed=1)
+    bn = module[1]
+    bn.running_mean.copy_(torch.linspace(-1, 1, 16))
+    bn.running_var.copy_(torch.linspace(0.5, 2, 16))
+    return Backbone("mlp", module, FEATURES)
+
+
+def synthetic_tasks(sizes=(3, 4), train: int = 60, test: int = 30):
+    """Tasks whose classes shift the input mean; different class counts per task."""
+    generator = torch.Generator().manual_seed(0)
+    tasks = []
+    for t, classes in enumerate(sizes):
+        def split(n):
+            y = torch.randint(0, classes, (n,), generator=generator)
+            x = torch.randn(n, D_IN, generator=generator) + torch.nn.functional.one_hot(y, D_IN).float() * 2
+            return x, y
+        (xtr, ytr), (xte, yte) = split(train), split(test)
+        tasks.append(tensor_task(f"t{t}", [str(c) for c in range(classes)], xtr, ytr, xte, yte))
+    return tasks
+
+
+def random_heads(tasks, seed: int = 0) -> dict[str, LinearHead]:
+    generator = torch.Generator().manual_seed(seed)
+    return {t.name: LinearHead(torch.randn(t.num_classes, FEATURES, generator=generator),
+                               torch.randn(t.num_classes, generator=generator)) for t in tasks}
+
+
+def generic_source(seed: int = 7) -> UnlabeledSource:
+    return UnlabeledSource("generic", torch.randn(50, D_IN, generator=torch.Generator().manual_seed(3)), seed=seed)
+
+
+def train_naive(benchmark, backbone, heads, names, bank, recipe, *, generic=None, eval_every=-1, mem_size=None,
+                extra_plugins=()):
+    """A stock Naive script with the plugin line; returns the evaluator's collected metrics."""
+    model = MultiHeadTaskModel(backbone, [heads[n] for n in names])
+    evaluator = EvaluationPlugin(loggers=[TextLogger(io.StringIO())])
+    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), criterion=nn.CrossEntropyLoss(),
+                     train_mb_size=5,
+                     train_epochs=3, eval_mb_size=64, device="cpu", evaluator=evaluator, eval_every=eval_every,
+                     plugins=[TauJpPlugin(recipe, bank=bank, names=names, scenario="mini", generic=generic,
+                                          mem_size=mem_size), *extra_plugins])
+    for t, exp in enumerate(benchmark.train_stream):
+        strategy.train(exp, eval_streams=[benchmark.test_stream[: t + 1]])
+        strategy.eval(benchmark.test_stream[: t + 1])
+    return strategy, evaluator.get_all_metrics()
+
+
+def check_same_stream(result, names, editkit_bank: Bank, plugin_bank: Bank, metrics, atol: float) -> float:
+    """Vectors equal within ``atol``; merged metrics and banked numbers equal editkit's. Returns the max difference."""
+    worst = 0.0
+    for name in names:
+        ours, theirs = plugin_bank.load(name), editkit_bank.load(name)
+        assert ours.keys() == theirs.keys()
+        worst = max(worst, max((ours[k] - theirs[k]).abs().max().item() for k in ours))
+        mine, ref = plugin_bank.get(name), editkit_bank.get(name)
+        assert (mine.mode, mine.step, mine.scenario, mine.recipe, mine.base) == \
+            (ref.mode, ref.step, ref.scenario, ref.recipe, ref.base)
+        for key in ("single_task", "pretrained"):
+            assert mine.metrics[key] == pytest.approx(ref.metrics[key], abs=1e-9)
+        assert mine.metrics["merged"]["per_task"] == pytest.approx(ref.metrics["merged"]["per_task"], abs=1e-9)
+    assert worst <= atol
+    for t, step in enumerate(result.steps):  # one stream value per strategy.eval after experience t
+        assert metrics["MergedAcc_Stream/eval_phase/test_stream"][1][t] == pytest.approx(step.merged["absolute"])
+        assert metrics["MergedNormAcc_Stream/eval_phase/test_stream"][1][t] == pytest.approx(step.merged["normalized"])
+        for i, name in enumerate(names[: t + 1]):
+            key = f"MergedAcc_Exp/eval_phase/test_stream/Task{i:03d}/Exp{i:03d}"
+            assert metrics[key][1][t - i] == pytest.approx(step.merged["per_task"][name])
+    return worst
+
+
+@pytest.mark.parametrize("mode", ["taujp", "linear"])
+def test_naive_with_plugin_banks_what_editkit_stream_banks(tmp_path, mode):
+    tasks = synthetic_tasks()
+    names = [t.name for t in tasks]
+    heads = random_heads(tasks)
+    backbone = mlp_backbone()
+    state = {k: v.clone() for k, v in backbone.module.state_dict().items()}
+    recipe = Recipe(mode=mode, steps=6, batch_size=8, lr=1e-2, reg_batch=3, warmup=2, grad_clip=0.5)
+    benchmark = benchmark_from_tasks(tasks)
+    result = run_benchmark(benchmark, backbone, recipe, tmp_path / "editkit", names=names, heads=heads,
+                           scenario="mini", generic=generic_source())
+    # periodic evaluation every epoch runs during training and must change nothing
+    _, metrics = train_naive(benchmark, backbone, heads, names, tmp_path / "plugin", recipe,
+                             generic=generic_source(), eval_every=1)
+    worst = check_same_stream(result, names, Bank(tmp_path / "editkit"), Bank(tmp_path / "plugin"), metrics, 1e-6)
+    print(f"{mode}: max |tau_plugin - tau_editkit| = {worst:.2e}")
+    for k, v in backbone.module.state_dict().items():  # theta_0 and its BatchNorm statistics never moved
+        assert torch.equal(v, state[k]), k
+
+
+def test_multi_head_logits_are_unpadded_where_avalanche_pads_zeros():
+    """All-negative probe logits: Avalanche's zero padding would make a padded column win."""
+    backbone = mlp_backbone()
+    heads = [LinearHead(torch.zeros(3, FEATURES), torch.tensor([-5.0, -1.0, -3.0])),  # argmax 1
+             LinearHead(torch.zeros(5, FEATURES), torch.tensor([-4.0, -6.0, -7.0, -2.0, -9.0]))]  # argmax 3
+    model = MultiHeadTaskModel(backbone, heads).eval()
+    x = torch.randn(4, D_IN)
+    labels = torch.tensor([0, 1, 0, 1])
+    with torch.no_grad():
+        single = model(x[labels == 0], torch.zeros(2, dtype=torch.long))
+        mixed = model(x, labels)
+        model.max_class_label = 5
+        padded = MultiTaskModule.forward(model, x, labels)  # what Avalanche's base class returns
+    assert single.shape == (2, 3) and torch.equal(single, heads[0].bias.expand(2, 3))
+    assert torch.equal(mixed[labels == 0, :3], heads[0].bias.expand(2, 3))
+    assert torch.isneginf(mixed[labels == 0, 3:]).all()
+    assert torch.equal(mixed[labels == 1], heads[1].bias.expand(2, 5))
+    assert mixed.argmax(1).tolist() == [1, 3, 1, 3]
+    assert padded.argmax(1).tolist() == [3, 3, 3, 3]  # task 0 has no class 3: its padded zero won
+
+
+class Label:
+    """A label object whose lifetime a test can watch."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+class LabelledItems(torch.utils.data.Dataset):
+    def __init__(self, inputs: torch.Tensor) -> None:
+        self.inputs_ = inputs
+        self.labels: list[weakref.ref] = []
+
+    def __len__(self) -> int:
+        return len(self.inputs_)
+
+    def __getitem__(self, i: int):
+        label = Label(i)
+        self.labels.append(weakref.ref(label))
+        return self.inputs_[i], label, 0
+
+
+def test_buffer_keeps_inputs_never_labels():
+    inputs = torch.randn(20, D_IN)
+    dataset = LabelledItems(inputs)
+    buffer = UnlabeledBuffer(TensorBatching(), mem_size=6, seed=0)
+    source = buffer.add("t0", dataset, index=0)
+    gc.collect()
+    assert dataset.labels and all(ref() is None for ref in dataset.labels)  # no label survived in the buffer
+    assert len(source) == 6 and source.inputs.shape == (6, D_IN)
+    chosen = torch.randperm(20, generator=torch.Generator().manual_seed(1))[:6]  # seed + 1 + index
+    assert torch.equal(source.inputs, inputs[chosen])
+    everything = UnlabeledBuffer(TensorBatching(), mem_size=None).add("t0", dataset, index=0)
+    assert torch.equal(everything.inputs, inputs)
+
+
+class TrainingModes(SupervisedPlugin):
+    """Records, at every training forward, whether the model and its BatchNorm are in train mode."""
+
+    def __init__(self, bn: nn.Module) -> None:
+        super().__init__()
+        self.bn = bn
+        self.modes: list[tuple[bool, bool]] = []
+
+    def after_forward(self, strategy, **kwargs) -> None:
+        self.modes.append((strategy.model.training, self.bn.training))
+
+
+def test_plugin_keeps_theta0_batchnorm_and_bounds_its_buffer(tmp_path):
+    tasks = synthetic_tasks()
+    names = [t.name for t in tasks]
+    backbone = mlp_backbone()
+    spy = TrainingModes(backbone.module[1])
+    recipe = Recipe(steps=3, batch_size=8, reg_batch=2)
+    strategy, _ = train_naive(benchmark_from_tasks(tasks), backbone, random_heads(tasks), names, tmp_path / "bank",
+                              recipe, mem_size=5, extra_plugins=[spy])
+    assert spy.modes == [(True, False)] * 6  # Avalanche's train() reached the wrapper, never theta_0's BatchNorm
+    assert torch.equal(backbone.module[1].running_mean, torch.linspace(-1, 1, 16))
+    plugin = next(p for p in strategy.plugins if isinstance(p, TauJpPlugin))
+    assert [len(s) for s in plugin.buffer.sources] == [5, 5]
+    assert sum(isinstance(m, MergedAccuracy) for m in strategy.evaluator.metrics) == 1  # added once, not per call
+    assert strategy.train_epochs == 3 and isinstance(strategy.optimizer, torch.optim.SGD)  # the script's, restored
+
+
+def test_plugin_refuses_what_a_strategy_cannot_do(tmp_path):
+    with pytest.raises(ConfigError, match="scope 'seen'"):
+        TauJpPlugin(bank=tmp_path, scope="all")
+    with pytest.raises(ConfigError, match="accumulation"):
+        TauJpPlugin(bank=tmp_path, accumulation=2)
+    with pytest.raises(ConfigError, match="unknown recipe field"):
+        TauJpPlugin(bank=tmp_path, lamda=0.1)
+
+
+def packaged_benchmark(backbone, train: int = 80, test: int = 40):
+    from editkit.data.packaged import load_packaged
+
+    tasks = []
+    for name in ["mnist", "digits"]:
+        data = load_packaged(name)
+        tasks.append(tensor_task(name, data.classes,
+                                 backbone.preprocess_arrays(data.train.images[:train]),
+                                 torch.from_numpy(data.train.labels[:train]),
+                                 backbone.preprocess_arrays(data.test.images[:test]),
+                                 torch.from_numpy(data.test.labels[:test])))
+    return benchmark_from_tasks(tasks), [t.name for t in tasks]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["taujp", "linear"])
+def test_packaged_two_task_stream_plugin_equals_editkit(tmp_path, mode):
+    """The real backbone (EfficientNet-Lite0, BatchNorm everywhere) on two packaged datasets."""
+    from editkit.models import efficientnet
+
+    backbone = efficientnet.build(image_size=32)
+    benchmark, names = packaged_benchmark(backbone)
+    heads = probe_heads(backbone, experiences(benchmark, names), seed=0)
+    recipe = Recipe(mode=mode, steps=3, batch_size=16, reg_batch=4)
+    crops = torch.randn(40, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    result = run_benchmark(benchmark, backbone, recipe, tmp_path / "editkit", names=names, heads=heads,
+                           scenario="mini", generic=UnlabeledSource("generic", crops, seed=9))
+    _, metrics = train_naive(benchmark, backbone, heads, names, tmp_path / "plugin", recipe,
+                             generic=UnlabeledSource("generic", crops, seed=9))
+    worst = check_same_stream(result, names, Bank(tmp_path / "editkit"), Bank(tmp_path / "plugin"), metrics, 1e-5)
+    print(f"{mode}: max |tau_plugin - tau_editkit| = {worst:.2e}; merged {result.final['absolute']:.4f} / "
+          f"{result.final['normalized']:.4f}")
+
+
+@pytest.mark.slow
+def test_example_script_runs_offline(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, str(root / "examples" / "avalanche_plugin.py"), "--steps", "2",
+                          "--train-size", "60", "--test-size", "30", "--bank", str(tmp_path / "bank")],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "MergedAcc_Stream/eval_phase/test_stream" in out.stdout and "merged model (alpha = 1)" in out.stdout
+    bank = Bank(tmp_path / "bank")
+    assert bank.names() == ["mnist", "digits"] and bank.get("digits").metrics["merged"]["per_task"].keys() == {
+        "mnist", "digits"}
