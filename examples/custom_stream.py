@@ -27,6 +27,6 @@ for name in ["digits", "mnist", "fashion-mnist"]:
 recipe = Recipe(mode="taujp", steps=40, batch_size=32, lr=1e-4, reg_batch=4, lam=0.1, scope="seen")
 result = run_benchmark(benchmark_from_tasks(tasks), backbone, recipe, bank="banks/example-custom",
                        names=[t.name for t in tasks], scenario="example-custom", resume=True,
-                       on_step=lambda s: print(f"after {s['task']}: merged absolute {s['merged']['absolute']:.3f}"))
+                       on_step=lambda s: print(f"after {s.task}: merged absolute {s.merged['absolute']:.3f}"))
 print("final:", {k: round(v, 3) for k, v in result.final["per_task"].items()},
       "normalized", round(result.final["normalized"], 3))
