@@ -15,8 +15,7 @@ import sys
 
 import torch
 from editkit.bank.store import Bank
-from editkit.data.packaged import load_packaged
-from editkit.data.tasks import tensor_task
+from editkit.data.packaged import packaged_task
 from editkit.integrations.avalanche.benchmark import benchmark_from_tasks
 from editkit.integrations.avalanche.multitask import MultiHeadTaskModel
 from editkit.integrations.avalanche.plugin import TauJpPlugin
@@ -41,14 +40,7 @@ if len(Bank(bank)):
     sys.exit(f"{bank} already holds vectors; pass another --bank")
 
 backbone = efficientnet.build(image_size=32)
-tasks = []
-for name in ["mnist", "digits"]:
-    data = load_packaged(name)
-    tasks.append(tensor_task(name, data.classes,
-                             backbone.preprocess_arrays(data.train.images[: args.train_size]),
-                             torch.from_numpy(data.train.labels[: args.train_size]),
-                             backbone.preprocess_arrays(data.test.images[: args.test_size]),
-                             torch.from_numpy(data.test.labels[: args.test_size])))
+tasks = [packaged_task(name, name, backbone, args.train_size, args.test_size) for name in ["mnist", "digits"]]
 benchmark = benchmark_from_tasks(tasks)
 
 model = MultiHeadTaskModel(backbone, [probe_head(backbone, t, shots=5, seed=0) for t in tasks])

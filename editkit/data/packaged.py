@@ -429,12 +429,13 @@ def load_packaged(name: str, *, use_cache: bool = True) -> PackagedDataset:
     return ds
 
 
-def _source(name: str, dataset: str, backbone, train_size: int | None = None,
+def packaged_task(name: str, dataset: str, backbone, train_size: int | None = None,
             test_size: int | None = None) -> TaskData:
     """The packaged ``dataset`` as the scenario task ``name``, preprocessed by ``backbone`` up front.
 
     ``train_size`` / ``test_size`` keep a prefix (the splits are already in seeded
-    random order), for quick reduced runs.
+    random order), for quick reduced runs. The scenario source ``packaged``, and what
+    scripts call to stream packaged tasks of their own.
     """
     data = load_packaged(dataset)
     train, test = data.train, data.test
@@ -448,6 +449,6 @@ def _source(name: str, dataset: str, backbone, train_size: int | None = None,
     )
 
 
-TASK_SOURCES.register("packaged", Record.of(_source, help={
+TASK_SOURCES.register("packaged", Record.of(packaged_task, help={
     "train_size": "keep only the first N train examples (default: all)",
     "test_size": "keep only the first N test examples (default: all)"}))

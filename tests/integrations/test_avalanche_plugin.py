@@ -233,16 +233,9 @@ def test_plugin_refuses_what_a_strategy_cannot_do(tmp_path):
 
 
 def packaged_benchmark(backbone, train: int = 80, test: int = 40):
-    from editkit.data.packaged import load_packaged
+    from editkit.data.packaged import packaged_task
 
-    tasks = []
-    for name in ["mnist", "digits"]:
-        data = load_packaged(name)
-        tasks.append(tensor_task(name, data.classes,
-                                 backbone.preprocess_arrays(data.train.images[:train]),
-                                 torch.from_numpy(data.train.labels[:train]),
-                                 backbone.preprocess_arrays(data.test.images[:test]),
-                                 torch.from_numpy(data.test.labels[:test])))
+    tasks = [packaged_task(name, name, backbone, train, test) for name in ["mnist", "digits"]]
     return benchmark_from_tasks(tasks), [t.name for t in tasks]
 
 
