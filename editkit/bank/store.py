@@ -52,7 +52,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from editkit.util.atomic import TMP_MARKER, atomic_path, atomic_write_bytes, fsync_dir
-from editkit.core.modes import Family, Mode
+from editkit.core.modes import Family, Mode, families_help
 from editkit.errors import BankError, CorruptVectorError, IncompatibleVectorsError
 
 logger = logging.getLogger(__name__)
@@ -578,7 +578,7 @@ def _common_family(entries: list[VectorEntry]) -> Family:
         listing = ", ".join(f"{e.name} ({e.mode})" for e in entries)
         raise IncompatibleVectorsError(
             f"cannot combine non-linear and linearized vectors: {listing}; "
-            "select vectors of one family ('linear' and 'taujp' mix, 'nonlinear' does not)"
+            f"select vectors of one family ({families_help()})"
         )
     return families.pop()
 

@@ -52,6 +52,9 @@ def _freeze(module: nn.Module) -> nn.Module:
 class _TaskModel(nn.Module):
     """Shared state of both parameterisations: theta_0 (frozen) and theta (trainable).
 
+    Both answer :meth:`primal_and_tangent`, the first-order term of their vector at theta_0:
+    it is the linearized model's forward, and what the tauJp penalty measures of either
+    (``taujp-nonlinear`` trains the plain model and penalises this term on the reg batch).
     theta is stored in a ParameterList because parameter names contain dots.
     """
 
@@ -95,17 +98,6 @@ class _TaskModel(nn.Module):
         """The module at ``params``; ``args``/``kwargs`` are its inputs (e.g. token ids and an attention mask)."""
         return functional_call(self.module, ({**params, **self.buffers0}), args, kwargs)
 
-
-class NonLinearModel(_TaskModel):
-    """f(x; theta): ordinary fine-tuning, expressed with the same theta/theta_0 state."""
-
-    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self._call(dict(zip(self.names, self.theta)), *args, **kwargs)
-
-
-class LinearizedModel(_TaskModel):
-    """f_lin(x; theta) = f(x; theta_0) + J_theta0 f(x) . (theta - theta_0)."""
-
     def primal_and_tangent(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(f(x; theta_0), J_theta0 f(x) . tau) from one jvp; gradients flow into theta via tau.
 
@@ -122,17 +114,28 @@ class LinearizedModel(_TaskModel):
         with forward_ad_safe_attention():
             return jvp(f, theta0, tau)
 
-    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        primal, tangent = self.primal_and_tangent(*args, **kwargs)
-        return primal + tangent
-
     def tangent(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """J_theta0 f(x) . tau alone: the quantity the tauJp penalty measures."""
         return self.primal_and_tangent(*args, **kwargs)[1]
 
 
+class NonLinearModel(_TaskModel):
+    """f(x; theta): ordinary fine-tuning, expressed with the same theta/theta_0 state."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self._call(dict(zip(self.names, self.theta)), *args, **kwargs)
+
+
+class LinearizedModel(_TaskModel):
+    """f_lin(x; theta) = f(x; theta_0) + J_theta0 f(x) . (theta - theta_0)."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        primal, tangent = self.primal_and_tangent(*args, **kwargs)
+        return primal + tangent
+
+
 def build_task_model(module: nn.Module, mode: str) -> _TaskModel:
-    """``nonlinear`` fine-tunes f itself; ``linear`` and ``taujp`` fine-tune f_lin."""
+    """``nonlinear`` and ``taujp-nonlinear`` fine-tune f itself; ``linear`` and ``taujp`` fine-tune f_lin."""
     if mode not in tuple(Mode):
         raise ValueError(f"unknown mode {mode!r}: expected {', '.join(Mode)}")
     return LinearizedModel(module) if Mode(mode).linearized else NonLinearModel(module)

@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 import torch
 
 from editkit.bank.store import Bank
-from editkit.core.modes import mode_family
+from editkit.core.modes import combined_mode, mode_family
 from editkit.core.registry import Record
 from editkit.errors import ConfigError, IncompatibleVectorsError
 from editkit.merge import MERGE_METHODS
@@ -43,8 +43,8 @@ class TaskVector:
         if isinstance(other, int) and other == 0:  # lets sum() start from 0
             return self
         self._check(other)
-        mode = self.mode if self.mode == other.mode else "linear"
-        return TaskVector({k: v + other.tensors[k] for k, v in self.tensors.items()}, mode)
+        return TaskVector({k: v + other.tensors[k] for k, v in self.tensors.items()},
+                          combined_mode((self.mode, other.mode)))
 
     __radd__ = __add__
 
@@ -79,8 +79,7 @@ def negation_coefficients(name: str, alpha: float = 1.0) -> dict[str, float]:
 def combine(bank: Bank, coefficients: Mapping[str, float], *, base: str | None = None) -> TaskVector:
     """sum_i alpha_i tau_i from the bank, streamed tensor by tensor; the mode is the selection's."""
     tensors = bank.merge(coefficients, base=base)
-    modes = {bank.get(n).mode for n in coefficients}
-    return TaskVector(tensors, modes.pop() if len(modes) == 1 else "linear")
+    return TaskVector(tensors, combined_mode(bank.get(n).mode for n in coefficients))
 
 
 def _sum_of_vectors(vectors: Mapping[str, Mapping[str, torch.Tensor]]) -> Mapping[str, Mapping[str, torch.Tensor]]:

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from editkit.core.modes import mode_family
+from editkit.core.modes import combined_mode, mode_family
 from editkit.merge import MERGE_METHODS, LazyVectors, method_options
 from editkit.merge.arithmetic import TaskVector, addition_coefficients, combine, negation_coefficients
 from editkit.bank.store import Bank
@@ -158,7 +158,7 @@ def merged_vector(bank: Bank, coefficients: Mapping[str, float], method: str, op
     if not made:  # the method adds the vectors as they are (task arithmetic)
         return combine(bank, coefficients)
     tensors = {key: sum(merged[n][key] for n in made) for key in merged[made[0]]}
-    return TaskVector(tensors, modes.pop() if len(modes) == 1 else "linear")
+    return TaskVector(tensors, combined_mode(modes))
 
 
 def negate(

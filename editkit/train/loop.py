@@ -1,9 +1,11 @@
-"""Fine-tune one task: non-linear, linearized, or linearized + tauJp.
+"""Fine-tune one task: non-linear, linearized, or either of them + tauJp.
 
-One loop serves all three modes. In ``taujp`` mode the unlabeled reg batches are
+One loop serves every mode. In ``taujp`` mode the unlabeled reg batches are
 concatenated to the labelled batch so one jvp call yields both the task's logits
 and the penalty's tangents: with BatchNorm frozen the examples do not interact,
 and one call of 32 + 4 examples is much cheaper than two calls of 32 and 4.
+In ``taujp-nonlinear`` mode the task batch takes the plain forward at theta and
+only the reg batches go through a jvp at theta_0.
 Batches are collated, concatenated, passed to the module and split by the
 backbone's :class:`~editkit.core.batching.Batching` (tensors for images; padded
 token ids with an attention mask for sequences), so the loop assumes no modality.
@@ -136,33 +138,48 @@ class StepComputer:
         The task loss is the head's (:func:`~editkit.core.objectives.head_loss`): cross-entropy
         for classifiers, next-token loss over real positions for a language model's head."""
         features, reg = self.features(x, reg_batches)
-        ce = self.task_loss(self.head(features), y)
+        ce = self.task_loss(self.head(features.float()), y)  # float(): no-op in fp32; leaves bf16
         stats = {"ce": ce.item(), "penalty": reg.item() / self.regularizer.lam if reg is not None else 0.0}
         return ce, reg, stats
 
     def features(self, x: Any, reg_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(the task model's features of ``x``, lambda * penalty on ``reg_batches`` or None), from one call.
+        """(the task model's features of ``x``, lambda * penalty on ``reg_batches`` or None).
 
-        Apart from :meth:`loss` so that a training loop which applies the head and the task loss
-        itself (an Avalanche strategy) runs the same forward as this loop."""
+        The penalty's tangents come from one jvp at theta_0: for the linearized model the same
+        jvp as the task batch's forward (the reg batches ride along in it); for the plain model
+        (``taujp-nonlinear``) a jvp of the reg batches alone, the task batch taking the
+        ordinary forward at theta. Apart from :meth:`loss` so that a training loop which applies
+        the head and the task loss itself (an Avalanche strategy) runs the same forward as this loop."""
+        if not reg_batches or self.regularizer is None:
+            return self._forward(x), None
+        if isinstance(self.model, LinearizedModel):
+            primals, tangents, masks = self._jvp([x, *reg_batches])
+            return primals[0] + tangents[0], self._penalty(tangents[1:], masks[1:])
+        _, tangents, masks = self._jvp(reg_batches)
+        return self._forward(x), self._penalty(tangents, masks)
+
+    def _forward(self, x: Any) -> torch.Tensor:
+        """The task model's own forward: f(x; theta), or f_lin(x; theta) (a jvp of its own)."""
+        args, kwargs = self.batching.arguments(x)
+        return self.model(*args, **kwargs)
+
+    def _jvp(self, batches: list[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
+        """One jvp at theta_0 over ``batches`` concatenated (with BatchNorm frozen, examples do not interact):
+        per batch, f(x; theta_0), J_theta0 f(x) . tau and which output positions are real (None: all)."""
         batching = self.batching
-        if reg_batches and self.regularizer is not None and isinstance(self.model, LinearizedModel):
-            batch = batching.concat(x, reg_batches)
-            args, kwargs = batching.arguments(batch)
-            primal, tangent = self.model.primal_and_tangent(*args, **kwargs)
-            sizes = [len(x), *(len(b) for b in reg_batches)]
-            task_tangent, *reg_tangents = batching.split(tangent, sizes)
-            features = (batching.split(primal, sizes)[0] + task_tangent).float()  # no-op in fp32; leaves bf16
-            mask = batching.output_mask(batch)
-            reg_masks = batching.split(mask, sizes)[1:] if mask is not None else None
-            if self.regularizer.on_logits:  # the fixed head is linear: the logits' tangents are the head's image
-                reg_tangents = [self.head(t) for t in reg_tangents]
-            reg = self.regularizer.loss([t.float() for t in reg_tangents], reg_masks)
-        else:
-            args, kwargs = batching.arguments(x)
-            features = self.model(*args, **kwargs).float()
-            reg = None
-        return features, reg
+        batch = batching.concat(batches[0], batches[1:])
+        args, kwargs = batching.arguments(batch)
+        primal, tangent = self.model.primal_and_tangent(*args, **kwargs)
+        sizes = [len(b) for b in batches]
+        mask = batching.output_mask(batch)
+        masks = batching.split(mask, sizes) if mask is not None else [None] * len(batches)
+        return batching.split(primal, sizes), batching.split(tangent, sizes), masks
+
+    def _penalty(self, tangents: list[torch.Tensor], masks: list[torch.Tensor | None]) -> torch.Tensor:
+        """lambda * penalty of the reg batches' tangents (through the fixed head first when it measures logits)."""
+        if self.regularizer.on_logits:  # the fixed head is linear: the logits' tangents are the head's image
+            tangents = [self.head(t) for t in tangents]
+        return self.regularizer.loss([t.float() for t in tangents], masks)
 
 
 class SyncedStep(nn.Module):
@@ -199,9 +216,9 @@ def fine_tune(
     """Fine-tune ``module`` (theta_0, left untouched) on ``train`` with ``head`` fixed.
 
     Returns tau = theta_ft - theta_0 over the module's parameters (on the CPU). The
-    regularizer is used only in ``taujp`` mode. The module's values never change,
-    but it is switched to eval mode with gradients off (it is theta_0, shared by
-    every task model).
+    regularizer is used only in the penalized modes (``taujp``, ``taujp-nonlinear``).
+    The module's values never change, but it is switched to eval mode with gradients
+    off (it is theta_0, shared by every task model).
 
     runtime: device, precision, workers and process group (default: one process on
         the module's device, fp32). ``recipe.batch_size`` is the *global* micro-batch:

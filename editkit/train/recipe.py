@@ -37,7 +37,9 @@ class Recipe:
 
     mode: Mode = choice(Mode.TAUJP, tuple(m.value for m in Mode),
                         "taujp: linearized fine-tuning plus the tauJp penalty on unlabeled inputs of other tasks; "
-                        "linear: linearized fine-tuning; nonlinear: plain fine-tuning.")
+                        "linear: linearized fine-tuning; nonlinear: plain fine-tuning; taujp-nonlinear: plain "
+                        "fine-tuning plus the tauJp penalty, computed by a jvp at theta_0 on the unlabeled batch "
+                        "only (its vectors merge with nonlinear ones).")
     steps: int = field(default=100, metadata={
         "help": "Optimizer steps per task (given without epochs, it replaces epochs set at a lower level)."})
     batch_size: int = field(default=32, metadata={

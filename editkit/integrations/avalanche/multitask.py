@@ -105,6 +105,6 @@ class MultiHeadTaskModel(MultiTaskModule):
                 raise ValueError(f"a batch of task {task_label} reached the step of another task")
             features, self.penalty = self.step.features(x, self.reg_batches)
             self.reg_batches = []
-            return head(features)
+            return head(features.float())  # no-op in fp32; leaves bf16 autocast
         args, kwargs = self.backbone.batching.arguments(x)
         return head(self.task_model(*args, **kwargs).float())

@@ -1,10 +1,10 @@
 """``editkit bench``: the paper's tables and figures for any scenario.
 
-For each mode (nonlinear, linear, taujp) the scenario's stream is run through
-``editkit.runs.stream.run_scenario(resume=True)``, so vectors already in the bank
-``<bank-root>/<scenario>-<mode>`` with the same recipe are reused, not retrained
-(every bank is checked against the scenario's tasks, base model, recipes and
-parameter shapes before any training starts). Then, on the banked vectors:
+For each mode (nonlinear, linear, taujp by default; taujp-nonlinear on request) the
+scenario's stream is run through ``editkit.runs.stream.run_scenario(resume=True)``, so
+vectors already in the bank ``<bank-root>/<scenario>-<mode>`` with the same recipe are
+reused, not retrained (every bank is checked against the scenario's tasks, base model,
+recipes and parameter shapes before any training starts). Then, on the banked vectors:
 
 - **task addition** (paper Table 1): pretrained; task arithmetic per mode at
   alpha = 1 and at alpha tuned on the *validation* splits (grid over [0, 1],
@@ -79,7 +79,7 @@ from editkit.util.memory import PeakRSS
 from editkit.merge import MERGE_METHODS, LazyVectors
 from editkit.merge.ties import TIES_DEFAULT_K
 from editkit.util.progress import NullProgress, Progress
-from editkit.core.modes import Mode
+from editkit.core.modes import PAPER_MODES, Mode
 from editkit.train.recipe import Recipe
 from editkit.eval.sweep import SPLITS, ModeEvaluator, SharedModels, TaskSplits
 
@@ -122,8 +122,8 @@ class BenchConfig:
 
     scenario: str = field(default=DEFAULT_SCENARIO, metadata={
         "help": "Scenario name (see `editkit scenarios`) or a .toml file."})
-    modes: Sequence[str] = field(default=tuple(Mode), metadata={
-        "help": "Comma-separated modes to fine-tune and compare."})
+    modes: Sequence[str] = field(default=PAPER_MODES, metadata={
+        "help": f"Comma-separated modes to fine-tune and compare (any of {', '.join(Mode)})."})
     methods: Sequence[str] = field(default=METHODS, metadata={
         "help": "Merging methods besides pretrained and single-task."})
     bank_root: Path = field(default=BANKS_DIR, metadata={
