@@ -16,11 +16,9 @@ import torch
 from editkit.core.batching import IGNORE_INDEX, SequenceBatching
 from editkit.core.linearize import LinearizedModel
 from editkit.core.objectives import next_token_loss, next_token_nll
-from editkit.core.taujp import Regularizer, UnlabeledSource, penalty
-from editkit.models.causal_lm import causal_lm_backbone
-from editkit.train.loop import fine_tune
-from editkit.train.recipe import Recipe
+from editkit.core.taujp import penalty
 from helpers import models
+from helpers.lm_steps import mean_sequence_norm, two_penalized_steps
 
 # --------------------------------------------------------------------------- next-token loss
 
@@ -113,52 +111,15 @@ def test_over_sequence_penalty_matches_a_loop_on_random_tangents():
 # --------------------------------------------------------------------------- one tauJp step on logits
 
 
-def _blocks(seed: int, lengths: tuple[int, ...]) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, 99, (length,), generator=g) for length in lengths]
-
-
-def _states(backbone, blocks: list[torch.Tensor]) -> list[torch.Tensor]:
-    batch = backbone.batching.collate(blocks)
-    hidden = backbone.prefix(batch.inputs, batch.attention_mask)
-    return [h[: len(b)] for h, b in zip(hidden, blocks)]
-
-
 def test_taujp_on_logits_logs_lambda_free_penalty_of_the_heads_image_of_the_tangent():
-    """Two steps of a GPT-2 tail with penalty_on = logits. Step 0 is at theta_0 (tangent 0, penalty 0; the task
-    loss is the full model's own next-token loss); step 1's logged penalty is recomputed by hand from the vector
-    after one step (what a one-step run returns) on the reg batch the regularizer draws second."""
-    lm = models.gpt2(n_layer=2, attn_implementation="sdpa")
-    backbone = causal_lm_backbone(lm, None, trainable_blocks=1)
-    batching = backbone.batching
-    train_blocks = _blocks(0, (6, 4, 5, 3))
-    train = list(zip(_states(backbone, train_blocks), train_blocks))
-    reg_inputs = batching.collate(_states(backbone, _blocks(1, (5, 2, 4, 3, 6))))
-
-    def regularizer() -> Regularizer:
-        return Regularizer([UnlabeledSource("other", reg_inputs, seed=0)], lam=0.3, batch_size=3, on_logits=True)
-
-    recipe = Recipe(mode="taujp", steps=2, batch_size=len(train), lr=1e-2, warmup=0.0, grad_clip=1e9,
-                    penalty_on="logits")
-    two = fine_tune(backbone.module, backbone.head, train, recipe, regularizer(), batching=batching)
-    one = fine_tune(backbone.module, backbone.head, train, recipe.with_overrides(steps=1), regularizer(),
-                    batching=batching)
-
-    ids = batching.collate_labels(train_blocks)
-    full = lm(input_ids=torch.where(ids == IGNORE_INDEX, 0, ids), attention_mask=(ids != IGNORE_INDEX).long())
-    assert two.history[0]["penalty"] == 0.0
-    assert two.history[0]["ce"] == pytest.approx(float(next_token_loss(full.logits, ids)), rel=1e-5)
-
-    draws = regularizer()
-    draws.batches(0)
-    (reg_batch,) = draws.batches(1)
-    model = LinearizedModel(backbone.module)
-    model.load_task_vector(one.task_vector)
+    """Two steps of a GPT-2 tail with penalty_on = logits; step 1's logged penalty is recomputed by hand: the
+    head applied to the linearized tail's tangent at the one-step vector, on the reg batch drawn second."""
+    run = two_penalized_steps("taujp", "logits")
+    batch = run.reg_batch
+    model = LinearizedModel(run.backbone.module)
+    model.load_task_vector(run.tau)
     with torch.no_grad():
-        logits_tangent = backbone.head(model.tangent(reg_batch.inputs, attention_mask=reg_batch.attention_mask))
-    lengths = reg_batch.attention_mask.sum(1).tolist()
-    vocab = logits_tangent.shape[-1]
-    by_hand = sum(float(logits_tangent[n, :length, v].norm()) for n, length in enumerate(lengths)
-                  for v in range(vocab)) / (len(lengths) * vocab)
+        logits_tangent = run.backbone.head(model.tangent(batch.inputs, attention_mask=batch.attention_mask))
+    by_hand = mean_sequence_norm(logits_tangent, batch.attention_mask.sum(1).tolist(), per_vocabulary=True)
     assert by_hand > 1e-4
-    assert two.history[1]["penalty"] == pytest.approx(by_hand, rel=1e-5)
+    assert run.two.history[1]["penalty"] == pytest.approx(by_hand, rel=1e-5)

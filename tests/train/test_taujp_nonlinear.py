@@ -20,17 +20,14 @@ from typer.testing import CliRunner
 
 from editkit.bank.store import Bank
 from editkit.cli import app
-from editkit.core.batching import IGNORE_INDEX
 from editkit.core.linearize import LinearizedModel, NonLinearModel, build_task_model
 from editkit.core.modes import Family, Mode, combined_mode
-from editkit.core.objectives import next_token_loss
 from editkit.core.taujp import Regularizer, UnlabeledSource
 from editkit.data.tasks import TensorTaskDataset
 from editkit.errors import ConfigError, IncompatibleVectorsError
 from editkit.integrations.avalanche.benchmark import Experience
 from editkit.merge.arithmetic import TaskVector, combine
 from editkit.models.backbone import Backbone
-from editkit.models.causal_lm import causal_lm_backbone
 from editkit.models.heads import LinearHead
 from editkit.runs import stream as stream_module
 from editkit.runs.bench.run import BenchConfig
@@ -40,6 +37,7 @@ from editkit.train.loop import StepComputer, fine_tune
 from editkit.train.recipe import Recipe
 
 from helpers import models
+from helpers.lm_steps import mean_sequence_norm, two_penalized_steps
 from helpers.tabular import blobs
 
 MODE = "taujp-nonlinear"
@@ -245,61 +243,23 @@ def test_the_penalty_keeps_the_vector_quieter_on_other_inputs_than_plain_fine_tu
 # --------------------------------------------------------------------------- a causal-LM tail with padding
 
 
-def _blocks(seed: int, lengths: tuple[int, ...]) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, 99, (length,), generator=g) for length in lengths]
-
-
 @pytest.mark.parametrize("penalty_on", ["features", "logits"])
 def test_causal_lm_tail_penalty_equals_finite_differences_over_real_positions(penalty_on):
-    """Two steps of a GPT-2 tail on cached prefix states. Step 0: the full model's next-token loss, penalty 0.
-    Step 1's logged penalty: central differences of the float64 tail at theta_0 +- eps tau (tau = the one-step
-    vector) on the reg batch drawn second, padded positions dropped, the head applied for logits."""
-    lm = models.gpt2(n_layer=2, attn_implementation="sdpa")
-    lm_backbone = causal_lm_backbone(lm, None, trainable_blocks=1)
-    batching = lm_backbone.batching
-
-    def states(blocks: list[torch.Tensor]) -> list[torch.Tensor]:
-        batch = batching.collate(blocks)
-        hidden = lm_backbone.prefix(batch.inputs, batch.attention_mask)
-        return [h[: len(b)] for h, b in zip(hidden, blocks)]
-
-    train_blocks = _blocks(0, (6, 4, 5, 3))
-    train = list(zip(states(train_blocks), train_blocks))
-    reg_inputs = batching.collate(states(_blocks(1, (5, 2, 4, 3, 6))))
-    logits = penalty_on == "logits"
-
-    def reg() -> Regularizer:
-        return Regularizer([UnlabeledSource("other", reg_inputs, seed=0)], lam=0.3, batch_size=3, on_logits=logits)
-
-    recipe = Recipe(mode=MODE, steps=2, batch_size=len(train), lr=1e-2, warmup=0.0, grad_clip=1e9,
-                    penalty_on=penalty_on)
-    two = fine_tune(lm_backbone.module, lm_backbone.head, train, recipe, reg(), batching=batching)
-    one = fine_tune(lm_backbone.module, lm_backbone.head, train, recipe.with_overrides(steps=1), reg(),
-                    batching=batching)
-
-    ids = batching.collate_labels(train_blocks)
-    full = lm(input_ids=torch.where(ids == IGNORE_INDEX, 0, ids), attention_mask=(ids != IGNORE_INDEX).long())
-    assert two.history[0]["penalty"] == 0.0
-    assert two.history[0]["ce"] == pytest.approx(float(next_token_loss(full.logits, ids)), rel=1e-5)
-
-    draws = reg()
-    draws.batches(0)
-    (batch,) = draws.batches(1)
-    tail = copy.deepcopy(lm_backbone.module).double()
-    tau = {n: v.double() for n, v in one.task_vector.items()}
+    """Two steps of a GPT-2 tail on cached prefix states. Step 1's logged penalty: central differences of the
+    float64 tail at theta_0 +- eps tau (tau = the one-step vector) on the reg batch drawn second, padded
+    positions dropped, the head applied for logits."""
+    run = two_penalized_steps(MODE, penalty_on)
+    batch = run.reg_batch
+    tail = copy.deepcopy(run.backbone.module).double()
+    tau = {n: v.double() for n, v in run.tau.items()}
     tangent = fd_tangent(tail, tau, batch.inputs.double(), eps=1e-4, attention_mask=batch.attention_mask)
     lengths = batch.attention_mask.sum(1).tolist()
     assert min(lengths) < batch.inputs.shape[1]  # padding present
-    if logits:
-        tangent = copy.deepcopy(lm_backbone.head).double()(tangent)
-        vocab = tangent.shape[-1]
-        by_hand = sum(float(tangent[n, :length, v].norm()) for n, length in enumerate(lengths)
-                      for v in range(vocab)) / (len(lengths) * vocab)
-    else:
-        by_hand = sum(float(tangent[n, :length].norm()) for n, length in enumerate(lengths)) / len(lengths)
+    if penalty_on == "logits":
+        tangent = copy.deepcopy(run.backbone.head).double()(tangent)
+    by_hand = mean_sequence_norm(tangent, lengths, per_vocabulary=penalty_on == "logits")
     assert by_hand > 1e-4
-    assert two.history[1]["penalty"] == pytest.approx(by_hand, rel=1e-4)
+    assert run.two.history[1]["penalty"] == pytest.approx(by_hand, rel=1e-4)
 
 
 # --------------------------------------------------------------------------- a stream banks it
