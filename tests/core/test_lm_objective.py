@@ -17,7 +17,6 @@ from editkit.core.batching import IGNORE_INDEX, SequenceBatching
 from editkit.core.linearize import LinearizedModel
 from editkit.core.objectives import next_token_loss, next_token_nll
 from editkit.core.taujp import penalty
-from helpers import models
 from helpers.lm_steps import mean_sequence_norm, two_penalized_steps
 
 # --------------------------------------------------------------------------- next-token loss
