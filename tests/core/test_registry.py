@@ -86,7 +86,7 @@ def test_unregister_and_labels():
     (GENERIC_SOURCES, ["natural-crops", "text"]),
     (TEXT_CORPORA, ["civil-comments-prompts", "civil-comments-toxic", "clean-news", "toxic", "toxic-prompts",
                     "wikitext-103"]),
-    (MERGE_METHODS, ["task-arithmetic", "ties"]),
+    (MERGE_METHODS, ["dare", "magmax", "opcm", "task-arithmetic", "ties"]),
 ])
 def test_built_in_extensions_register_themselves_once(registry, names):
     assert registry.names() == names
@@ -111,11 +111,12 @@ def test_built_in_records_declare_the_options_scenario_files_use():
 
 
 def test_bench_methods_and_labels_come_from_the_merge_registry():
-    assert METHODS == ("task-arithmetic", "ties")
-    assert METHOD_LABELS == {"pretrained": "pretrained", "task-arithmetic": "task arithmetic", "ties": "TIES-merging",
-                             "single-task": "single-task"}
-    with pytest.raises(ConfigError, match="unknown methods 'magmax'; choose from task-arithmetic, ties"):
-        parse_names("ties,magmax", METHODS, "methods")
+    assert METHODS == ("dare", "magmax", "opcm", "task-arithmetic", "ties")
+    assert METHOD_LABELS == {"pretrained": "pretrained", "dare": "DARE", "magmax": "MagMax", "opcm": "OPCM",
+                             "task-arithmetic": "task arithmetic", "ties": "TIES-merging", "single-task": "single-task"}
+    known = "dare, magmax, opcm, task-arithmetic, ties"
+    with pytest.raises(ConfigError, match=f"unknown methods 'magmaxx'; choose from {known}"):
+        parse_names("ties,magmaxx", METHODS, "methods")
 
 
 class CountingVectors(dict):
