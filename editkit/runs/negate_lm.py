@@ -84,7 +84,8 @@ class NegationEvaluation:
         self.built, self.target, self.settings = built, target, settings
         self.progress = progress or NullProgress()
         self._splits: dict[str, EvalSplits] = {}
-        self._theta0: dict[str, dict[str, Any]] = {}
+        self._theta0: dict[str, dict[str, float]] = {}
+        self._theta0_toxicity: dict[str, dict[str, Any]] = {}
 
     def splits(self, split: str) -> EvalSplits:
         """Control text, the target task's text and prompts of ``split`` (``val`` or ``test``)."""
@@ -111,15 +112,14 @@ class NegationEvaluation:
                         progress=self.progress, description=f"sampling: {label}")
 
     def theta0(self, split: str, *, sampled: bool) -> dict[str, Any]:
-        """theta_0's perplexities on ``split`` (and, ``sampled``, its toxicity), computed once."""
-        key = f"{split}{'+sampled' if sampled else ''}"
-        if key not in self._theta0:
-            row = dict(self._theta0.get(split) or self.perplexities(split, "nonlinear", None, f"{split}: theta_0"))
-            self._theta0.setdefault(split, dict(row))
-            if sampled:
-                row.update(self.toxicity(split, None, "theta_0"))
-            self._theta0[key] = row
-        return self._theta0[key]
+        """theta_0's perplexities on ``split`` (and, ``sampled``, its toxicity), each computed once."""
+        if split not in self._theta0:
+            self._theta0[split] = self.perplexities(split, "nonlinear", None, f"{split}: theta_0")
+        if not sampled:
+            return dict(self._theta0[split])
+        if split not in self._theta0_toxicity:
+            self._theta0_toxicity[split] = self.toxicity(split, None, "theta_0")
+        return {**self._theta0[split], **self._theta0_toxicity[split]}
 
 
 def selectivity(row: Mapping[str, float], base: Mapping[str, float]) -> float | None:

@@ -177,6 +177,26 @@ def test_a_fixed_alpha_skips_tuning(tmp_path, streamed):
     assert [row["model"] for row in report["rows"]] == ["theta_0", "+tau", "-tau", "-2 tau"]
 
 
+def test_theta0s_scores_are_computed_once_whatever_asks_for_them(streamed, monkeypatch):
+    """The bench scores three vectors on one evaluation: theta_0's perplexities and its sampling run once."""
+    from editkit.runs.negate_lm import NegationEvaluation, negation_settings
+    from editkit.scenario.build import build_scenario
+    from editkit.scenario.spec import load_scenario
+
+    built = build_scenario(load_scenario(streamed[0]))
+    evaluation = NegationEvaluation(built, "rude", negation_settings(built, {"samples": 4}))
+    calls = []
+    for name in ("perplexities", "toxicity"):
+        work = getattr(evaluation, name)
+        counted = lambda *a, _work=work, _name=name, **k: calls.append(_name) or _work(*a, **k)  # noqa: E731
+        monkeypatch.setattr(evaluation, name, counted)
+    plain = evaluation.theta0("test", sampled=False)
+    sampled = evaluation.theta0("test", sampled=True)
+    assert evaluation.theta0("test", sampled=True) == sampled and evaluation.theta0("test", sampled=False) == plain
+    assert calls == ["perplexities", "toxicity"]
+    assert {key: sampled[key] for key in plain} == plain and sampled["n"] == 4
+
+
 # --------------------------------------------------------------------------- refusals
 
 
