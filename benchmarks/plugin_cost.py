@@ -63,21 +63,22 @@ def main() -> None:
     heads = probe_heads(backbone, experiences(benchmark, NAMES), seed=0)
     recipe = Recipe(steps=args.steps)  # taujp, the offline-vision batch (32) and reg batch (4)
     crops = torch.randn(200, 3, 32, 32, generator=torch.Generator().manual_seed(5))
-    root = Path(tempfile.mkdtemp())
-    run_benchmark(benchmark, backbone, recipe, root / "editkit", names=NAMES, heads=heads,
-                  generic=UnlabeledSource("generic", crops, seed=9))
-    plugin_stream(benchmark, backbone, heads, recipe, root / "plugin", UnlabeledSource("generic", crops, seed=9))
+    with tempfile.TemporaryDirectory() as tmp:  # the two banks: only their numbers are kept
+        root = Path(tmp)
+        run_benchmark(benchmark, backbone, recipe, root / "editkit", names=NAMES, heads=heads,
+                      generic=UnlabeledSource("generic", crops, seed=9))
+        plugin_stream(benchmark, backbone, heads, recipe, root / "plugin", UnlabeledSource("generic", crops, seed=9))
 
-    ours, theirs = Bank(root / "plugin"), Bank(root / "editkit")
-    report = {"steps": args.steps, "train_size": args.train_size, "tasks": {}}
-    for name in NAMES:
-        plugin, loop = ours.get(name).metrics["seconds_per_step"], theirs.get(name).metrics["seconds_per_step"]
-        a, b = ours.load(name), theirs.load(name)
-        gap = max((a[k] - b[k]).abs().max().item() for k in a)
-        report["tasks"][name] = {"editkit_s_per_step": loop, "plugin_s_per_step": plugin,
-                                 "plugin_over_editkit": plugin / loop, "max_abs_tau_difference": gap}
-        print(f"{name:>7}: editkit {loop:.3f} s/step, plugin {plugin:.3f} s/step "
-              f"(x{plugin / loop:.2f}), max |tau difference| {gap:.1e}")
+        ours, theirs = Bank(root / "plugin"), Bank(root / "editkit")
+        report = {"steps": args.steps, "train_size": args.train_size, "tasks": {}}
+        for name in NAMES:
+            plugin, loop = ours.get(name).metrics["seconds_per_step"], theirs.get(name).metrics["seconds_per_step"]
+            a, b = ours.load(name), theirs.load(name)
+            gap = max((a[k] - b[k]).abs().max().item() for k in a)
+            report["tasks"][name] = {"editkit_s_per_step": loop, "plugin_s_per_step": plugin,
+                                     "plugin_over_editkit": plugin / loop, "max_abs_tau_difference": gap}
+            print(f"{name:>7}: editkit {loop:.3f} s/step, plugin {plugin:.3f} s/step "
+                  f"(x{plugin / loop:.2f}), max |tau difference| {gap:.1e}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
     print(f"written {args.json}")

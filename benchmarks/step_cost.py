@@ -34,7 +34,7 @@ from editkit.util.memory import PeakRSS, keep_freed_memory
 from editkit.train.recipe import Recipe
 from editkit.scenario.spec import load_scenario
 from editkit.scenario.build import build_scenario
-from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
+from editkit.core.taujp import UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
 
 MODES = {  # label -> (mode, schedule)
@@ -48,7 +48,7 @@ MODES = {  # label -> (mode, schedule)
 
 def measure(built, recipe: Recipe, sources: list[UnlabeledSource], warmup: int) -> dict[str, float]:
     task = built.tasks[0]
-    regularizer = Regularizer(sources, lam=recipe.lam, schedule=recipe.schedule, batch_size=recipe.reg_batch_size)
+    regularizer = recipe.regularizer(sources)
     stamps: list[float] = []
     with PeakRSS(interval=0.001) as rss:
         start = time.perf_counter()
@@ -83,7 +83,7 @@ def measure_language(spec, built, args) -> dict:
         per_mode = {}
         for mode in ("nonlinear", "linear", "taujp"):
             recipe = recipe0.with_overrides(mode=mode, steps=args.steps)
-            regularizer = Regularizer([source], lam=recipe.lam, batch_size=recipe.reg_batch_size)
+            regularizer = recipe.regularizer([source])
             stamps: list[float] = []
             with PeakRSS(interval=0.001) as rss:
                 start = time.perf_counter()

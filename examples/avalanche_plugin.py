@@ -15,6 +15,7 @@ import sys
 
 import torch
 from editkit.bank.store import Bank
+from editkit.core.modes import Mode
 from editkit.data.packaged import packaged_task
 from editkit.integrations.avalanche.benchmark import benchmark_from_tasks
 from editkit.integrations.avalanche.multitask import MultiHeadTaskModel
@@ -32,7 +33,7 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=100, help="optimizer steps per task")
 parser.add_argument("--train-size", type=int, default=1000, help="train images per task")
 parser.add_argument("--test-size", type=int, default=300, help="test images per task")
-parser.add_argument("--mode", default="taujp", choices=["taujp", "linear", "nonlinear"])
+parser.add_argument("--mode", default="taujp", choices=[str(mode) for mode in Mode])
 parser.add_argument("--bank", default=None, help="a new bank directory (default: banks/avalanche-plugin-<mode>)")
 args = parser.parse_args()
 bank = args.bank or f"banks/avalanche-plugin-{args.mode}"

@@ -114,9 +114,7 @@ class StreamRunner:
         if not sources:
             log.warning("task %s has no unlabeled source: its vector is not regularized", self.exps[t].name)
         shard = (self.runtime.rank, self.runtime.world_size) if self.runtime.distributed else None
-        return Regularizer(sources, lam=recipe.lam, schedule=recipe.schedule,
-                           batch_size=recipe.reg_batch_size, squared=recipe.squared, shard=shard,
-                           on_logits=recipe.penalty_on == "logits")
+        return recipe.regularizer(sources, shard=shard)
 
     # -- evaluation ----------------------------------------------------------------------------
     def eval_task(self, i: int) -> Scorer:

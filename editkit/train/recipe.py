@@ -16,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from editkit.core.modes import Mode
+from editkit.core.taujp import Regularizer, Shard, UnlabeledSource
 from editkit.errors import ConfigError, check_choices
 from editkit.util.fields import choice
 
@@ -98,6 +99,12 @@ class Recipe:
     @property
     def regularized(self) -> bool:
         return self.mode.penalized and self.lam > 0
+
+    def regularizer(self, sources: Sequence[UnlabeledSource], *, shard: Shard | None = None) -> Regularizer:
+        """The penalty this recipe asks for over ``sources``: the one place a recipe becomes a regularizer,
+        so editkit's stream and the Avalanche plugin penalise alike (they promise the same vectors)."""
+        return Regularizer(sources, lam=self.lam, schedule=self.schedule, batch_size=self.reg_batch_size,
+                           squared=self.squared, shard=shard, on_logits=self.penalty_on == "logits")
 
     @property
     def examples_per_step(self) -> int:

@@ -20,7 +20,7 @@ Heads are frozen ``nn.Module`` s mapping the backbone's features ``(N, D)`` to l
 - any linear layer you trained yourself, passed frozen.
 
 The backbone is theta_0, in the task model of a mode (:func:`editkit.core.linearize.build_task_model`):
-linearized for ``linear`` / ``taujp``, plain for ``nonlinear``; its BatchNorm statistics stay
+linearized for ``linear`` / ``taujp``, plain for ``nonlinear`` / ``taujp-nonlinear``; its BatchNorm statistics stay
 theta_0's whatever ``train()`` Avalanche calls. :class:`~editkit.integrations.avalanche.plugin.TauJpPlugin`
 chooses the mode and drives training through :attr:`MultiHeadTaskModel.step`.
 """
@@ -60,18 +60,20 @@ class MultiHeadTaskModel(MultiTaskModule):
         self.base = backbone.fingerprint()
         self.task_model = build_task_model(backbone.module, mode)
         self.mode = Mode(mode)
-        #: Set by the plugin for one experience: training forwards then run its step (task batch
-        #: and reg batches in one call), and :attr:`penalty` holds the step's lambda * penalty.
+        #: Set by the plugin for one experience: training forwards then run its step (the task batch
+        #: and the reg batches: one jvp in the linearized modes; in ``taujp-nonlinear`` the plain
+        #: forward and a jvp of the reg batches), and :attr:`penalty` holds the step's lambda * penalty.
         self.step: StepComputer | None = None
         self.reg_batches: list[Any] = []
         self.penalty: torch.Tensor | None = None
 
     def set_mode(self, mode: str) -> None:
-        """Rebuild the task model in ``mode`` around theta_0 (theta restarts at theta_0)."""
-        if Mode(mode) != self.mode:
+        """Train and evaluate in ``mode``; the task model is rebuilt around theta_0 only when the mode
+        changes between linearized and plain (``taujp`` and ``linear`` share one linearized model)."""
+        if Mode(mode).linearized != self.mode.linearized:
             device = self.task_model.theta[0].device
             self.task_model = build_task_model(self.backbone.module, mode).to(device)
-            self.mode = Mode(mode)
+        self.mode = Mode(mode)
 
     def adaptation(self, experience) -> None:
         """The heads are fixed, so nothing grows; only the task labels trained on are recorded
@@ -103,7 +105,9 @@ class MultiHeadTaskModel(MultiTaskModule):
         if self.training and self.step is not None:
             if self.step.head is not head:
                 raise ValueError(f"a batch of task {task_label} reached the step of another task")
-            features, self.penalty = self.step.features(x, self.reg_batches)
+            features, penalty = self.step.features(x, self.reg_batches)
+            if penalty is not None:  # a second training forward of the step must not drop the penalty
+                self.penalty = penalty
             self.reg_batches = []
             return head(features.float())  # no-op in fp32; leaves bf16 autocast
         args, kwargs = self.backbone.batching.arguments(x)

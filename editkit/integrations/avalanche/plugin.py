@@ -3,8 +3,8 @@
 The strategy's model must be a :class:`~editkit.integrations.avalanche.multitask.MultiHeadTaskModel`
 (theta_0's backbone and fixed per-task heads). For each training experience the plugin:
 
-1. resets theta to theta_0 and the task model to the recipe's mode (``taujp``, ``linear`` or
-   ``nonlinear``), and gives the strategy a fresh AdamW on theta (the recipe's ``lr`` and
+1. resets theta to theta_0 and the task model to the recipe's mode (``taujp``, ``linear``,
+   ``nonlinear`` or ``taujp-nonlinear``), and gives the strategy a fresh AdamW on theta (the recipe's ``lr`` and
    ``weight_decay``) with warmup + cosine (:func:`editkit.train.loop.warmup_cosine`) and
    gradient clipping: optimizer state never carries over from one experience to the next;
 2. replaces the strategy's dataloader, for this experience, by editkit's own batches
@@ -12,9 +12,11 @@ The strategy's model must be a :class:`~editkit.integrations.avalanche.multitask
    steps, in one "epoch"), so the strategy takes exactly the optimizer steps
    ``editkit stream`` takes and a vector banked here equals one banked there;
 3. at each training forward hands the model the step's reg batches, drawn from unlabeled
-   inputs of the earlier experiences (and the generic source): the task batch and the reg
-   batches go through one jvp (:meth:`editkit.train.loop.StepComputer.features`), and the
-   plugin adds lambda * penalty to the strategy's loss before the backward pass;
+   inputs of the earlier experiences (and the generic source), and the model runs the loop's
+   own step (:meth:`editkit.train.loop.StepComputer.features`: in the linearized modes the task
+   batch and the reg batches go through one jvp; in ``taujp-nonlinear`` the task batch takes the
+   plain forward and the reg batches a jvp); the plugin adds lambda * penalty to the strategy's
+   loss before the backward pass;
 4. after the experience appends tau = theta - theta_0 to the bank (main process only) with
    its scenario, step and recipe, and keeps up to ``mem_size`` of the experience's inputs,
    never its labels, as a penalty source for the experiences after it.
@@ -110,7 +112,8 @@ class StepBatches:
 
 
 class TauJpPlugin(SupervisedPlugin):
-    """Linearized fine-tuning with the tauJp penalty, one banked task vector per experience.
+    """Fine-tuning in the recipe's mode (default: linearized, with the tauJp penalty), one banked task vector
+    per experience.
 
     recipe: the base recipe (default: :class:`~editkit.train.recipe.Recipe`'s defaults);
         ``recipe_fields`` replace single fields (``lam``, ``schedule``, ``scope``,
@@ -194,7 +197,8 @@ class TauJpPlugin(SupervisedPlugin):
         self._recipe = recipe
         self._train_seconds = 0.0
 
-    def before_training_iteration(self, strategy, **kwargs) -> None:
+    def before_training_epoch(self, strategy, **kwargs) -> None:
+        """The experience's one epoch starts: timed like ``fine_tune``, batch loading included."""
         self._started = time.perf_counter()
 
     def before_forward(self, strategy, **kwargs) -> None:
@@ -214,8 +218,8 @@ class TauJpPlugin(SupervisedPlugin):
     def after_update(self, strategy, **kwargs) -> None:
         self._schedule.step()
 
-    def after_training_iteration(self, strategy, **kwargs) -> None:
-        self._train_seconds += time.perf_counter() - self._started
+    def after_training_epoch(self, strategy, **kwargs) -> None:
+        self._train_seconds = time.perf_counter() - self._started
 
     def after_training_exp(self, strategy, **kwargs) -> None:
         model = self._model(strategy)
@@ -243,8 +247,7 @@ class TauJpPlugin(SupervisedPlugin):
             sources.append(self._generic(recipe))
         if not sources:
             log.warning("experience %d has no unlabeled source: its vector is not regularized", index)
-        return Regularizer(sources, lam=recipe.lam, schedule=recipe.schedule, batch_size=recipe.reg_batch_size,
-                           squared=recipe.squared, on_logits=recipe.penalty_on == "logits")
+        return recipe.regularizer(sources)
 
     def _generic(self, recipe: Recipe) -> UnlabeledSource:
         if self._generic_source is None:
