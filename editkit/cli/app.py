@@ -162,6 +162,8 @@ def add(
 ) -> None:
     """theta_0 + the vectors merged (default: alpha * sum(tau)): accuracy on each added vector's task."""
     from editkit.cli.console import RichProgress, accuracy_table, console
+    import json
+
     from editkit.runs.checkpoints import refuse_linearized, write_model
     from editkit.runs.edit import add as add_vectors
     from editkit.runs.edit import open_bank
@@ -171,6 +173,8 @@ def add(
     store = open_bank(bank)
     if all_ and names:
         raise ConfigError("give vector names or --all, not both")
+    if tau_only and out is None:
+        raise ConfigError("--tau-only says what --out writes: give --out too")
     selection = store.names() if all_ or not names else names
     writes_model = out is not None and not tau_only
     if writes_model:  # refused before anything is computed
@@ -190,6 +194,7 @@ def add(
                                  single=r["single_task"], summary={"absolute": r["absolute"], "normalized": r["normalized"]}))
     if writes_model:
         write_model(out, result.module, result.vector, {"base": str(store.base), "method": method,
+                                                        "options": json.dumps(r["options"]),
                                                         "coefficients": str(result.coefficients)})
         console.print(f"model (theta_0 + merged vector, the backbone module's state dict) written to {out}")
     _save_outputs(result, None if writes_model else out, json_path)
@@ -398,16 +403,16 @@ def bank_import(
                                         "scenario backbone's weights); it must hold the backbone's values."),
     task: Optional[str] = typer.Option(None, "--task", help="The scenario task the vector is for (default: --name)."),
     scenario: str = ScenarioOption,
-    bank: Optional[Path] = typer.Option(None, "--bank", help="Bank directory (default banks/<scenario>-nonlinear, "
-                                        "beside the scenario's non-linear stream vectors)."),
+    bank: Optional[Path] = typer.Option(None, "--bank", help="Bank directory (default banks/<scenario>-imported: "
+                                        "a stream's bank holds only vectors of its own recipe, so `stream` and "
+                                        "`bench` would refuse an imported one there)."),
 ) -> None:
     """Bank tau = theta_ft - theta_0 from a checkpoint fine-tuned elsewhere, as a non-linear vector."""
     from editkit.cli.console import console
-    from editkit.core.modes import Mode
-    from editkit.runs.checkpoints import import_checkpoint
+    from editkit.runs.checkpoints import IMPORTED, import_checkpoint
     from editkit.scenario.spec import load_scenario
 
-    bank = bank or default_bank_dir(load_scenario(scenario).name, Mode.NONLINEAR)
+    bank = bank or default_bank_dir(load_scenario(scenario).name, IMPORTED)
     entry = import_checkpoint(bank, scenario, name, finetuned, base=base, task=task, build=BuildOptions(**build))
     imported = entry.provenance["imported"]
     console.print(f"imported {entry.name} (task {entry.task}, {imported['finetuned']['layout']} layout, "

@@ -15,6 +15,7 @@ the method has no such option.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
@@ -72,8 +73,14 @@ def checked(vectors: Iterable[Vector], what: str) -> Iterator[Vector]:
         raise ConfigError(f"{what} needs at least one task vector")
 
 
+def vector_norm(vector: Vector) -> float:
+    """The L2 norm of the whole vector, every parameter flattened (in float64)."""
+    return math.sqrt(sum(float(t.double().pow(2).sum()) for t in vector.values()))
+
+
 def method_options(method: str, given: Mapping[str, Any] | Sequence[str]) -> dict[str, Any]:
-    """A merge method's options from ``{key: value}`` or ``["key=value", ...]`` (the command line's form).
+    """A merge method's options: its defaults with ``{key: value}`` or ``["key=value", ...]`` (the command
+    line's form) laid over them, so what was used is what a report records.
 
     Unknown keys are refused with the known ones listed; string values take the type of the
     option's default (``p=0.5`` is a float for DARE, ``seed=3`` an int). Range checks are the
@@ -84,7 +91,7 @@ def method_options(method: str, given: Mapping[str, Any] | Sequence[str]) -> dic
     where = f"merge method {method!r}"
     record.refuse_unknown(pairs, where)
     defaults = {o.name: o.default for o in record.options}
-    return {key: _typed(value, defaults[key], f"{where}: {key}") for key, value in pairs.items()}
+    return {**defaults, **{key: _typed(value, defaults[key], f"{where}: {key}") for key, value in pairs.items()}}
 
 
 def _split(method: str, item: str) -> tuple[str, str]:

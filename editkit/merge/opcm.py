@@ -43,14 +43,13 @@ Registered as the merge method ``opcm``.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Iterable, Mapping
 
 import torch
 
 from editkit.core.registry import Record
 from editkit.errors import ConfigError
-from editkit.merge import MERGE_METHODS, Vector, checked
+from editkit.merge import MERGE_METHODS, Vector, checked, vector_norm
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +78,6 @@ def project_out(merged: torch.Tensor, task: torch.Tensor, share: float) -> torch
     removed = torch.diag_embed(coords.diagonal())
     removed[:r, :r] = coords[:r, :r]
     return (tau - u @ removed @ vh).reshape(task.shape).to(task.dtype)
-
-
-def vector_norm(vector: Vector) -> float:
-    """The L2 norm of the whole vector, every parameter flattened."""
-    return math.sqrt(sum(float(t.double().pow(2).sum()) for t in vector.values()))
 
 
 def opcm_merge(vectors: Iterable[Vector], *, share: float = OPCM_DEFAULT_SHARE) -> dict[str, torch.Tensor]:

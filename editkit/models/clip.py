@@ -52,6 +52,7 @@ from editkit.util.hub import hf_endpoint, hf_hub_cache, host_reachable
 from editkit.models import BACKBONES
 from editkit.models.heads import ZeroShotHead
 from editkit.models.backbone import Backbone, state_fingerprint
+from editkit.models.clip_keys import OPENAI_SCALARS
 
 log = logging.getLogger(__name__)
 
@@ -226,8 +227,7 @@ def _state_dict_from_torchscript(path: Path) -> Path:
     (buffers, not weights) are dropped, as open_clip's own OpenAI loader does.
     """
     state = torch.jit.load(str(path), map_location="cpu").state_dict()
-    drop = ("input_resolution", "context_length", "vocab_size")
-    state = {k: v for k, v in state.items() if k not in drop and not k.endswith("attn_mask")}
+    state = {k: v for k, v in state.items() if k not in OPENAI_SCALARS and not k.endswith("attn_mask")}
     fd, tmp = tempfile.mkstemp(prefix="editkit-clip-", suffix=".pt")
     os.close(fd)
     torch.save(state, tmp)

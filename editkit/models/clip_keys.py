@@ -37,10 +37,13 @@ import torch
 #: Prefix of the image tower's keys in an open_clip state dict, and the wrapper an ``ImageEncoder`` adds.
 OPEN_CLIP_VISUAL = "visual."
 IMAGE_ENCODER_WRAPPER = "model."
+#: The scalar entries OpenAI's TorchScript CLIP archives carry beside the weights.
+OPENAI_SCALARS = ("input_resolution", "context_length", "vocab_size")
 #: First name component of the rest of an open_clip model: text tower (``text.`` for towers from other
-#: libraries), its attention mask, the contrastive temperature and bias.
+#: libraries), its attention mask, the contrastive temperature and bias, and OpenAI's scalars.
 OPEN_CLIP_OTHER_ROOTS = frozenset({"transformer", "token_embedding", "ln_final", "positional_embedding",
-                                   "text_projection", "attn_mask", "logit_scale", "logit_bias", "text"})
+                                   "text_projection", "attn_mask", "logit_scale", "logit_bias", "text",
+                                   *OPENAI_SCALARS})
 
 #: Prefix of the image tower's keys in a Hugging Face CLIP state dict, and its projection's key.
 HF_VISION = "vision_model."

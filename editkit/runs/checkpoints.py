@@ -38,6 +38,7 @@ from editkit.bank.store import Bank, VectorEntry
 from editkit.core.artifacts import sha256_file
 from editkit.core.modes import Mode
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError, MissingResourceError
+from editkit.merge import vector_norm
 from editkit.merge.arithmetic import TaskVector
 from editkit.models.clip import is_torchscript_archive
 from editkit.models.clip_keys import TowerState, from_hugging_face, from_open_clip, is_hugging_face, is_open_clip
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 
 #: What torch's DistributedDataParallel puts before every key of the model it wraps.
 DDP_PREFIX = "module."
+#: The default bank of imported vectors is ``banks/<scenario>-imported``: apart from the scenario's stream
+#: banks, whose vectors must all share the stream's recipe.
+IMPORTED = "imported"
 #: How many names a refusal lists.
 NAMES_SHOWN = 5
 
@@ -208,7 +212,7 @@ def import_checkpoint(bank: Bank | Path | str, scenario: str | Path, name: str, 
         start = {**theta0, **given}
     tau = {n: tuned[n].to(p.dtype) - start[n].to(p.dtype) if n in tuned else torch.zeros_like(p)
            for n, p in theta0.items()}
-    norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.double()) for t in tau.values()])))
+    norm = vector_norm(tau)
     provenance = {**scenario_provenance(spec, build), "imported": {**sources, "not_held": list(not_held)}}
     store = bank if isinstance(bank, Bank) else Bank(bank)
     entry = store.append(name, tau, task=task, mode=Mode.NONLINEAR, base=backbone.fingerprint(),

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from editkit.core.modes import combined_mode, mode_family
+from editkit.core.modes import combined_mode
 from editkit.merge import MERGE_METHODS, LazyVectors, method_options
 from editkit.merge.arithmetic import TaskVector, addition_coefficients, combine, negation_coefficients
 from editkit.bank.store import Bank
@@ -144,10 +144,7 @@ def merged_vector(bank: Bank, coefficients: Mapping[str, float], method: str, op
     With one alpha for all, this is alpha times the method's merged vector (every built-in method commutes with
     scaling all its inputs by one number)."""
     record = MERGE_METHODS[method]
-    modes = {bank.get(n).mode for n in coefficients}
-    if len({mode_family(m) for m in modes}) > 1:
-        listing = ", ".join(f"{n} ({bank.get(n).mode})" for n in coefficients)
-        raise IncompatibleVectorsError(f"cannot merge non-linear and linearized vectors: {listing}")
+    mode = combined_mode(bank.get(n).mode for n in coefficients)  # refuses a mix of families before any read
 
     def scaled(name: str) -> dict[str, torch.Tensor]:
         tensors, alpha = bank.load(name, base=bank.base), coefficients[name]
@@ -158,7 +155,7 @@ def merged_vector(bank: Bank, coefficients: Mapping[str, float], method: str, op
     if not made:  # the method adds the vectors as they are (task arithmetic)
         return combine(bank, coefficients)
     tensors = {key: sum(merged[n][key] for n in made) for key in merged[made[0]]}
-    return TaskVector(tensors, combined_mode(modes))
+    return TaskVector(tensors, mode)
 
 
 def negate(

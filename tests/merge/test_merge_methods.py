@@ -314,6 +314,8 @@ def test_every_method_reads_the_vectors_lazily_and_once():
 def test_options_are_typed_and_unknown_keys_refused_with_the_known_ones():
     assert method_options("dare", ["p=0.5", "seed=3", "base=ties"]) == {"p": 0.5, "seed": 3, "base": "ties"}
     assert method_options("opcm", {"share": 0.25}) == {"share": 0.25}
+    assert method_options("dare", ["p=0.5"]) == {"p": 0.5, "seed": 0, "base": "task-arithmetic"}  # defaults recorded
+    assert method_options("magmax", []) == {}
     with pytest.raises(ConfigError, match=r"^merge method 'dare': unknown option 'q'; known: p, seed, base$"):
         method_options("dare", ["q=1"])
     with pytest.raises(ConfigError, match="known: none"):
@@ -343,7 +345,7 @@ def test_add_merges_the_scaled_vectors(tmp_path):
     summed = merged_vector(bank, coefficients, "task-arithmetic", {})
     assert torch.equal(summed.tensors["w"], t(-1.5, 6.0, 2.0)) and torch.equal(summed.tensors["b"], t(2.5))
     make_bank(tmp_path / "mixed", {"x": "nonlinear", "y": "linear"})
-    with pytest.raises(IncompatibleVectorsError, match="non-linear and linearized"):
+    with pytest.raises(IncompatibleVectorsError, match="one family at a time"):
         merged_vector(Bank(tmp_path / "mixed"), {"x": 1.0, "y": 1.0}, "opcm", {})
 
 

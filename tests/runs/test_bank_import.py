@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import re
 import tempfile
 from pathlib import Path
@@ -196,6 +197,9 @@ LAYOUTS = {
     "CLIPVisionModelWithProjection, saved by transformers": ("hf-clip", lambda b, t: saved(hf_vision_model(t)), False),
     "CLIPModel (.bin)": ("hf-clip", lambda b, t: hf_clip_model(t), True),
     "the module's own names": ("state-dict", lambda b, t: dict(t), False),
+    "OpenAI's archive state (scalars beside the weights)": (
+        "open_clip", lambda b, t: {**whole_clip(b, t), "input_resolution": torch.tensor(224),
+                                   "context_length": torch.tensor(77), "vocab_size": torch.tensor(49408)}, True),
 }
 
 
@@ -271,6 +275,8 @@ def test_a_wrong_base_is_refused_in_one_line_and_nothing_is_banked(scenario, the
     assert result.exit_code == 1, result.output
     line = " ".join(result.output.split())
     assert line.startswith("error: base checkpoint") and "'ln_post.weight'" in line and "Traceback" not in line
+    with pytest.raises(IncompatibleVectorsError, match="'ln_post.weight'"):  # what the Python API raises
+        import_checkpoint(bank_dir, scenario, "again", tmp_path / "ok.safetensors", base=base, task="digits")
     assert snapshot(bank_dir) == before and Bank(bank_dir).names() == ["digits"]
 
 
@@ -332,13 +338,15 @@ def test_unreadable_checkpoints_are_one_line(scenario, tuned, tmp_path):
 # --------------------------------------------------------------------------- add --out
 
 
-def test_add_out_writes_the_edited_model_and_it_reimports(scenario, backbone, theta0, tuned, tmp_path):
-    """θ0 + α·τ as the tower's state dict: it loads into the backbone with every parameter bit-exact, and
-    importing it back as a plain state dict gives α·τ."""
-    bank_dir = tmp_path / "bank"
-    result = invoke("bank", "import", "--bank", bank_dir, "--scenario", scenario, "--name", "digits",
+def test_add_out_writes_the_edited_model_and_it_reimports(scenario, backbone, theta0, tuned, tmp_path, monkeypatch):
+    """Imported into its own default bank, not the stream's; then θ0 + α·τ as the tower's state dict: it loads
+    into the backbone with every parameter bit-exact, and importing it back as a plain state dict gives α·τ."""
+    monkeypatch.chdir(tmp_path)
+    result = invoke("bank", "import", "--scenario", scenario, "--name", "digits",
                     "--finetuned", write(tmp_path / "ft.safetensors", dict(tuned)))
     assert result.exit_code == 0, result.output
+    bank_dir = tmp_path / "banks" / "clip-import-imported"
+    assert Bank(bank_dir).names() == ["digits"] and not (tmp_path / "banks" / "clip-import-nonlinear").exists()
     assert "imported digits (task digits, state-dict layout" in " ".join(result.output.split())
     out = tmp_path / "model.safetensors"
     result = invoke("add", "digits", "--alpha", "0.5", "--bank", bank_dir, "--out", out)
@@ -352,6 +360,7 @@ def test_add_out_writes_the_edited_model_and_it_reimports(scenario, backbone, th
     with safe_open(str(out), framework="pt") as fh:
         meta = fh.metadata()
     assert (meta["content"], meta["mode"], meta["base"]) == ("model", "nonlinear", backbone.fingerprint())
+    assert meta["method"] == "task-arithmetic" and json.loads(meta["options"]) == {}
     import_checkpoint(bank_dir, scenario, "half", out, task="digits")
     again = Bank(bank_dir).load("half")
     for key in banked:
@@ -368,6 +377,8 @@ def test_add_out_refuses_linearized_vectors_unless_tau_only(scenario, backbone, 
     line = " ".join(result.output.split())
     assert line.startswith("error: cannot write a model checkpoint for linearized vector(s) digits (taujp)")
     assert "not the model they were trained as" in line and "--tau-only" in line
+    result = invoke("add", "digits", "--bank", bank.root, "--tau-only")  # says what --out writes: no --out
+    assert result.exit_code == 1 and "give --out too" in " ".join(result.output.split())
     result = invoke("add", "digits", "--bank", bank.root, "--out", out, "--tau-only")
     assert result.exit_code == 0, result.output
     written = load_file(str(out))

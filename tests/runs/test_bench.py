@@ -346,7 +346,7 @@ def test_editkit_add_method_scores_the_bench_row_at_coefficient_one(bench_run, t
     result = runner.invoke(app, [str(a) for a in args])
     assert result.exit_code == 0, result.output
     numbers = json.loads(json_path.read_text())
-    assert numbers["method"] == method and numbers["options"] == options
+    assert numbers["method"] == method and numbers["options"] == {**report["method_options"][method], **options}
     row = next(r for r in report["addition"]["rows"]
                if r["method"] == method and r["mode"] == mode and r["coefficient"] == "1.0")
     tol = 0 if mode == "nonlinear" else 1.01 / N_TEST

@@ -76,7 +76,7 @@ from editkit.scenario.options import BuildOptions
 from editkit.errors import BankError, ConfigError, check_choices, IncompatibleVectorsError, MissingResourceError
 from editkit.util.fields import choice
 from editkit.util.memory import PeakRSS
-from editkit.merge import MERGE_METHODS, LazyVectors
+from editkit.merge import MERGE_METHODS, LazyVectors, method_options
 from editkit.merge.ties import TIES_DEFAULT_K
 from editkit.util.progress import NullProgress, Progress
 from editkit.core.modes import PAPER_MODES, Mode
@@ -531,7 +531,7 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
 def _method_options(config: BenchConfig) -> dict[str, dict[str, Any]]:
     """Each merge method's options: its defaults, with ``--ties-k`` as TIES' ``k``."""
     given = {"ties": {"k": config.ties_k}}
-    return {m: {**{o.name: o.default for o in MERGE_METHODS[m].options}, **given.get(m, {})} for m in METHODS}
+    return {m: method_options(m, given.get(m, {})) for m in METHODS}
 
 
 def _negation(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
