@@ -6,6 +6,9 @@ returns a :class:`~editkit.data.tasks.TaskData` for a scenario's ``source = "kin
 ``check(name, dataset, **options)`` lists missing data.
 ``TEXT_CORPORA``: corpus name -> record whose ``build(split, seed=0)`` returns the texts of one
 split (``train`` / ``val`` / ``test``) of a named text corpus; its ``check()`` lists what is missing.
+``LABELLED_TEXTS``: dataset name -> record whose ``build(split, seed=0)`` returns a
+:class:`~editkit.data.tasks.LabelledTexts` (texts, class ids, class names) of one split (``train`` /
+``val`` / ``test``) of a named text-classification dataset; its ``check()`` lists what is missing.
 ``GENERIC_SOURCES``: kind -> record whose ``build(backbone, seed, **options)`` returns the
 always-available :class:`~editkit.core.taujp.UnlabeledSource` of a ``[generic]`` table.
 
@@ -21,5 +24,6 @@ from editkit.core.registry import Record, Registry
 TASK_SOURCES: Registry[Record] = Registry("task source")
 GENERIC_SOURCES: Registry[Record] = Registry("generic source")
 TEXT_CORPORA: Registry[Record] = Registry("text corpus")
+LABELLED_TEXTS: Registry[Record] = Registry("text-classification dataset")
 
 from editkit.data import hf_text, natural, packaged, text, toxic_corpus, vision8  # noqa: E402,F401  (built-in extensions register themselves)

@@ -26,6 +26,20 @@ class TensorTaskDataset(TensorDataset):
         self.targets = labels.long()
 
 
+@dataclass(frozen=True)
+class LabelledTexts:
+    """One split of a text-classification dataset: ``texts[i]`` has class ``labels[i]``, an index into ``classes``
+    (every split of a dataset lists the same classes, in the same order)."""
+
+    texts: list[str]
+    labels: list[int]
+    classes: list[str]
+
+    def __post_init__(self) -> None:
+        if len(self.texts) != len(self.labels):
+            raise ValueError(f"{len(self.texts)} texts but {len(self.labels)} labels")
+
+
 @dataclass
 class TaskData:
     """A task: its name, class names and the three splits (items are (x, y))."""
