@@ -24,7 +24,7 @@ from typing import Literal
 
 from editkit.errors import MissingResourceError
 from editkit.settings import cache_dir, downloads_dir
-from editkit.util.atomic import atomic_path
+from editkit.util.atomic import atomic_dir, atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -191,4 +191,25 @@ def extract_member(archive: Path, member: str, target: Path) -> Path:
         log.info("extracting %s from %s into %s", member, archive.name, target.parent)
         with zf.open(info) as src, atomic_path(target, durable=False) as tmp, open(tmp, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
+    return target
+
+
+def extract_folder(archive: Path, folder: str, target: Path) -> Path:
+    """Copy every file under ``folder/`` of the zip ``archive`` into the directory ``target`` (kept relative
+    to ``folder``) unless ``target`` exists. Atomic: the directory appears whole or not at all.
+    Raises :class:`MissingResourceError` when the archive holds nothing under ``folder``."""
+    if target.is_dir():
+        return target
+    prefix = folder.rstrip("/") + "/"
+    with zipfile.ZipFile(archive) as zf:
+        members = [info for info in zf.infolist() if info.filename.startswith(prefix) and not info.is_dir()]
+        if not members:
+            raise MissingResourceError(f"{archive.name} holds no files under {prefix}")
+        log.info("extracting %s from %s into %s", prefix, archive.name, target)
+        with atomic_dir(target) as tmp:
+            for info in members:
+                destination = tmp / info.filename[len(prefix):]
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(info) as src, open(destination, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
     return target

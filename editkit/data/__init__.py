@@ -26,4 +26,4 @@ GENERIC_SOURCES: Registry[Record] = Registry("generic source")
 TEXT_CORPORA: Registry[Record] = Registry("text corpus")
 LABELLED_TEXTS: Registry[Record] = Registry("text-classification dataset")
 
-from editkit.data import hf_text, natural, packaged, text, toxic_corpus, vision8  # noqa: E402,F401  (built-in extensions register themselves)
+from editkit.data import hf_text, natural, packaged, text, text_classification, toxic_corpus, vision8  # noqa: E402,F401  (built-in extensions register themselves)

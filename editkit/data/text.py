@@ -35,17 +35,21 @@ PREFIX_BATCH = 16
 
 
 class TokenSequences(Dataset):
-    """Language-modelling examples: item i is (prefix hidden states ``(T_i, D)``, token ids ``(T_i,)``).
+    """Text examples as a tail reads them: item i is (prefix hidden states ``(T_i, D)``, its label).
 
-    The ids are the labels (the next-token loss shifts them); ``input(i)`` gives the
-    states alone, so a tauJp source never reads the tokens it would be scored on.
-    States are computed when first read, ``PREFIX_BATCH`` consecutive blocks at a time,
-    and kept: a run pays for the prefix of the blocks it reads, once (negation never
+    The label is the token ids themselves (language modelling: the next-token loss shifts
+    them), or the class id of ``labels`` (text classification; also ``targets``, which
+    probes and Avalanche read). ``input(i)`` gives the states alone, so a tauJp source never
+    reads a label. States are computed when first read, ``PREFIX_BATCH`` consecutive texts at
+    a time, and kept: a run pays for the prefix of the texts it reads, once (negation never
     reads the train split; a short run reads a few chunks of it).
     """
 
-    def __init__(self, ids: Sequence[torch.Tensor], backbone: Any) -> None:
+    def __init__(self, ids: Sequence[torch.Tensor], backbone: Any, labels: torch.Tensor | None = None) -> None:
         self.ids = list(ids)
+        if labels is not None and len(labels) != len(self.ids):
+            raise ValueError(f"{len(self.ids)} texts but {len(labels)} labels")
+        self.targets = labels
         self._backbone = backbone
         self._chunks: dict[int, list[torch.Tensor]] = {}
 
@@ -53,7 +57,7 @@ class TokenSequences(Dataset):
         return len(self.ids)
 
     def state(self, index: int) -> torch.Tensor:
-        """Block ``index``'s prefix states (its chunk computed on first use)."""
+        """Text ``index``'s prefix states (its chunk computed on first use)."""
         chunk, offset = divmod(index, PREFIX_BATCH)
         if chunk not in self._chunks:
             start = chunk * PREFIX_BATCH
@@ -62,11 +66,11 @@ class TokenSequences(Dataset):
 
     @property
     def states(self) -> list[torch.Tensor]:
-        """Every block's prefix states (all computed)."""
+        """Every text's prefix states (all computed)."""
         return [self.state(i) for i in range(len(self))]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.state(index), self.ids[index]
+        return self.state(index), self.ids[index] if self.targets is None else self.targets[index]
 
     def input(self, index: int) -> torch.Tensor:
         return self.state(index)
@@ -96,20 +100,24 @@ def pack(tokenizer: Any, texts: Sequence[str], length: int, *, limit: int | None
 def prefix_states(backbone: Any, blocks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The frozen prefix's hidden states of each block, computed as one right-padded batch."""
     batch = backbone.batching.collate(blocks)
-    device = next(backbone.lm.parameters()).device
-    hidden = backbone.prefix(batch.inputs.to(device), batch.attention_mask.to(device)).cpu()
+    hidden = backbone.prefix(batch.inputs.to(backbone.device), batch.attention_mask.to(backbone.device)).cpu()
     return [h[: len(ids)].clone() for h, ids in zip(hidden, blocks)]
 
 
 def sequences(backbone: Any, texts: Sequence[str], max_length: int, *, limit: int | None = None,
               description: str = "prefix states") -> TokenSequences:
     """Packed blocks of ``texts``; their prefix states are computed when first read."""
-    if not hasattr(backbone, "prefix"):
-        raise ConfigError(f"text data needs a causal-lm backbone, not {backbone.name}")
+    require_prefix(backbone)
     blocks = pack(backbone.tokenizer, texts, max_length, limit=limit)
     if not blocks:
         raise ConfigError(f"{description}: no text to build sequences from")
     return TokenSequences(blocks, backbone)
+
+
+def require_prefix(backbone: Any) -> None:
+    """Refuse a backbone that cannot read text (text data is its prefix's hidden states)."""
+    if not hasattr(backbone, "prefix"):
+        raise ConfigError(f"text data needs a text backbone (causal-lm, text-encoder), not {backbone.name}")
 
 
 def corpus_split(corpus: str, split: str, seed: int = 0) -> list[str]:

@@ -13,20 +13,15 @@ on a CPU is many times a plain step. editkit splits the decoder instead:
 - the **LM head** (usually tied to the embeddings) is the task's fixed head,
   :class:`LanguageModelHead`, whose loss is the next-token loss over real positions.
 
-The tail calls the model's own decoder blocks with the arguments the model itself
-would give them (causal / padding mask, rotary position embeddings...): they are
-captured by running the base model on zeros up to its first block
-(:func:`block_arguments`). So any decoder-only architecture whose blocks take the
-hidden states first works (GPT-2, Llama, Mistral, Qwen2...), with no per-architecture
-code. Task-vector parameter names are the model's own (``layers.27.mlp.up_proj.weight``),
-so vectors of different K over the same model share names.
+The tail is a :class:`~editkit.models.blocks.BlockTail` (the model's own blocks called
+with the arguments the model itself gives them), so any decoder-only architecture works
+(GPT-2, Llama, Mistral, Qwen2...), with no per-architecture code.
 
 Weights are read from local disk only (``editkit.models.lm_weights``).
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,28 +34,9 @@ from editkit.core.registry import Record
 from editkit.errors import ConfigError
 from editkit.models import BACKBONES, HEADS
 from editkit.models.backbone import Backbone, state_fingerprint
+from editkit.models.blocks import BlockTail, TailBackbone, resolve_blocks
 
-#: ``trainable_blocks`` value that makes every decoder block theta.
-ALL_BLOCKS = "all"
 _FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
-
-
-class _Stop(Exception):
-    """Raised by a forward pre-hook to end a forward pass once what was wanted is captured."""
-
-
-#: Held while a capturing hook is on a block and while the tail runs its blocks: the prefix of a tauJp
-#: source is computed in the loader thread while the main thread trains the tail through the same
-#: modules, and a hook of one thread must never fire in the other's forward pass.
-_BLOCKS_IN_USE = threading.RLock()
-
-
-def decoder_blocks(base: nn.Module, count: int) -> nn.ModuleList:
-    """The base model's list of ``count`` decoder blocks (``layers`` in Llama, ``h`` in GPT-2)."""
-    for module in base.children():
-        if isinstance(module, nn.ModuleList) and len(module) == count:
-            return module
-    raise ConfigError(f"{type(base).__name__} has no list of {count} decoder blocks")
 
 
 def final_norm(base: nn.Module) -> nn.Module:
@@ -70,62 +46,15 @@ def final_norm(base: nn.Module) -> nn.Module:
     raise ConfigError(f"{type(base).__name__} has no final norm ({', '.join(_FINAL_NORMS)})")
 
 
-def _capture_input(base: nn.Module, block: nn.Module, **inputs: Any) -> tuple[tuple, dict]:
-    """(args, kwargs) ``block`` is called with when ``base`` runs on ``inputs``; the pass stops there."""
-    captured: dict[str, Any] = {}
-
-    def hook(module, args, kwargs):
-        captured.update(args=args, kwargs=kwargs)
-        raise _Stop
-
-    with _BLOCKS_IN_USE:
-        handle = block.register_forward_pre_hook(hook, with_kwargs=True)
-        try:
-            base(**inputs, use_cache=False)
-        except _Stop:
-            pass
-        finally:
-            handle.remove()
-    return captured["args"], captured["kwargs"]
-
-
-def block_arguments(base: nn.Module, first: nn.Module, hidden: torch.Tensor,
-                    attention_mask: torch.Tensor | None) -> tuple[tuple, dict]:
-    """What a decoder block receives besides its hidden states, for inputs shaped like ``hidden``.
-
-    The base model runs on zero embeddings up to its first block (``first``): masks and
-    position embeddings depend only on the shape and the attention mask, never on the
-    embeddings or on theta, and are the same for every block.
-    """
-    zeros = torch.zeros_like(hidden)
-    args, kwargs = _capture_input(base, first, inputs_embeds=zeros, attention_mask=attention_mask)
-    return args[1:], kwargs
-
-
-class DecoderTail(nn.Module):
-    """The last K decoder blocks and the final norm: prefix hidden states -> final hidden states.
-
-    Blocks are held under their index in the full model, so parameter names match it.
-    The base model and its first block are kept out of the module tree (they are
-    theta_0 and must not become theta): only their call conventions are used.
-    """
+class DecoderTail(BlockTail):
+    """The last K decoder blocks and the final norm: prefix hidden states -> final hidden states."""
 
     def __init__(self, base: nn.Module, blocks: int, total: int) -> None:
-        super().__init__()
-        every = decoder_blocks(base, total)
-        self.first = total - blocks
-        self.layers = nn.ModuleDict({str(i): every[i] for i in range(self.first, total)})
+        super().__init__(base, blocks, total)
         self.norm = final_norm(base)
-        self._base = (base, every[0])  # a tuple: nn.Module does not register modules inside it
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        base, first = self._base
-        with _BLOCKS_IN_USE:
-            args, kwargs = block_arguments(base, first, hidden, attention_mask)
-            for block in self.layers.values():
-                out = block(hidden, *args, **kwargs)
-                hidden = out[0] if isinstance(out, tuple) else out
-        return self.norm(hidden)
+        return self.norm(super().forward(hidden, attention_mask))
 
 
 class LanguageModelHead(nn.Module):
@@ -152,29 +81,15 @@ class LanguageModelHead(nn.Module):
 
 
 @dataclass
-class CausalLMBackbone(Backbone):
-    """A causal LM split into a frozen prefix and a trainable tail (the module).
+class CausalLMBackbone(TailBackbone):
+    """A causal LM split into a frozen prefix and a trainable tail (the module, a :class:`DecoderTail`).
 
     lm: the whole model, theta_0 (sampling continuations runs it with edited tail weights).
-    tokenizer: its tokenizer (right padding; a pad token set).
     head: the fixed :class:`LanguageModelHead`.
     """
 
     lm: nn.Module = field(repr=False, default=None)
-    tokenizer: Any = field(repr=False, default=None)
     head: LanguageModelHead = field(repr=False, default=None)
-
-    @property
-    def tail(self) -> DecoderTail:
-        return self.module
-
-    @torch.no_grad()
-    def prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Hidden states entering the tail's first block ``(N, T, D)``: computed by theta_0 alone."""
-        base = self.lm.base_model
-        first = self.tail.layers[str(self.tail.first)]
-        args, _ = _capture_input(base, first, input_ids=input_ids, attention_mask=attention_mask)
-        return args[0]
 
     def fingerprint(self) -> str:
         """Identity of the whole model (prefix, tail and head): a tail alone could sit on another prefix."""
@@ -185,18 +100,6 @@ class CausalLMBackbone(Backbone):
         ``model.layers.27.mlp.up_proj.weight``), for applying a vector to :attr:`lm`."""
         names = {id(p): n for n, p in self.lm.named_parameters(remove_duplicate=False)}
         return {n: names[id(p)] for n, p in self.tail.named_parameters()}
-
-
-def resolve_blocks(trainable_blocks: int | str, total: int) -> int:
-    """K from the ``trainable_blocks`` setting (an int in 1..total, or ``"all"``; the command line gives text)."""
-    if trainable_blocks == ALL_BLOCKS:
-        return total
-    if isinstance(trainable_blocks, str) and trainable_blocks.isdigit():
-        trainable_blocks = int(trainable_blocks)
-    if isinstance(trainable_blocks, bool) or not isinstance(trainable_blocks, int) or not 1 <= trainable_blocks <= total:
-        raise ConfigError(f"trainable_blocks must be an integer in 1..{total} or {ALL_BLOCKS!r}, "
-                          f"not {trainable_blocks!r}")
-    return trainable_blocks
 
 
 def causal_lm_backbone(lm: nn.Module, tokenizer: Any, *, trainable_blocks: int | str = 4,
@@ -222,9 +125,9 @@ def _family(model: str = "smollm2-135m-instruct", trainable_blocks: int | str = 
 
 def _family_check(model: str = "smollm2-135m-instruct", trainable_blocks: int | str = 4,
                   hub_cache: str | None = None) -> list[str]:
-    from editkit.models.lm_weights import causal_lm_problems
+    from editkit.models.lm_weights import model_problems
 
-    return causal_lm_problems(model, hub_cache=hub_cache)
+    return model_problems(model, hub_cache=hub_cache)
 
 
 def _lm_head(backbone: Backbone, task: Any, dataset: str, seed: int) -> LanguageModelHead:

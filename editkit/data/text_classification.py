@@ -1,0 +1,113 @@
+"""Text classification as a text encoder reads it: labelled texts -> (prefix hidden states, class id).
+
+Registered here:
+
+- task source ``labelled-text`` (``source = "labelled-text:<dataset>"``): one split of a dataset of
+  ``LABELLED_TEXTS`` per split of the task, each text tokenized by the backbone's tokenizer (with its
+  special tokens, cut at ``max_length``) and read by the frozen prefix once
+  (:class:`~editkit.data.text.TokenSequences`). ``train_size`` / ``eval_size`` keep a seeded random
+  subset, every class in proportion, so a run's cost does not grow with the dataset;
+- generic source ``text-sentences`` (``[generic] kind = "text-sentences"``): the sentences of a text
+  corpus's train split as unlabeled inputs for the tauJp penalty (the role natural-image crops play for
+  images). Sentences, not whole articles: a news article cut at ``max_length`` tokens would be its
+  first lines only, and task texts are a sentence or a paragraph long.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+import torch
+
+from editkit.core.registry import Record
+from editkit.core.taujp import LazyUnlabeledSource
+from editkit.data import GENERIC_SOURCES, LABELLED_TEXTS, TASK_SOURCES
+from editkit.data.tasks import LabelledTexts, TaskData
+from editkit.data.text import SPLITS, TokenSequences, corpus_split, require_prefix
+from editkit.errors import ConfigError
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]*[A-Z0-9])")
+#: Sentences shorter than this many words carry little text (headings, "Yes.").
+MIN_WORDS = 4
+
+
+def sentences(text: str) -> list[str]:
+    """``text`` cut after ``.``, ``!`` or ``?`` (and closing quotes) where the next word is capitalised or a number."""
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+def tokenize(tokenizer: Any, texts: list[str], max_length: int) -> list[torch.Tensor]:
+    """Each text's token ids with the tokenizer's special tokens, at most ``max_length`` of them."""
+    if not texts:
+        return []
+    encoded = tokenizer(texts, truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
+    return [torch.tensor(ids, dtype=torch.long) for ids in encoded]
+
+
+def stratified_subset(data: LabelledTexts, size: int | None, seed: int) -> LabelledTexts:
+    """At most ``size`` examples drawn with ``seed``, each class keeping its share (rounded, at least one
+    example of every class present); in their original order. ``None`` keeps everything."""
+    if size is None or size >= len(data.texts):
+        return data
+    by_class: dict[int, list[int]] = {}
+    for index, label in enumerate(data.labels):
+        by_class.setdefault(label, []).append(index)
+    rng = random.Random(seed)
+    chosen: list[int] = []
+    for label in sorted(by_class):
+        members = by_class[label]
+        quota = max(1, round(size * len(members) / len(data.texts)))
+        chosen += rng.sample(members, min(quota, len(members)))
+    chosen.sort()
+    return LabelledTexts([data.texts[i] for i in chosen], [data.labels[i] for i in chosen], data.classes)
+
+
+def labelled_split(dataset: str, split: str, seed: int = 0) -> LabelledTexts:
+    if split not in SPLITS:
+        raise ConfigError(f"unknown split {split!r}: expected {', '.join(SPLITS)}")
+    return LABELLED_TEXTS[dataset].build(split, seed=seed)
+
+
+def _task_source(name: str, dataset: str, backbone: Any, max_length: int = 64, train_size: int | None = None,
+                 eval_size: int | None = None) -> TaskData:
+    require_prefix(backbone)
+    sizes = {"train": train_size, "val": eval_size, "test": eval_size}
+    splits, classes = {}, []
+    for split in SPLITS:
+        data = stratified_subset(labelled_split(dataset, split), sizes[split], seed=0)
+        if not data.texts:
+            raise ConfigError(f"task {name!r}: the {split} split of {dataset!r} is empty")
+        classes = data.classes
+        ids = tokenize(backbone.tokenizer, data.texts, max_length)
+        splits[split] = TokenSequences(ids, backbone, labels=torch.tensor(data.labels, dtype=torch.long))
+    return TaskData(name, list(classes), splits["train"], splits["val"], splits["test"])
+
+
+def _task_check(name: str, dataset: str, max_length: int = 64, train_size: int | None = None,
+                eval_size: int | None = None) -> list[str]:
+    check = LABELLED_TEXTS[dataset].check
+    return check() if check is not None else []
+
+
+def _generic_source(backbone: Any, seed: int, corpus: str = "", max_length: int = 64,
+                    size: int | None = None) -> LazyUnlabeledSource:
+    require_prefix(backbone)
+    found = [s for text in corpus_split(corpus, "train", seed) for s in sentences(text) if len(s.split()) >= MIN_WORDS]
+    if size is not None and size < len(found):
+        found = random.Random(seed).sample(found, size)
+    if not found:
+        raise ConfigError(f"the corpus {corpus!r} has no sentence of {MIN_WORDS} words or more in its train split")
+    data = TokenSequences(tokenize(backbone.tokenizer, found, max_length), backbone)
+    return LazyUnlabeledSource(f"{corpus} sentences", data, seed=seed, collate=backbone.batching.collate)
+
+
+TASK_SOURCES.register("labelled-text", Record.of(_task_source, check=_task_check, help={
+    "max_length": "tokens per text (special tokens included); longer texts are cut",
+    "train_size": "at most this many train examples, classes in proportion (default: all)",
+    "eval_size": "at most this many validation / test examples each, classes in proportion (default: all)"}))
+GENERIC_SOURCES.register("text-sentences", Record.of(_generic_source, help={
+    "corpus": "the text corpus whose train split's sentences are the source",
+    "max_length": "tokens per sentence (special tokens included)",
+    "size": "at most this many sentences, drawn with the seed (default: all)"}))

@@ -1,0 +1,152 @@
+"""The last K blocks of a transformers model as a module of their own: what partial linearization trains.
+
+Linearizing every block costs a jvp through all of them at every step, which on a CPU is many
+times a plain step. A transformer splits cleanly instead:
+
+- the **prefix** (embeddings and the first L - K blocks) stays theta_0. Its hidden states
+  depend on nothing trainable, so they are computed once per input (:meth:`BlockTail.prefix`)
+  and cached by the data sources;
+- the **tail** (the last K blocks, ``trainable_blocks = K``, or ``"all"``) is theta.
+
+The tail calls the model's own blocks with the arguments the model itself would give them
+(causal or padding mask, rotary position embeddings...): they are captured by running the base
+model on zero embeddings up to its first block (:func:`block_arguments`). So any architecture whose
+blocks take the hidden states first works (GPT-2, Llama, Qwen2, BERT, MiniLM...), with no
+per-architecture code. Blocks keep their index in the full model (``layers.27.mlp.up_proj.weight``),
+so task vectors of different K over one model share names.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from editkit.errors import ConfigError
+from editkit.models.backbone import Backbone
+
+#: ``trainable_blocks`` value that makes every block theta.
+ALL_BLOCKS = "all"
+
+
+class _Stop(Exception):
+    """Raised by a forward pre-hook to end a forward pass once what was wanted is captured."""
+
+
+#: Held while a capturing hook is on a block and while a tail runs its blocks: the prefix of a tauJp
+#: source is computed in the loader thread while the main thread trains the tail through the same
+#: modules, and a hook of one thread must never fire in the other's forward pass.
+_BLOCKS_IN_USE = threading.RLock()
+
+
+def transformer_blocks(base: nn.Module, count: int) -> nn.ModuleList:
+    """The base model's list of ``count`` blocks (``layers`` in Llama, ``h`` in GPT-2, ``encoder.layer`` in BERT):
+    the first ``ModuleList`` of that length in module order."""
+    for module in base.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == count:
+            return module
+    raise ConfigError(f"{type(base).__name__} has no list of {count} transformer blocks")
+
+
+def _capture_input(base: nn.Module, block: nn.Module, **inputs: Any) -> tuple[tuple, dict]:
+    """(args, kwargs) ``block`` is called with when ``base`` runs on ``inputs``; the pass stops there."""
+    captured: dict[str, Any] = {}
+
+    def hook(module, args, kwargs):
+        captured.update(args=args, kwargs=kwargs)
+        raise _Stop
+
+    with _BLOCKS_IN_USE:
+        handle = block.register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            base(**inputs, use_cache=False)
+        except _Stop:
+            pass
+        finally:
+            handle.remove()
+    return captured["args"], captured["kwargs"]
+
+
+def block_arguments(base: nn.Module, first: nn.Module, hidden: torch.Tensor,
+                    attention_mask: torch.Tensor | None) -> tuple[tuple, dict]:
+    """What a block receives besides its hidden states, for inputs shaped like ``hidden``.
+
+    The base model runs on zero embeddings up to its first block (``first``): masks and
+    position embeddings depend only on the shape and the attention mask, never on the
+    embeddings or on theta, and are the same for every block.
+    """
+    zeros = torch.zeros_like(hidden)
+    args, kwargs = _capture_input(base, first, inputs_embeds=zeros, attention_mask=attention_mask)
+    return args[1:], kwargs
+
+
+def resolve_blocks(trainable_blocks: int | str, total: int) -> int:
+    """K from the ``trainable_blocks`` setting (an int in 1..total, or ``"all"``; the command line gives text)."""
+    if trainable_blocks == ALL_BLOCKS:
+        return total
+    if isinstance(trainable_blocks, str) and trainable_blocks.isdigit():
+        trainable_blocks = int(trainable_blocks)
+    if isinstance(trainable_blocks, bool) or not isinstance(trainable_blocks, int) or not 1 <= trainable_blocks <= total:
+        raise ConfigError(f"trainable_blocks must be an integer in 1..{total} or {ALL_BLOCKS!r}, "
+                          f"not {trainable_blocks!r}")
+    return trainable_blocks
+
+
+class BlockTail(nn.Module):
+    """The last K blocks: prefix hidden states ``(N, T, D)`` -> the last block's hidden states ``(N, T, D)``.
+
+    Blocks are held under their index in the full model, so parameter names match it.
+    The base model and its first block are kept out of the module tree (they are
+    theta_0 and must not become theta): only their call conventions are used.
+    """
+
+    def __init__(self, base: nn.Module, blocks: int, total: int) -> None:
+        super().__init__()
+        every = transformer_blocks(base, total)
+        self.first = total - blocks
+        self.layers = nn.ModuleDict({str(i): every[i] for i in range(self.first, total)})
+        self._base = (base, every[0])  # a tuple: nn.Module does not register modules inside it
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        base, first = self._base
+        with _BLOCKS_IN_USE:
+            args, kwargs = block_arguments(base, first, hidden, attention_mask)
+            for block in self.layers.values():
+                out = block(hidden, *args, **kwargs)
+                hidden = out[0] if isinstance(out, tuple) else out
+        return hidden
+
+    @torch.no_grad()
+    def prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states entering the tail's first block ``(N, T, D)``: computed by theta_0 alone."""
+        base, _ = self._base
+        args, _ = _capture_input(base, self.layers[str(self.first)], input_ids=input_ids, attention_mask=attention_mask)
+        return args[0]
+
+
+@dataclass
+class TailBackbone(Backbone):
+    """A backbone over text whose module runs a :class:`BlockTail`: its inputs are the prefix's hidden states.
+
+    tokenizer: the model's tokenizer (right padding; a pad token set). Data sources tokenize with it
+        and turn token ids into the module's inputs with :meth:`prefix` (once per text; theta_0 alone).
+    """
+
+    tokenizer: Any = field(repr=False, default=None)
+
+    @property
+    def tail(self) -> BlockTail:
+        """The module's block tail (the module itself unless it wraps one)."""
+        return getattr(self.module, "tail", self.module)
+
+    @torch.no_grad()
+    def prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states entering the tail's first block ``(N, T, D)``: computed by theta_0 alone."""
+        return self.tail.prefix(input_ids, attention_mask)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
