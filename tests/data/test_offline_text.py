@@ -77,8 +77,8 @@ N_MOVIES = 60
 
 def _plot(movie: int) -> tuple[str, list[str]]:
     """A synopsis in two paragraphs and its four sentences (with an abbreviation and an initial to step over)."""
-    first = [f"Mr. Hale of town{movie} finds a map in the attic.", f"He follows it to the U.S. border with J. Reed{movie}.",
-             f"Why did uncle{movie} hide it?"]
+    first = [f"Mr. Hale of town{movie} finds a map in the attic.",
+             f"He follows it to the U.S. border with J. Reed{movie}.", f"Why did uncle{movie} hide it?"]
     last = [f'"Nobody knows," says the sheriff of county{movie}.']
     return " ".join(first) + "\n\n" + " ".join(last), first + last
 
