@@ -13,8 +13,8 @@ split (``train`` / ``val`` / ``test``) of a named text corpus; its ``check()`` l
 always-available :class:`~editkit.core.taujp.UnlabeledSource` of a ``[generic]`` table.
 
 The built-in sources (packaged offline datasets, vision8, natural-image crops, text as
-language-modelling data, the offline toxic / clean / prompt corpora and the Hugging Face copies of
-Civil Comments and WikiText-103) register
+language-modelling data, the offline toxic / clean / prompt corpora, the offline text-classification
+datasets and the Hugging Face copies of Civil Comments and WikiText-103) register
 themselves in their own modules, imported below; what they read from disk or the
 network is loaded only when a builder runs.
 """
@@ -26,4 +26,5 @@ GENERIC_SOURCES: Registry[Record] = Registry("generic source")
 TEXT_CORPORA: Registry[Record] = Registry("text corpus")
 LABELLED_TEXTS: Registry[Record] = Registry("text-classification dataset")
 
-from editkit.data import hf_text, natural, packaged, text, text_classification, toxic_corpus, vision8  # noqa: E402,F401  (built-in extensions register themselves)
+from editkit.data import (hf_text, natural, offline_text, packaged, text, text_classification,  # noqa: E402,F401
+                          toxic_corpus, vision8)  # (built-in extensions register themselves)

