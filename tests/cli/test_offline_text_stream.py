@@ -1,0 +1,153 @@
+"""A reduced ``offline-text`` stream end to end through the CLI, and its offline refusal.
+
+A tiny random BERT and a word-level BERT tokenizer are saved as a checkpoint directory; the
+scenario names it, two labelled-text datasets and a news corpus registered by the test, so the
+whole path (prefix states, probe heads, tauJp against the generic sentences and the earlier task,
+bank, merged scores, report) runs in seconds. The merged model's scores are checked against the
+banked vectors summed by hand and run through the linearized tail on each text alone, unpadded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from editkit.bank.store import Bank
+from editkit.cli import app
+from editkit.core.linearize import LinearizedModel
+from editkit.core.registry import Record
+from editkit.data import LABELLED_TEXTS
+from editkit.data.tasks import LabelledTexts
+from editkit.scenario.build import build_scenario
+from editkit.scenario.spec import load_scenario
+from helpers import models
+from helpers.text import registered_corpora
+
+runner = CliRunner()
+GOOD, BAD = ["a fine warm film", "great fun and heart", "lovely and clever work"], ["a dull tired mess", "boring and flat", "weak plot and bad acting"]
+SPORT, MONEY = ["the team won the match", "a late goal for the side"], ["the bank raised its rates", "stocks fell on monday"]
+DATASETS = {
+    "tiny-sentiment": {split: LabelledTexts(GOOD + BAD, [1, 1, 1, 0, 0, 0], ["bad", "good"]) for split in ("train", "val", "test")},
+    "tiny-topic": {split: LabelledTexts(SPORT + MONEY, [0, 0, 1, 1], ["sport", "money"]) for split in ("train", "val", "test")},
+}
+NEWS = {"train": ["The council met on Monday. It discussed the budget for the year. Rain is expected later."],
+        "val": ["A museum opened."], "test": ["A bridge opened."]}
+
+
+@contextlib.contextmanager
+def registered_datasets():
+    for name, splits in DATASETS.items():
+        LABELLED_TEXTS.register(name, Record.of(lambda split, seed=0, splits=splits: splits[split]))
+    try:
+        with registered_corpora({"tiny-news": NEWS}):
+            yield
+    finally:
+        for name in DATASETS:
+            LABELLED_TEXTS.unregister(name)
+
+
+def word_tokenizer(directory: Path):
+    """A BERT WordPiece tokenizer whose vocabulary is the special tokens and every word of the test's texts."""
+    from transformers import BertTokenizerFast
+
+    texts = [t for splits in DATASETS.values() for t in splits["train"].texts] + NEWS["train"]
+    words = sorted({w for t in texts for w in t.lower().replace(".", " .").split()})
+    vocab = directory / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    return BertTokenizerFast(vocab_file=str(vocab))
+
+
+def scenario_file(root: Path) -> Path:
+    model_dir = root / "tiny-bert"
+    model_dir.mkdir()
+    tokenizer = word_tokenizer(root)
+    models.bert(vocab_size=len(tokenizer), num_hidden_layers=2, hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    path = root / "tiny-text.toml"
+    path.write_text(f"""\
+name = "tiny-text"
+[backbone]
+family = "text-encoder"
+model = "{model_dir}"
+trainable_blocks = 1
+[heads]
+kind = "probe"
+shots = 2
+[data]
+max_length = 12
+[generic]
+kind = "text-sentences"
+corpus = "tiny-news"
+[[tasks]]
+name = "sentiment"
+source = "labelled-text:tiny-sentiment"
+[[tasks]]
+name = "topic"
+source = "labelled-text:tiny-topic"
+[recipe]
+mode = "taujp"
+steps = 4
+batch_size = 4
+lr = 1e-2
+reg_batch = 2
+""")
+    return path
+
+
+def invoke(*args) -> object:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def text_extensions():
+    with registered_datasets():
+        yield
+
+
+@pytest.fixture(scope="module")
+def streamed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny-text")
+    scenario = scenario_file(root)
+    result = invoke("stream", "--scenario", scenario, "--bank", root / "bank", "--run-dir", root / "run")
+    assert result.exit_code == 0, result.output
+    return root, scenario, result
+
+
+def test_stream_banks_tail_vectors_and_scores_the_merged_model_text_by_text(streamed):
+    root, scenario, result = streamed
+    bank = Bank(root / "bank")
+    assert bank.names() == ["sentiment", "topic"]
+    first, second = bank.load("sentiment"), bank.load("topic")
+    assert sorted({n.split(".")[2] for n in first}) == ["1"]  # the last of 2 blocks, nothing else
+    assert all(v.abs().sum() > 0 for v in second.values())
+
+    final = json.loads((root / "run" / "report.json").read_text())["final"]
+    built = build_scenario(load_scenario(scenario))  # the heads: probes fitted on theta_0, seed 0
+    backbone, heads, tokenizer = built.backbone, built.heads, built.backbone.tokenizer
+    merged = LinearizedModel(backbone.module)
+    merged.load_task_vector({n: first[n] + second[n] for n in first})
+    for name, splits in DATASETS.items():
+        task = name.removeprefix("tiny-")
+        correct = 0
+        for text, label in zip(splits["test"].texts, splits["test"].labels):
+            ids = torch.tensor([tokenizer(text)["input_ids"]])
+            mask = torch.ones_like(ids)
+            with torch.no_grad():
+                logits = heads[task](merged(backbone.prefix(ids, mask), attention_mask=mask))
+            correct += int(logits.argmax()) == label
+        assert final["per_task"][task] == pytest.approx(correct / len(splits["test"].texts))
+
+
+def test_check_lists_the_missing_model_and_nothing_is_trained(tmp_path):
+    scenario = scenario_file(tmp_path)
+    scenario.write_text(scenario.read_text().replace(str(tmp_path / "tiny-bert"), str(tmp_path / "absent")))
+    result = invoke("stream", "--scenario", scenario, "--bank", tmp_path / "bank", "--check")
+    assert result.exit_code != 0
+    assert f"the model directory {tmp_path / 'absent'} does not exist" in " ".join(result.output.split())
+    assert not (tmp_path / "bank").exists()
