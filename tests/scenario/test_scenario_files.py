@@ -196,6 +196,6 @@ def test_a_file_without_heads_gets_five_shot_probes(tmp_path, toy_extensions):
     assert torch.equal(built.heads["first"].weight, head.weight)
 
 
-@pytest.mark.parametrize("name", ["offline-vision", "vision8"])
+@pytest.mark.parametrize("name", ["offline-vision", "offline-text", "vision8", "toxic", "toxic-gpt2"])
 def test_the_built_in_scenarios_pass_validation(name):
     assert load_scenario(name).name == name
