@@ -101,9 +101,9 @@ def char_tokenizer():
 
 
 def t5(*, seed: int = 0, **config) -> nn.Module:
-    """A random ``T5ForConditionalGeneration`` (untied LM head as in flan-t5, two encoder and three decoder
-    blocks, SDPA) in eval mode; ``config`` overrides the tiny defaults below. Pad 0 is the decoder's start
-    token and eos is 1, as in T5."""
+    """A random ``T5ForConditionalGeneration`` (two encoder and three decoder blocks, SDPA, decoder outputs
+    unscaled as in T5 v1.1 / flan-t5) in eval mode; ``config`` overrides the tiny defaults below. Pad 0 is the
+    decoder's start token and eos is 1, as in T5."""
     import transformers
 
     cfg = transformers.T5Config(**{**dict(vocab_size=40, d_model=16, d_kv=8, d_ff=24, num_layers=2,
