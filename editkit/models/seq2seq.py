@@ -9,9 +9,9 @@ every target position is the target token. So the backbone's module maps
 
 one row per decoder position, and the task's head is the identity
 (:class:`TextToTextHead`) whose loss is cross-entropy over the label tokens (padding
-labelled ``IGNORE_INDEX``). Putting the LM head inside the module, not in a fixed head
-as for causal LMs, is what the vocabulary-sized output asks for: T5's LM head is a
-parameter of the model the authors fine-tune (untied in flan-t5), so it is part of theta.
+labelled ``IGNORE_INDEX``). The LM head sits inside the module, not in a fixed head as
+for causal LMs, because the authors fine-tune the whole model, LM head included: with
+``trainable_blocks = "all"`` it is part of theta.
 
 The tauJp penalty is taken, as in the authors' code, on the **first decoder step's
 logits** of an unlabeled example: such an example has no target, so its decoder input is

@@ -42,6 +42,20 @@ def kwargs(batch) -> dict[str, torch.Tensor]:
     return Seq2SeqBatching().arguments(batch)[1]
 
 
+def test_batching_pads_both_sides_and_a_reg_batch_joins_with_its_decoder_padded():
+    batching = Seq2SeqBatching(pad_id=0)
+    task = batching.collate([(torch.tensor([5, 6, 1]), torch.tensor([0, 7])), (torch.tensor([8, 1]), torch.tensor([0]))])
+    assert task.input_ids.tolist() == [[5, 6, 1], [8, 1, 0]] and task.attention_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert task.decoder_input_ids.tolist() == [[0, 7], [0, 0]]
+    assert task.decoder_attention_mask.tolist() == [[1, 1], [1, 0]]
+    reg = batching.collate([(torch.tensor([9, 9, 9, 9, 1]), torch.tensor([0]))])
+    both = batching.concat(task, [reg])
+    assert both.input_ids.tolist() == [[5, 6, 1, 0, 0], [8, 1, 0, 0, 0], [9, 9, 9, 9, 1]]
+    assert both.attention_mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]]
+    assert batching.output_mask(both).tolist() == [[True, True], [True, False], [True, False]]
+    assert batching.collate_labels([torch.tensor([7, 1]), torch.tensor([1])]).tolist() == [[7, 1], [1, IGNORE_INDEX]]
+
+
 @pytest.mark.parametrize("blocks", [1, ALL_BLOCKS])
 def test_module_gives_the_models_teacher_forced_logits_and_padding_changes_no_real_position(blocks):
     model = t5()
