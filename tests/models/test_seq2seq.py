@@ -19,7 +19,7 @@ from editkit.core.linearize import LinearizedModel
 from editkit.core.taujp import Regularizer, UnlabeledSource
 from editkit.eval.accuracy import TeacherForcedScorer, label_tokens_correct
 from editkit.eval.scorers import task_scorer
-from editkit.models.causal_lm import ALL_BLOCKS
+from editkit.models.blocks import ALL_BLOCKS
 from editkit.models.seq2seq import TextToTextHead, label_token_loss, seq2seq_backbone
 from editkit.train.loop import StepComputer
 from helpers.models import t5
