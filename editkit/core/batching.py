@@ -15,12 +15,19 @@ the models layer.
   passed to the module as a keyword argument and, for backbones whose outputs are per
   token, tells the tauJp penalty which positions are padding. Labels that are
   sequences too (a language model's next tokens) are padded with ``IGNORE_INDEX``.
+- :class:`Seq2SeqBatching` (encoder-decoder models): a batch is a :class:`Seq2SeqBatch`
+  of right-padded encoder ids and decoder input ids, each with its mask. An example's
+  input is the pair (encoder ids, decoder input ids): with teacher forcing the decoder
+  reads the label shifted right, and an unlabeled example (a tauJp source) reads the
+  start token alone. Outputs are one row of logits per decoder position, so the
+  decoder mask is the output mask.
 
 A batch of either kind has ``len`` (examples) and ``.to(device, non_blocking=...)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
@@ -148,6 +155,76 @@ class SequenceBatching:
 
     def arguments(self, batch: SequenceBatch) -> tuple[tuple[torch.Tensor], dict[str, torch.Tensor]]:
         return (batch.inputs,), {"attention_mask": batch.attention_mask}
+
+
+@dataclass
+class Seq2SeqBatch:
+    """Right-padded encoder ids ``(N, S)`` and decoder input ids ``(N, L)``, each with its mask (1 = real)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    decoder_input_ids: torch.Tensor
+    decoder_attention_mask: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def _map(self, fn: Any) -> "Seq2SeqBatch":
+        return Seq2SeqBatch(*(fn(getattr(self, f.name)) for f in dataclasses.fields(self)))
+
+    def __getitem__(self, index: Any) -> "Seq2SeqBatch":
+        return self._map(lambda t: t[index])
+
+    def to(self, *args: Any, **kwargs: Any) -> "Seq2SeqBatch":
+        return self._map(lambda t: t.to(*args, **kwargs))
+
+    def pin_memory(self) -> "Seq2SeqBatch":
+        return self._map(torch.Tensor.pin_memory)
+
+
+class Seq2SeqBatching:
+    """Inputs ``(encoder ids, decoder input ids)`` of an encoder-decoder model, both padded with ``pad_id``.
+
+    The module is called with the four tensors as keyword arguments and returns logits
+    ``(N, L, V)``, one row per decoder position; padded decoder positions are masked out
+    of the tauJp penalty (:meth:`output_mask`) and labelled ``IGNORE_INDEX``.
+    """
+
+    def __init__(self, pad_id: int = 0) -> None:
+        self.pad_id = pad_id
+
+    def collate(self, items: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Seq2SeqBatch:
+        encoder, decoder = zip(*items)
+        return Seq2SeqBatch(_pad_rows(encoder, self.pad_id, torch.long), _real(encoder),
+                            _pad_rows(decoder, self.pad_id, torch.long), _real(decoder))
+
+    def collate_labels(self, labels: Sequence[Any]) -> torch.Tensor:
+        """Label token ids padded with ``IGNORE_INDEX``."""
+        return _pad_rows(labels, IGNORE_INDEX, torch.long)
+
+    def concat(self, task_batch: Seq2SeqBatch, reg_batches: Sequence[Seq2SeqBatch]) -> Seq2SeqBatch:
+        batches = [task_batch, *reg_batches]
+        columns = []
+        for f in dataclasses.fields(Seq2SeqBatch):
+            rows = [getattr(b, f.name) for b in batches]
+            length = max(r.shape[1] for r in rows)
+            pad = self.pad_id if f.name.endswith("input_ids") else 0
+            columns.append(torch.cat([_pad_positions(r, length, pad) for r in rows]))
+        return Seq2SeqBatch(*columns)
+
+    split = TensorBatching.split
+
+    def output_mask(self, batch: Seq2SeqBatch) -> torch.Tensor:
+        return batch.decoder_attention_mask.bool()
+
+    def arguments(self, batch: Seq2SeqBatch) -> tuple[tuple[()], dict[str, torch.Tensor]]:
+        return (), {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+
+
+def _real(items: Sequence[Any]) -> torch.Tensor:
+    """The ``(N, max T_i)`` mask of right-padded rows of lengths ``T_i``."""
+    lengths = torch.tensor([len(item) for item in items])
+    return (torch.arange(int(lengths.max())) < lengths[:, None]).long()
 
 
 def _pad_rows(items: Sequence[Any], value: float, dtype: torch.dtype) -> torch.Tensor:

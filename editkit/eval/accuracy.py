@@ -1,9 +1,10 @@
 """Scoring an edited model per task, and the paper's summary metrics.
 
 Evaluation goes through a :class:`Scorer`: one task's score of a task model
-(theta_0 + tau in its mode). :class:`ClassificationScorer` is the one scorer today:
-accuracy of a fixed head's argmax over the backbone's features. Scorers of generated
-text (perplexity, toxicity of samples) plug in beside it: ``evaluate_vector`` needs
+(theta_0 + tau in its mode). :class:`ClassificationScorer` is accuracy of a fixed
+head's argmax over the backbone's features; :class:`TeacherForcedScorer` the
+teacher-forced accuracy of a text-to-text task's label tokens. Scorers of generated
+text (perplexity, toxicity of samples) plug in beside them: ``evaluate_vector`` needs
 only ``name``, ``batches`` and ``score``.
 
 Classification predictions are a function of the features alone (:func:`classify`).
@@ -35,7 +36,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from editkit.core.batching import Batching, TensorBatching, labelled_collate
+from editkit.core.batching import IGNORE_INDEX, Batching, TensorBatching, labelled_collate
 from editkit.train.runtime import Runtime, default_runtime
 from editkit.core.linearize import build_task_model
 from editkit.util.progress import NullProgress, Progress
@@ -117,6 +118,25 @@ class ClassificationScorer(SplitScorer):
 
     def finish(self, correct: float, total: float) -> float:
         return correct / max(1, total)
+
+
+def label_tokens_correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per example, whether the argmax of the logits ``(N, L, V)`` equals the label token ``(N, L)`` at every
+    label position (positions labelled ``IGNORE_INDEX`` are padding and always agree)."""
+    agree = (logits.argmax(dim=-1) == labels) | (labels == IGNORE_INDEX)
+    return agree.all(dim=1)
+
+
+class TeacherForcedScorer(ClassificationScorer):
+    """Teacher-forced accuracy of a text-to-text task, as the authors score T5: the decoder reads the target
+    shifted right, and an example counts when every target token is the argmax (:func:`label_tokens_correct`).
+
+    No text is generated: a wrong first token cannot derail the later ones, so the score is a function
+    of one forward pass, like a classifier's accuracy.
+    """
+
+    def tally(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.stack([label_tokens_correct(logits, labels).sum(), torch.tensor(len(labels), device=labels.device)])
 
 
 def evaluate_vector(

@@ -34,6 +34,7 @@ from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha
 from editkit.train.runtime import Runtime, default_runtime
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError
 from editkit.eval.accuracy import ClassificationScorer, addition_summary, evaluate_vector, negation_summary
+from editkit.eval.scorers import task_scorer
 from editkit.util.progress import NullProgress, Progress
 from editkit.scenario.spec import ScenarioSpec, known_scenarios, load_scenario
 from editkit.scenario.build import BuiltScenario, build_scenario
@@ -101,10 +102,11 @@ def find_scenario(name: str, recorded_file: str | None) -> ScenarioSpec:
 def _evaluate(built: BuiltScenario, vector: TaskVector | None, mode: str, tasks: Sequence[str], progress: Progress,
               description: str, *, runtime: Runtime, split: str = "test",
               extra: Mapping[str, ClassificationScorer] | None = None) -> dict[str, float]:
-    """Accuracy per task on ``split`` (``test`` or ``val``); names in ``extra`` use those eval tasks."""
+    """Each task's score on ``split`` (``test`` or ``val``), by the scorer its head calls for (accuracy;
+    teacher-forced accuracy for text-to-text heads); names in ``extra`` use those eval tasks."""
     extra = extra or {}
-    evals = [extra.get(name) or ClassificationScorer(name, built.heads[name], getattr(built.task(name), split),
-                                                     built.backbone.batching) for name in tasks]
+    evals = [extra.get(name) or task_scorer(name, built.heads[name], getattr(built.task(name), split),
+                                            built.backbone.batching) for name in tasks]
     return evaluate_vector(built.backbone.module, mode, vector.tensors if vector else None, evals, progress=progress,
                            description=description, runtime=runtime)
 

@@ -33,10 +33,12 @@ class BuildOptions:
     model: str | None = field(default=None, metadata={
         "sets": ("backbone", "model"),
         "help": "Backbone model (CLIP: an open_clip name such as ViT-B-32, ViT-B-16, ViT-L-14, or a config .json; "
-                "causal LMs: a packaged name, a local directory or .gguf file, or a hub id in the local cache)."})
+                "causal LMs: a packaged name, a local directory or .gguf file, or a hub id in the local cache; "
+                "seq2seq LMs: a local directory or a hub id in the local cache)."})
     trainable_blocks: str | None = field(default=None, metadata={
         "sets": ("backbone", "trainable_blocks"),
-        "help": "Causal LMs: the last K decoder blocks (plus the final norm) are fine-tuned, or 'all'."})
+        "help": "Causal and seq2seq LMs: the last K decoder blocks (plus the final norm) are fine-tuned, or 'all' "
+                "(causal: every decoder block; seq2seq: every parameter)."})
     pretrained: str | None = field(default=None, metadata={
         "sets": ("backbone", "pretrained"), "path": True,
         "help": "Backbone weights (CLIP: an open_clip tag such as openai, a checkpoint file or directory, or "

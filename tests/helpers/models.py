@@ -98,3 +98,17 @@ def char_tokenizer():
     backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
     backend.decoder = tokenizers.decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+
+
+def t5(*, seed: int = 0, **config) -> nn.Module:
+    """A random ``T5ForConditionalGeneration`` (two encoder and three decoder blocks, SDPA, decoder outputs
+    unscaled as in T5 v1.1 / flan-t5) in eval mode; ``config`` overrides the tiny defaults below. Pad 0 is the
+    decoder's start token and eos is 1, as in T5."""
+    import transformers
+
+    cfg = transformers.T5Config(**{**dict(vocab_size=40, d_model=16, d_kv=8, d_ff=24, num_layers=2,
+                                          num_decoder_layers=3, num_heads=2, relative_attention_num_buckets=8,
+                                          dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
+                                          decoder_start_token_id=0, tie_word_embeddings=False), **config})
+    torch.manual_seed(seed)
+    return transformers.T5ForConditionalGeneration(cfg).eval()

@@ -1,0 +1,102 @@
+"""The paper's T5 / GLUE path, ``scenarios/glue4.toml``, through the ``editkit`` command.
+
+Offline with nothing local, ``stream --check`` lists the model and each of the four GLUE configs, one
+line each with how to provide it, and trains nothing. With a tiny random T5 saved as the hub id
+``google/flan-t5-small`` and generated GLUE parquet, both in Hugging Face cache layouts, a copy of the
+scenario (recipe kept) passes ``--check``, streams two steps per task into a bank and prints the table;
+``editkit add`` then scores the banked sum with the teacher-forced scorer.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from editkit import settings
+from editkit.bank.store import Bank
+from editkit.cli import app
+from editkit.data.glue import GLUE_REPO
+from helpers.glue import write_glue, write_t5
+from helpers.hub import empty_caches, hub_repo
+
+#: The scenario files of this checkout (the installed package may point elsewhere).
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+TASKS = ["cola", "sst2", "mrpc", "rte"]
+MODEL = "google/flan-t5-small"
+runner = CliRunner()
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    """Empty caches, this checkout's scenarios, a working directory of its own; returns the hub cache."""
+    hub = empty_caches(tmp_path, monkeypatch)
+    monkeypatch.setenv(settings.SCENARIOS_ENV, str(SCENARIOS))
+    monkeypatch.delenv(settings.DATA_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return hub
+
+
+def test_offline_check_lists_the_model_and_each_glue_task_before_any_work(offline, tmp_path):
+    result = runner.invoke(app, ["stream", "--scenario", "glue4", "--check"])
+    assert result.exit_code == 1
+    header, *lines = result.output.splitlines()
+    assert header == "error: scenario 'glue4' cannot start: 5 missing pieces (nothing was trained, no bank was written)"
+    hub = offline
+    expected = [f"{MODEL} is not in the Hugging Face cache at {hub}: on a machine with internet run `hf download {MODEL}`"]
+    expected += [f"the dataset {GLUE_REPO} is not in {hub}: on a machine with internet run "
+                 f'`hf download {GLUE_REPO} --repo-type dataset --include "{task}/*"`' for task in TASKS]
+    assert len(lines) == len(expected)
+    for line, start in zip(lines, expected):
+        assert line.startswith(f"  - {start}"), line
+    assert not (tmp_path / "banks").exists() and not (tmp_path / "runs").exists()
+
+
+def _small_copy(directory: Path, hub: Path) -> Path:
+    """glue4 with the model looked up in ``hub`` and prompts cut short (recipe kept)."""
+    data = tomllib.loads((SCENARIOS / "glue4.toml").read_text())
+    data["backbone"]["hub_cache"] = str(hub)
+    data["data"]["max_length"] = 16
+    lines = [f"{k} = {json.dumps(data[k])}" for k in ("name", "description")]
+    for table in ("backbone", "heads", "data", "recipe"):
+        lines += [f"[{table}]"] + [f"{k} = {json.dumps(v)}" for k, v in data[table].items()]
+    for task in data["tasks"]:
+        lines += ["[[tasks]]"] + [f"{k} = {json.dumps(v)}" for k, v in task.items()]
+    path = directory / "glue4.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_tiny_t5_streams_two_steps_per_task_from_local_copies(offline, tmp_path, monkeypatch):
+    hub, data = offline, tmp_path / "data"
+    hub_repo(hub, MODEL, write_t5)
+    hub_repo(data, GLUE_REPO, write_glue, kind="datasets")
+    monkeypatch.setenv(settings.DATA_ENV, str(data))  # the datasets are read from $EDITKIT_DATA, not the hub cache
+    scenario = _small_copy(tmp_path, hub)
+
+    check = runner.invoke(app, ["stream", "--scenario", str(scenario), "--check"])
+    assert check.exit_code == 0 and "ok" in check.output, check.output
+    bank_dir = tmp_path / "bank"
+    result = runner.invoke(app, ["stream", "--scenario", str(scenario), "--steps", "2", "--bank", str(bank_dir),
+                                 "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert "after rte (step 4)" in result.output and "final merged model (alpha = 1.0, taujp, scope all)" in result.output
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["scenario"] == "glue4" and report["mode"] == "taujp"
+    assert report["recipe"]["lr"] == 1e-5 and report["recipe"]["weight_decay"] == 0.01
+    assert report["recipe"]["batch_size"] == 16 and report["recipe"]["lam"] == 0.1 and report["recipe"]["steps"] == 2
+    assert set(report["final"]["per_task"]) == set(TASKS)
+    assert all(0.0 <= v <= 1.0 for v in report["final"]["per_task"].values())
+    bank = Bank(bank_dir)
+    assert bank.names() == TASKS and bank.verify() == []
+    tau = bank.load("rte")
+    assert "shared.weight" in tau and any(value.abs().sum() > 0 for value in tau.values())  # every parameter is theta
+
+    added = runner.invoke(app, ["add", "--all", "--bank", str(bank_dir), "--json", str(tmp_path / "add.json")])
+    assert added.exit_code == 0, added.output
+    summed = json.loads((tmp_path / "add.json").read_text())
+    assert summed["per_task"] == pytest.approx(report["final"]["per_task"])  # the stream's merge, rebuilt from the bank
