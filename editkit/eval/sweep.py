@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from editkit.bank.store import Bank
+from editkit.core.batching import Batching, TensorBatching, labelled_collate
 from editkit.eval.accuracy import classify
 from editkit.eval.diagnostics import tangent_norms
 from editkit.train.runtime import Runtime
@@ -62,9 +63,10 @@ class TaskSplits:
     """
 
     def __init__(self, module: nn.Module, tasks, *, batch_size: int, xi_samples: int, progress: Progress,
-                 runtime: Runtime | None = None) -> None:
+                 runtime: Runtime | None = None, batching: Batching | None = None) -> None:
         self.names = [t.name for t in tasks]
         self.batch_size, self.xi_samples, self.runtime = batch_size, xi_samples, runtime or Runtime()
+        self.batching = batching or TensorBatching()
         self.sets: dict[str, dict[str, Any]] = {s: {t.name: getattr(t, s) for t in tasks} for s in SPLITS}
         empty = [f"{n} ({s})" for s in SPLITS for n in self.names if len(self.sets[s][n]) == 0]
         if empty:
@@ -85,8 +87,8 @@ class TaskSplits:
     def batches(self, split: str, name: str) -> int:
         return math.ceil(len(self.sets[split][name]) / self.batch_size)
 
-    def _batches(self, split: str, name: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """(inputs, labels) batches of one split, in order."""
+    def _batches(self, split: str, name: str) -> Iterator[tuple[Any, torch.Tensor]]:
+        """(inputs, labels) batches of one split, in order, collated by the backbone's batching."""
         dataset = self.sets[split][name]
         held = _tensors(dataset)
         if held is not None:
@@ -95,19 +97,19 @@ class TaskSplits:
                 yield inputs[i : i + self.batch_size], targets[i : i + self.batch_size]
             return
         loader = DataLoader(dataset, batch_size=self.batch_size, shuffle=False, num_workers=self.runtime.workers,
-                            pin_memory=self.runtime.device.type == "cuda")
-        for batch in loader:
-            yield batch[0], torch.as_tensor(batch[1])
+                            pin_memory=self.runtime.device.type == "cuda", collate_fn=labelled_collate(self.batching))
+        yield from loader
 
     @torch.no_grad()
-    def map(self, fn: Callable[[torch.Tensor], torch.Tensor], split: str, name: str, bar=None,
+    def map(self, fn: Callable[..., torch.Tensor], split: str, name: str, bar=None,
             labels: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """``fn`` over a split's inputs on the runtime's device (autocast as configured), as fp32 on the
-        CPU; ``labels``, when given, receives the labels batch by batch."""
+        """``fn`` (a module, or a model's ``tangent``) over a split's inputs on the runtime's device (autocast
+        as configured), as fp32 on the CPU; ``labels``, when given, receives the labels batch by batch."""
         out = []
         for x, y in self._batches(split, name):
+            args, kwargs = self.batching.arguments(x.to(self.runtime.device, non_blocking=True))
             with self.runtime.autocast():
-                out.append(fn(x.to(self.runtime.device, non_blocking=True)).float().cpu())
+                out.append(fn(*args, **kwargs).float().cpu())
             if labels is not None:
                 labels.append(y)
             if bar is not None:

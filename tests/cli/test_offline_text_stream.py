@@ -134,14 +134,7 @@ def test_stream_banks_tail_vectors_and_scores_the_merged_model_text_by_text(stre
     merged.load_task_vector({n: first[n] + second[n] for n in first})
     for name, splits in DATASETS.items():
         task = name.removeprefix("tiny-")
-        correct = 0
-        for text, label in zip(splits["test"].texts, splits["test"].labels):
-            ids = torch.tensor([tokenizer(text)["input_ids"]])
-            mask = torch.ones_like(ids)
-            with torch.no_grad():
-                logits = heads[task](merged(backbone.prefix(ids, mask), attention_mask=mask))
-            correct += int(logits.argmax()) == label
-        assert final["per_task"][task] == pytest.approx(correct / len(splits["test"].texts))
+        assert final["per_task"][task] == pytest.approx(hand_accuracy(backbone, heads[task], tokenizer, merged, splits))
 
 
 def test_check_lists_the_missing_model_and_nothing_is_trained(tmp_path):
@@ -151,3 +144,36 @@ def test_check_lists_the_missing_model_and_nothing_is_trained(tmp_path):
     assert result.exit_code != 0
     assert f"the model directory {tmp_path / 'absent'} does not exist" in " ".join(result.output.split())
     assert not (tmp_path / "bank").exists()
+
+
+def hand_accuracy(backbone, head, tokenizer, model, splits) -> float:
+    """Accuracy of ``head`` over ``model``'s features of each test text run alone, unpadded."""
+    correct = 0
+    for text, label in zip(splits["test"].texts, splits["test"].labels):
+        ids = torch.tensor([tokenizer(text)["input_ids"]])
+        mask = torch.ones_like(ids)
+        with torch.no_grad():
+            correct += int(head(model(backbone.prefix(ids, mask), attention_mask=mask)).argmax()) == label
+    return correct / len(splits["test"].texts)
+
+
+@pytest.mark.slow
+def test_bench_on_text_gives_the_addition_table_of_every_mode(tmp_path):
+    """``editkit bench`` on the tiny text scenario: theta_0's row is the heads over each text alone, and each
+    mode's task arithmetic at alpha = 1 is what its stream scored."""
+    scenario = scenario_file(tmp_path)
+    result = invoke("bench", "--scenario", scenario, "--steps", 3, "--methods", "task-arithmetic,ties", "--bank-root",
+                    tmp_path / "banks", "--run-dir", tmp_path / "run", "--grid", 3)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    built = build_scenario(load_scenario(scenario))
+    theta0 = built.backbone.module
+    for name, splits in DATASETS.items():
+        task = name.removeprefix("tiny-")
+        want = hand_accuracy(built.backbone, built.heads[task], built.backbone.tokenizer, theta0, splits)
+        assert report["pretrained"]["test"][task] == pytest.approx(want)
+    rows = report["addition"]["rows"]
+    for mode in ("nonlinear", "linear", "taujp"):
+        ta1 = next(r for r in rows if r["method"] == "task-arithmetic" and r["mode"] == mode and r["coefficient"] == "1.0")
+        assert ta1["per_task"] == pytest.approx(report["streams"][mode]["steps"][-1]["merged"]["per_task"])
+        assert any(r["method"] == "ties" and r["mode"] == mode for r in rows)

@@ -387,7 +387,8 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     t0 = time.perf_counter()
     module = built.backbone.module.to(runtime.device)
     data = TaskSplits(module, list(built.tasks) + ([control] if control else []), batch_size=config.batch_size,
-                      xi_samples=config.xi_samples, progress=progress, runtime=runtime)
+                      xi_samples=config.xi_samples, progress=progress, runtime=runtime,
+                      batching=built.backbone.batching)
     models = SharedModels.of(module)
     heads = {n: built.heads[n].eval() for n in tasks}
     if control is not None:
