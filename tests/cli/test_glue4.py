@@ -100,3 +100,8 @@ def test_tiny_t5_streams_two_steps_per_task_from_local_copies(offline, tmp_path,
     assert added.exit_code == 0, added.output
     summed = json.loads((tmp_path / "add.json").read_text())
     assert summed["per_task"] == pytest.approx(report["final"]["per_task"])  # the stream's merge, rebuilt from the bank
+
+    bench = runner.invoke(app, ["bench", "--scenario", str(scenario), "--bank-root", str(tmp_path / "banks")])
+    assert bench.exit_code != 0
+    assert "editkit bench sweeps classification heads; the heads of 'glue4' are text-to-text" in " ".join(bench.output.split())
+    assert not (tmp_path / "banks").exists()  # refused before any training

@@ -371,6 +371,7 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     timings: dict[str, Any] = {}
     t0 = time.perf_counter()
     built = build_scenario(spec, seed=seed, progress=progress, build=config.build, device=str(runtime.device))
+    _refuse_unswept_heads(spec.name, built.heads)
     base = built.backbone.fingerprint()
     shapes = {n: tuple(p.shape) for n, p in built.backbone.module.named_parameters()}
     for state in states.values():  # every refusal happens before any training
@@ -671,6 +672,15 @@ def _claims(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
         "beats_normalized": bool(best_norm is None or ours["normalized"] > best_norm["normalized"]),
         "baselines": [describe(r) for r in baselines],
     }
+
+
+def _refuse_unswept_heads(scenario: str, heads: Mapping[str, nn.Module]) -> None:
+    """The coefficient sweeps score a class head's argmax over features; a head with an objective of its own
+    (text-to-text) is scored by running the model, which ``editkit stream`` and ``editkit add`` do."""
+    other = sorted({h.objective for h in heads.values() if getattr(h, "objective", None) is not None})
+    if other:
+        raise ConfigError(f"editkit bench sweeps classification heads; the heads of {scenario!r} are {', '.join(other)}: "
+                          f"score its vectors with editkit stream and editkit add")
 
 
 def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], tasks: Sequence[str],
