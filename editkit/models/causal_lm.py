@@ -35,6 +35,7 @@ from editkit.errors import ConfigError
 from editkit.models import BACKBONES, HEADS
 from editkit.models.backbone import Backbone, state_fingerprint
 from editkit.models.blocks import BlockTail, TailBackbone, resolve_blocks
+from editkit.models.lm_weights import load_causal_lm, weights_check
 
 _FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
 
@@ -117,17 +118,8 @@ def causal_lm_backbone(lm: nn.Module, tokenizer: Any, *, trainable_blocks: int |
 
 def _family(model: str = "smollm2-135m-instruct", trainable_blocks: int | str = 4,
             hub_cache: str | None = None) -> CausalLMBackbone:
-    from editkit.models.lm_weights import load_causal_lm
-
     lm, tokenizer = load_causal_lm(model, hub_cache=hub_cache)
     return causal_lm_backbone(lm, tokenizer, trainable_blocks=trainable_blocks, name=model)
-
-
-def _family_check(model: str = "smollm2-135m-instruct", trainable_blocks: int | str = 4,
-                  hub_cache: str | None = None) -> list[str]:
-    from editkit.models.lm_weights import model_problems
-
-    return model_problems(model, hub_cache=hub_cache)
 
 
 def _lm_head(backbone: Backbone, task: Any, dataset: str, seed: int) -> LanguageModelHead:
@@ -136,7 +128,7 @@ def _lm_head(backbone: Backbone, task: Any, dataset: str, seed: int) -> Language
     return backbone.head
 
 
-BACKBONES.register("causal-lm", Record.of(_family, check=_family_check, help={
+BACKBONES.register("causal-lm", Record.of(_family, check=weights_check("smollm2-135m-instruct"), help={
     "model": "a packaged model name (smollm2-135m-instruct), a local directory or .gguf file, or a hub id "
              "found in the local Hugging Face cache",
     "trainable_blocks": "the last K decoder blocks (plus the final norm) are fine-tuned; 'all' for every block",

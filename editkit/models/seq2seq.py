@@ -48,6 +48,7 @@ from editkit.errors import ConfigError
 from editkit.models import BACKBONES, HEADS
 from editkit.models.backbone import Backbone, state_fingerprint
 from editkit.models.blocks import ALL_BLOCKS, resolve_blocks
+from editkit.models.lm_weights import load_pretrained, weights_check
 from editkit.models.causal_lm import final_norm
 
 #: The objective a text-to-text head declares: ``editkit.eval.scorers.task_scorer`` scores it by
@@ -179,19 +180,10 @@ def seq2seq_backbone(model: nn.Module, tokenizer: Any, *, trainable_blocks: int 
 
 def _family(model: str = "google/flan-t5-small", trainable_blocks: int | str = ALL_BLOCKS,
             hub_cache: str | None = None, device: str | None = None) -> Seq2SeqBackbone:
-    from editkit.models.lm_weights import load_pretrained
-
     lm, tokenizer = load_pretrained(model, "AutoModelForSeq2SeqLM", hub_cache=hub_cache)
     if device:
         lm.to(device)
     return seq2seq_backbone(lm, tokenizer, trainable_blocks=trainable_blocks, name=model)
-
-
-def _family_check(model: str = "google/flan-t5-small", trainable_blocks: int | str = ALL_BLOCKS,
-                  hub_cache: str | None = None, device: str | None = None) -> list[str]:
-    from editkit.models.lm_weights import model_problems
-
-    return model_problems(model, hub_cache=hub_cache)
 
 
 def _text_to_text_head(backbone: Backbone, task: Any, dataset: str, seed: int) -> TextToTextHead:
@@ -200,7 +192,7 @@ def _text_to_text_head(backbone: Backbone, task: Any, dataset: str, seed: int) -
     return backbone.head
 
 
-BACKBONES.register("seq2seq-lm", Record.of(_family, check=_family_check, help={
+BACKBONES.register("seq2seq-lm", Record.of(_family, check=weights_check("google/flan-t5-small"), help={
     "model": "a local checkpoint directory, or a hub id found in the local Hugging Face cache (google/flan-t5-small)",
     "trainable_blocks": "'all': every parameter is fine-tuned; K: only the last K decoder blocks (and the decoder's "
                         "final norm)",

@@ -30,6 +30,7 @@ from editkit.core.registry import Record
 from editkit.errors import ConfigError
 from editkit.models import BACKBONES
 from editkit.models.blocks import ALL_BLOCKS, BlockTail, TailBackbone, resolve_blocks
+from editkit.models.lm_weights import load_pretrained, weights_check
 
 POOLINGS = ("mean", "cls")
 
@@ -79,20 +80,11 @@ def encoder_backbone(encoder: nn.Module, tokenizer: Any, *, pooling: str = "mean
 
 def _family(model: str = "all-minilm-l6-v2", pooling: str = "mean", trainable_blocks: int | str = ALL_BLOCKS,
             hub_cache: str | None = None) -> EncoderBackbone:
-    from editkit.models.lm_weights import load_pretrained
-
     encoder, tokenizer = load_pretrained(model, "AutoModel", hub_cache=hub_cache)
     return encoder_backbone(encoder, tokenizer, pooling=pooling, trainable_blocks=trainable_blocks, name=model)
 
 
-def _family_check(model: str = "all-minilm-l6-v2", pooling: str = "mean", trainable_blocks: int | str = ALL_BLOCKS,
-                  hub_cache: str | None = None) -> list[str]:
-    from editkit.models.lm_weights import model_problems
-
-    return model_problems(model, hub_cache=hub_cache)
-
-
-BACKBONES.register("text-encoder", Record.of(_family, check=_family_check, help={
+BACKBONES.register("text-encoder", Record.of(_family, check=weights_check("all-minilm-l6-v2"), help={
     "model": "a packaged model name (all-minilm-l6-v2), a local directory, or a hub id found in the local "
              "Hugging Face cache",
     "pooling": "features: 'mean' of the last hidden states over real tokens, or the first ('cls') token's",

@@ -21,6 +21,7 @@ from editkit.bank.store import Bank
 from editkit.cli import app
 from editkit.data.glue import GLUE_REPO
 from helpers.glue import write_glue, write_t5
+from helpers.scenarios import write_toml
 from helpers.hub import empty_caches, hub_repo
 
 #: The scenario files of this checkout (the installed package may point elsewhere).
@@ -60,14 +61,7 @@ def _small_copy(directory: Path, hub: Path) -> Path:
     data = tomllib.loads((SCENARIOS / "glue4.toml").read_text())
     data["backbone"]["hub_cache"] = str(hub)
     data["data"]["max_length"] = 16
-    lines = [f"{k} = {json.dumps(data[k])}" for k in ("name", "description")]
-    for table in ("backbone", "heads", "data", "recipe"):
-        lines += [f"[{table}]"] + [f"{k} = {json.dumps(v)}" for k, v in data[table].items()]
-    for task in data["tasks"]:
-        lines += ["[[tasks]]"] + [f"{k} = {json.dumps(v)}" for k, v in task.items()]
-    path = directory / "glue4.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_toml(data, directory / "glue4.toml")
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from editkit import settings
 from editkit.bank.store import Bank
 from editkit.cli import app
 from editkit.eval.toxicity import DETOXIFY_URL, detoxify_checkpoint
+from helpers.scenarios import write_toml
 from helpers.hub import bpe_tokenizer, empty_caches, fast_tokenizer, hub_repo
 from helpers.models import gpt2
 
@@ -108,14 +109,7 @@ def _small_copy(directory: Path, hub: Path) -> Path:
     data["data"].update(max_length=16, eval_blocks=4)
     data["generic"].update(max_length=16, size=8)
     data["recipe"].update(batch_size=2, reg_batch=2)
-    lines = [f"{k} = {json.dumps(data[k])}" for k in ("name", "description")]
-    for table in ("backbone", "heads", "data", "generic", "negation", "recipe"):
-        lines += [f"[{table}]"] + [f"{k} = {json.dumps(v)}" for k, v in data[table].items()]
-    for task in data["tasks"]:
-        lines += ["[[tasks]]"] + [f"{k} = {json.dumps(v)}" for k, v in task.items()]
-    path = directory / "toxic-gpt2.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_toml(data, directory / "toxic-gpt2.toml")
 
 
 @pytest.mark.slow

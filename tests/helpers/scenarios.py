@@ -5,8 +5,9 @@ End-to-end tests of ``editkit stream`` / ``editkit bench`` run whole streams on 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 #: Task name -> packaged dataset (``packaged:<dataset>``).
 DATASETS = {"digits": "digits", "mnist": "mnist", "fashion": "fashion-mnist"}
@@ -23,5 +24,19 @@ def write_scenario(directory: Path, tasks: Sequence[str] = ("digits", "mnist"), 
                   f"train_size = {train_size}", f"test_size = {test_size}"]
     lines += ["[recipe]", 'mode = "taujp"', "steps = 100", "batch_size = 16", "lr = 1e-4", "reg_batch = 4"]
     path = directory / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_toml(data: dict[str, Any], path: Path) -> Path:
+    """A scenario dict (as ``tomllib`` reads it) written back as TOML: top-level values, tables, then
+    ``[[tasks]]`` entries. Values are written as JSON, which TOML reads the same for strings, numbers,
+    booleans and flat lists."""
+    lines = [f"{k} = {json.dumps(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
+    for table, values in data.items():
+        if isinstance(values, dict):
+            lines += [f"[{table}]"] + [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+    for task in data.get("tasks", []):
+        lines += ["[[tasks]]"] + [f"{k} = {json.dumps(v)}" for k, v in task.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
