@@ -26,7 +26,7 @@ from editkit import settings
 from editkit.core import artifacts
 from editkit.data import LABELLED_TEXTS, cache
 from editkit.data import offline_text as ot
-from editkit.data import text
+from editkit.data.text import sentences
 from editkit.data.toxic_corpus import normalize
 from editkit.errors import ConfigError, MissingResourceError
 
@@ -193,10 +193,10 @@ def _garak(monkeypatch, tmp_path) -> dict[str, int]:
 
 def test_sentences_by_hand():
     text, expected = _plot(7)
-    assert text.sentences(text) == expected
-    assert text.sentences("It ends (as planned.) Then St. Mary's bell rings! 3 more? yes.\n") == [
+    assert sentences(text) == expected
+    assert sentences("It ends (as planned.) Then St. Mary's bell rings! 3 more? yes.\n") == [
         "It ends (as planned.)", "Then St. Mary's bell rings!", "3 more? yes."]
-    assert text.sentences("  \n\n") == []
+    assert sentences("  \n\n") == []
 
 
 def test_paragraphs_by_hand():

@@ -79,7 +79,7 @@ def test_sequences_cache_the_backbones_prefix_states_on_first_read(backbone, mon
 
 
 def test_sequences_refuse_a_backbone_without_a_prefix_and_empty_text(backbone, tiny_clip):
-    with pytest.raises(ConfigError, match="needs a causal-lm backbone"):
+    with pytest.raises(ConfigError, match="text data needs a text backbone"):
         sequences(tiny_clip, ["text"], 8)
     with pytest.raises(ConfigError, match="no text to build sequences from"):
         sequences(backbone, [], 8)
