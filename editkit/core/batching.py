@@ -57,6 +57,9 @@ class Batching(Protocol):
     def collate_labels(self, labels: Sequence[Any]) -> torch.Tensor:
         """One tensor from the labels of single examples (class ids; or token ids of different lengths)."""
 
+    def worth_concatenating(self, batches: Sequence[Any]) -> bool:
+        """Whether one call over the batches concatenated costs less than one call each."""
+
 
 class TensorBatching:
     """Fixed-shape inputs (images): a batch is a tensor whose first dimension is the example."""
@@ -78,6 +81,10 @@ class TensorBatching:
 
     def collate_labels(self, labels: Sequence[Any]) -> torch.Tensor:
         return default_collate(list(labels))
+
+    def worth_concatenating(self, batches: Sequence[torch.Tensor]) -> bool:
+        """Always: fixed-shape examples add no padding, and one call saves a pass of per-call overhead."""
+        return True
 
 
 #: The label of a padded position: ``torch.nn.functional.cross_entropy`` skips it.
@@ -108,6 +115,10 @@ class SequenceBatch:
     def pin_memory(self) -> "SequenceBatch":
         """Called by a DataLoader with ``pin_memory=True``."""
         return SequenceBatch(self.inputs.pin_memory(), self.attention_mask.pin_memory())
+
+
+#: How many times the positions of separate calls one concatenated call of sequence batches may compute.
+CONCAT_SLACK = 1.25
 
 
 class SequenceBatching:
@@ -149,6 +160,14 @@ class SequenceBatching:
 
     # along examples only, as for tensors: pieces keep the common length (their masks say where padding is)
     split = TensorBatching.split
+
+    def worth_concatenating(self, batches: Sequence[SequenceBatch]) -> bool:
+        """Whether padding every batch to the longest one adds at most :data:`CONCAT_SLACK` of the positions
+        computed: a batch of short reviews concatenated with reg batches of long news sentences would
+        otherwise run mostly padding through every block."""
+        lengths = [b.inputs.shape[1] for b in batches]
+        apart = sum(len(b) * t for b, t in zip(batches, lengths))
+        return sum(len(b) for b in batches) * max(lengths) <= CONCAT_SLACK * apart
 
     def output_mask(self, batch: SequenceBatch) -> torch.Tensor | None:
         return batch.attention_mask.bool() if self.per_token else None
@@ -213,6 +232,8 @@ class Seq2SeqBatching:
         return Seq2SeqBatch(*columns)
 
     split = TensorBatching.split
+    # One call: the reg rows' decoder input is a single token, and the prompts' lengths are alike.
+    worth_concatenating = TensorBatching.worth_concatenating
 
     def output_mask(self, batch: Seq2SeqBatch) -> torch.Tensor:
         return batch.decoder_attention_mask.bool()

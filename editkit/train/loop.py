@@ -164,8 +164,12 @@ class StepComputer:
         return self.model(*args, **kwargs)
 
     def _jvp(self, batches: list[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
-        """One jvp at theta_0 over ``batches`` concatenated (with BatchNorm frozen, examples do not interact):
-        per batch, f(x; theta_0), J_theta0 f(x) . tau and which output positions are real (None: all)."""
+        """jvps at theta_0 over ``batches``: per batch, f(x; theta_0), J_theta0 f(x) . tau and which output
+        positions are real (None: all). One jvp over them concatenated (with BatchNorm frozen, examples do not
+        interact) unless the backbone's batching says padding would cost more than separate calls."""
+        if len(batches) > 1 and not self.batching.worth_concatenating(batches):
+            apart = [self._jvp([batch]) for batch in batches]
+            return tuple([piece for result in apart for piece in result[i]] for i in range(3))
         batching = self.batching
         batch = batching.concat(batches[0], batches[1:])
         args, kwargs = batching.arguments(batch)

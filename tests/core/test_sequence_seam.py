@@ -370,3 +370,21 @@ def test_a_stream_of_sequence_tasks_goes_through_the_backbones_batching(tmp_path
         for name, (_, test) in tasks.items():
             correct = [int(heads[name](alone(merged, ids)[None]).argmax()) == label for ids, label in test]
             assert result.steps[-1].merged["per_task"][name] == pytest.approx(sum(correct) / len(correct))
+
+
+def test_batches_of_very_different_lengths_take_separate_jvps_with_the_same_loss():
+    """Short task texts with long reg texts: padded together, most positions would be padding, so the step
+    runs one jvp per batch; the loss and penalty are those of the concatenated call."""
+    batching = SequenceBatching(pad_id=PAD)
+    short = batching.collate(sequences(8, seed=1, lengths=(2, 4)))
+    long = batching.collate(sequences(2, seed=2, lengths=(20, 21)))
+    assert not batching.worth_concatenating([short, long])
+    assert batching.worth_concatenating([short, batching.collate(sequences(2, seed=3, lengths=(3, 4)))])
+    module = TinyBert()
+    model = linearized(module, random_tau(module, 0.02))
+    computer = StepComputer(model, classifier_head(seed=1), Regularizer([UnlabeledSource("x", long)], lam=0.5), batching)
+    features, reg = computer.features(short, [long])
+    args, kwargs = batching.arguments(batching.concat(short, [long]))
+    primal, tangent = model.primal_and_tangent(*args, **kwargs)
+    torch.testing.assert_close(features, (primal + tangent)[: len(short)], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(reg, 0.5 * penalty(tangent[len(short):]), rtol=1e-5, atol=1e-6)
