@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from editkit.core.registry import Option, Record, Registry
-from editkit.data import GENERIC_SOURCES, TASK_SOURCES, TEXT_CORPORA
+from editkit.data import GENERIC_SOURCES, LABELLED_TEXTS, TASK_SOURCES, TEXT_CORPORA
 from editkit.errors import ConfigError
 from editkit.merge import MERGE_METHODS
 from editkit.merge.ties import TIES_DEFAULT_K, ties_merge
@@ -80,10 +80,11 @@ def test_unregister_and_labels():
 
 
 @pytest.mark.parametrize("registry, names", [
-    (BACKBONES, ["causal-lm", "clip", "efficientnet-lite0"]),
-    (HEADS, ["lm", "probe", "zero-shot"]),
-    (TASK_SOURCES, ["packaged", "text", "vision8"]),
-    (GENERIC_SOURCES, ["natural-crops", "text"]),
+    (BACKBONES, ["causal-lm", "clip", "efficientnet-lite0", "seq2seq-lm", "text-encoder"]),
+    (HEADS, ["lm", "probe", "text-to-text", "zero-shot"]),
+    (TASK_SOURCES, ["glue", "labelled-text", "packaged", "text", "vision8"]),
+    (GENERIC_SOURCES, ["natural-crops", "text", "text-sentences"]),
+    (LABELLED_TEXTS, ["harm", "party", "rt-sentiment", "rt-subjectivity"]),
     (TEXT_CORPORA, ["civil-comments-prompts", "civil-comments-toxic", "clean-news", "toxic", "toxic-prompts",
                     "wikitext-103"]),
     (MERGE_METHODS, ["dare", "magmax", "opcm", "task-arithmetic", "ties"]),
