@@ -40,3 +40,15 @@ def write_toml(data: dict[str, Any], path: Path) -> Path:
         lines += ["[[tasks]]"] + [f"{k} = {json.dumps(v)}" for k, v in task.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def assert_refused_before_work(output: str, scenario: str, starts: Sequence[str], workdir: Path) -> None:
+    """``output`` is the offline refusal of ``scenario``: its header, then one line per missing piece, each
+    starting with the matching entry of ``starts``; and ``workdir`` holds no bank or run directory."""
+    header, *lines = output.splitlines()
+    assert header == (f"error: scenario '{scenario}' cannot start: {len(starts)} missing pieces (nothing was trained, "
+                      "no bank was written)")
+    assert len(lines) == len(starts)
+    for line, start in zip(lines, starts):
+        assert line.startswith(f"  - {start}"), line
+    assert not (workdir / "banks").exists() and not (workdir / "runs").exists()
