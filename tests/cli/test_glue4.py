@@ -22,23 +22,13 @@ from editkit.cli import app
 from editkit.data.glue import GLUE_REPO
 from helpers.glue import write_glue, write_t5
 from helpers.scenarios import assert_refused_before_work, write_toml
-from helpers.hub import empty_caches, hub_repo
+from helpers.hub import hub_repo
 
 #: The scenario files of this checkout (the installed package may point elsewhere).
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 TASKS = ["cola", "sst2", "mrpc", "rte"]
 MODEL = "google/flan-t5-small"
 runner = CliRunner()
-
-
-@pytest.fixture
-def offline(tmp_path, monkeypatch):
-    """Empty caches, this checkout's scenarios, a working directory of its own; returns the hub cache."""
-    hub = empty_caches(tmp_path, monkeypatch)
-    monkeypatch.setenv(settings.SCENARIOS_ENV, str(SCENARIOS))
-    monkeypatch.delenv(settings.DATA_ENV, raising=False)
-    monkeypatch.chdir(tmp_path)
-    return hub
 
 
 def test_offline_check_lists_the_model_and_each_glue_task_before_any_work(offline, tmp_path):

@@ -24,7 +24,7 @@ from editkit.bank.store import Bank
 from editkit.cli import app
 from editkit.eval.toxicity import DETOXIFY_URL, detoxify_checkpoint
 from helpers.scenarios import assert_refused_before_work, write_toml
-from helpers.hub import bpe_tokenizer, empty_caches, fast_tokenizer, hub_repo
+from helpers.hub import bpe_tokenizer, fast_tokenizer, hub_repo
 from helpers.models import gpt2
 
 #: The scenario files of this checkout (the installed package may point elsewhere).
@@ -66,16 +66,6 @@ def _gpt2(directory: Path) -> None:
     bpe = bpe_tokenizer(TOXIC + CLEAN)
     gpt2(vocab_size=bpe.get_vocab_size(), n_positions=64, n_layer=2).save_pretrained(directory)
     fast_tokenizer(bpe).save_pretrained(directory)
-
-
-@pytest.fixture
-def offline(tmp_path, monkeypatch):
-    """Empty caches, this checkout's scenarios, a working directory of its own; returns the hub cache."""
-    hub = empty_caches(tmp_path, monkeypatch)
-    monkeypatch.setenv(settings.SCENARIOS_ENV, str(SCENARIOS))
-    monkeypatch.delenv(settings.DATA_ENV, raising=False)
-    monkeypatch.chdir(tmp_path)
-    return hub
 
 
 @pytest.mark.parametrize("command", [["stream", "--scenario", "toxic-gpt2", "--check"], ["negate", "toxic-gpt2"]])
