@@ -100,6 +100,15 @@ def sentences(text: str) -> list[str]:
     return [s.strip() for s in found if s.strip()]
 
 
+def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int | None = None) -> list[torch.Tensor]:
+    """Each text's token ids with the tokenizer's special tokens, at most ``max_length`` of them (None: all)."""
+    if not texts:
+        return []
+    encoded = tokenizer(list(texts), truncation=max_length is not None, max_length=max_length,
+                        add_special_tokens=True)["input_ids"]
+    return [torch.tensor(ids, dtype=torch.long) for ids in encoded]
+
+
 def pack(tokenizer: Any, texts: Sequence[str], length: int, *, limit: int | None = None) -> list[torch.Tensor]:
     """Token-id blocks of ``length`` from ``texts`` joined by end-of-sequence tokens.
 

@@ -24,19 +24,11 @@ from editkit.core.registry import Record
 from editkit.core.taujp import LazyUnlabeledSource
 from editkit.data import GENERIC_SOURCES, LABELLED_TEXTS, TASK_SOURCES
 from editkit.data.tasks import LabelledTexts, TaskData
-from editkit.data.text import SPLITS, TokenSequences, corpus_split, require_prefix, sentences
+from editkit.data.text import SPLITS, TokenSequences, corpus_split, require_prefix, sentences, tokenize
 from editkit.errors import ConfigError
 
 #: Sentences shorter than this many words carry little text (headings, "Yes.").
 MIN_WORDS = 4
-
-
-def tokenize(tokenizer: Any, texts: list[str], max_length: int) -> list[torch.Tensor]:
-    """Each text's token ids with the tokenizer's special tokens, at most ``max_length`` of them."""
-    if not texts:
-        return []
-    encoded = tokenizer(texts, truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
-    return [torch.tensor(ids, dtype=torch.long) for ids in encoded]
 
 
 def stratified_subset(data: LabelledTexts, size: int | None, seed: int) -> LabelledTexts:

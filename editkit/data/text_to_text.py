@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import Dataset
 
 from editkit.data.tasks import TaskData
+from editkit.data.text import tokenize
 
 #: editkit's splits, in the order a task holds them.
 SPLITS = ("train", "val", "test")
@@ -54,7 +55,7 @@ def text_to_text_task(name: str, targets: Sequence[str], backbone: Any,
                       max_length: int | None = None) -> TaskData:
     """A :class:`TaskData` from ``splits`` = {split: (prompts, class ids)}, class ``c`` written as ``targets[c]``;
     prompts are cut to ``max_length`` tokens (None: kept whole), targets never."""
-    labels = backbone.encode(targets)
-    data = {split: TextToTextExamples(backbone.encode(splits[split][0], max_length), splits[split][1], labels,
+    labels = tokenize(backbone.tokenizer, targets)
+    data = {split: TextToTextExamples(tokenize(backbone.tokenizer, splits[split][0], max_length), splits[split][1], labels,
                                       backbone) for split in SPLITS}
     return TaskData(name, list(targets), data["train"], data["val"], data["test"])

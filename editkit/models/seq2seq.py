@@ -152,11 +152,6 @@ class Seq2SeqBackbone(Backbone):
         """Identity of the whole model: a set of decoder blocks alone could sit on another encoder."""
         return state_fingerprint(self.model.state_dict())
 
-    def encode(self, texts: Sequence[str], max_length: int | None = None) -> list[torch.Tensor]:
-        """Token ids of each text with the tokenizer's special tokens, cut to ``max_length`` (None: all)."""
-        ids = self.tokenizer(list(texts), truncation=max_length is not None, max_length=max_length)["input_ids"]
-        return [torch.tensor(row, dtype=torch.long) for row in ids]
-
     def teacher_forcing(self, labels: torch.Tensor) -> torch.Tensor:
         """The decoder input of a labelled example: the start token, then the labels but the last."""
         return torch.cat([torch.tensor([self.decoder_start]), labels[:-1]])
