@@ -41,9 +41,10 @@ class TokenSequences(Dataset):
     The label is the token ids themselves (language modelling: the next-token loss shifts
     them), or the class id of ``labels`` (text classification; also ``targets``, which
     probes and Avalanche read). ``input(i)`` gives the states alone, so a tauJp source never
-    reads a label. States are computed when first read, ``PREFIX_BATCH`` consecutive texts at
-    a time, and kept: a run pays for the prefix of the texts it reads, once (negation never
-    reads the train split; a short run reads a few chunks of it).
+    reads a label. States are computed when first read, a chunk of ``PREFIX_BATCH`` texts of
+    similar lengths at a time (so a chunk is little padding), and kept: a run pays for the
+    prefix of the texts it reads, once (negation never reads the train split; a short run
+    reads a few chunks of it).
     """
 
     def __init__(self, ids: Sequence[torch.Tensor], backbone: Any, labels: torch.Tensor | None = None) -> None:
@@ -52,6 +53,9 @@ class TokenSequences(Dataset):
             raise ValueError(f"{len(self.ids)} texts but {len(labels)} labels")
         self.targets = labels
         self._backbone = backbone
+        # texts by length (ties in text order): chunk c is _by_length[c * PREFIX_BATCH : (c + 1) * PREFIX_BATCH]
+        self._by_length = sorted(range(len(self.ids)), key=lambda i: len(self.ids[i]))
+        self._place = {index: place for place, index in enumerate(self._by_length)}
         self._chunks: dict[int, list[torch.Tensor]] = {}
 
     def __len__(self) -> int:
@@ -59,10 +63,10 @@ class TokenSequences(Dataset):
 
     def state(self, index: int) -> torch.Tensor:
         """Text ``index``'s prefix states (its chunk computed on first use)."""
-        chunk, offset = divmod(index, PREFIX_BATCH)
+        chunk, offset = divmod(self._place[index], PREFIX_BATCH)
         if chunk not in self._chunks:
-            start = chunk * PREFIX_BATCH
-            self._chunks[chunk] = prefix_states(self._backbone, self.ids[start : start + PREFIX_BATCH])
+            members = self._by_length[chunk * PREFIX_BATCH : (chunk + 1) * PREFIX_BATCH]
+            self._chunks[chunk] = prefix_states(self._backbone, [self.ids[i] for i in members])
         return self._chunks[chunk][offset]
 
     @property

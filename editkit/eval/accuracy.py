@@ -101,9 +101,8 @@ class SplitScorer:
         totals = torch.zeros(2, dtype=torch.float64, device=device)
         for x, y in loader:
             x, y = x.to(device, non_blocking=cuda), y.to(device, non_blocking=cuda)
-            args, kwargs = self.batching.arguments(x)
             with runtime.autocast():
-                features = model(*args, **kwargs)
+                features = self.batching.run(model, x)
             totals += self.tally(head(features.float()), y).double()
             if progress_task is not None:
                 progress_task.advance(1)

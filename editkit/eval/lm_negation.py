@@ -96,8 +96,7 @@ def split_perplexity(model: nn.Module, head: nn.Module, dataset: Any, batching: 
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=labelled_collate(batching))
 
     def logits_of(batch: Any) -> torch.Tensor:
-        args, kwargs = batching.arguments(batch)
-        return head(model(*args, **kwargs))
+        return head(batching.run(model, batch))
 
     return perplexity(logits_of, loader, progress=progress or NullProgress(), description=description)
 

@@ -107,9 +107,8 @@ class TaskSplits:
         as configured), as fp32 on the CPU; ``labels``, when given, receives the labels batch by batch."""
         out = []
         for x, y in self._batches(split, name):
-            args, kwargs = self.batching.arguments(x.to(self.runtime.device, non_blocking=True))
             with self.runtime.autocast():
-                out.append(fn(*args, **kwargs).float().cpu())
+                out.append(self.batching.run(fn, x.to(self.runtime.device, non_blocking=True)).float().cpu())
             if labels is not None:
                 labels.append(y)
             if bar is not None:

@@ -62,8 +62,7 @@ class Backbone:
         """The module's outputs on a batch of preprocessed inputs, computed ``batch_size`` examples at a time."""
         outputs = []
         for i in range(0, len(inputs), batch_size):
-            args, kwargs = self.batching.arguments(inputs[i : i + batch_size])
-            outputs.append(self.module(*args, **kwargs))
+            outputs.append(self.batching.run(self.module, inputs[i : i + batch_size]))
         return torch.cat(outputs)
 
     def preprocess_arrays(self, images: np.ndarray) -> torch.Tensor:

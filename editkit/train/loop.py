@@ -160,20 +160,15 @@ class StepComputer:
 
     def _forward(self, x: Any) -> torch.Tensor:
         """The task model's own forward: f(x; theta), or f_lin(x; theta) (a jvp of its own)."""
-        args, kwargs = self.batching.arguments(x)
-        return self.model(*args, **kwargs)
+        return self.batching.run(self.model, x)
 
     def _jvp(self, batches: list[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
         """jvps at theta_0 over ``batches``: per batch, f(x; theta_0), J_theta0 f(x) . tau and which output
-        positions are real (None: all). One jvp over them concatenated (with BatchNorm frozen, examples do not
-        interact) unless the backbone's batching says padding would cost more than separate calls."""
-        if len(batches) > 1 and not self.batching.worth_concatenating(batches):
-            apart = [self._jvp([batch]) for batch in batches]
-            return tuple([piece for result in apart for piece in result[i]] for i in range(3))
+        positions are real (None: all). The batches are concatenated (with BatchNorm frozen, examples do not
+        interact) and run through the backbone's batching, which may group rows of similar lengths."""
         batching = self.batching
         batch = batching.concat(batches[0], batches[1:])
-        args, kwargs = batching.arguments(batch)
-        primal, tangent = self.model.primal_and_tangent(*args, **kwargs)
+        primal, tangent = batching.run(self.model.primal_and_tangent, batch)
         sizes = [len(b) for b in batches]
         mask = batching.output_mask(batch)
         masks = batching.split(mask, sizes) if mask is not None else [None] * len(batches)

@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 import editkit  # noqa: F401  (makes transformers' torchvision imports work on CPU torch)
-from editkit.core.batching import SequenceBatch, SequenceBatching, TensorBatching
+from editkit.core.batching import SequenceBatch, SequenceBatching, TensorBatching, call_on, length_bands
 from editkit.core.linearize import LinearizedModel, NonLinearModel
 from editkit.core.taujp import LazyUnlabeledSource, Regularizer, UnlabeledSource, penalty
 from editkit.eval.accuracy import ClassificationScorer, evaluate_vector
@@ -38,10 +38,10 @@ VOCAB, HIDDEN, PAD = 30, 16, 0
 class TinyBert(nn.Module):
     """Random BERT; ``per_token`` returns hidden states, otherwise their mean over real tokens."""
 
-    def __init__(self, *, per_token: bool = False, seed: int = 0) -> None:
+    def __init__(self, *, per_token: bool = False, seed: int = 0, max_positions: int = 32) -> None:
         super().__init__()
         self.bert = models.bert(seed=seed, pooling=False, vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2,
-                                intermediate_size=24, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                                intermediate_size=24, max_position_embeddings=max_positions, hidden_dropout_prob=0.0,
                                 attention_probs_dropout_prob=0.0, pad_token_id=PAD, attn_implementation="eager")
         self.per_token = per_token
 
@@ -372,19 +372,97 @@ def test_a_stream_of_sequence_tasks_goes_through_the_backbones_batching(tmp_path
             assert result.steps[-1].merged["per_task"][name] == pytest.approx(sum(correct) / len(correct))
 
 
-def test_batches_of_very_different_lengths_take_separate_jvps_with_the_same_loss():
-    """Short task texts with long reg texts: padded together, most positions would be padding, so the step
-    runs one jvp per batch; the loss and penalty are those of the concatenated call."""
+def _partitions(items: list[int]):
+    """Every partition of ``items`` into non-empty groups."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for partition in _partitions(rest):
+        yield [[first], *partition]
+        for i in range(len(partition)):
+            yield [*partition[:i], [first, *partition[i]], *partition[i + 1:]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_length_bands_are_the_cheapest_grouping_of_rows(seed):
+    """Against every grouping of the rows (not only contiguous ones): one call per group costs its rows times
+    its longest length plus the call cost."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 40, (6,), generator=g)
+    call_cost = [0, 5, 24, 200][seed % 4]
+    bands = length_bands(lengths, call_cost)
+    assert sorted(torch.cat(bands).tolist()) == list(range(6))
+    cost = lambda groups: sum(len(b) * max(int(lengths[i]) for i in b) + call_cost for b in groups)
+    assert cost([b.tolist() for b in bands]) == min(cost(p) for p in _partitions(list(range(6))))
+    if call_cost == 0:
+        assert len(bands) == len(set(lengths.tolist()))  # free calls: one band per length, no padding at all
+    if call_cost == 200:
+        assert len(bands) == 1
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_a_batch_of_very_different_lengths_runs_in_bands_with_each_rows_own_output(per_token):
+    """Short rows beside long ones run as separate calls, the short ones trimmed to their own longest; each
+    row's output at its real positions (and the jvp's primal and tangent) is its output alone."""
+    batching = SequenceBatching(pad_id=PAD, per_token=per_token)
+    items = sequences(6, seed=1, lengths=(2, 4)) + sequences(3, seed=2, lengths=(40, 45))
+    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(0)).tolist()
+    items = [items[i] for i in order]
+    batch = batching.collate(items)
+    assert len(length_bands(batch.lengths())) == 2
+    module = TinyBert(per_token=per_token, max_positions=64).double()
+    model = linearized(module, random_tau(module, 0.02))
+    calls = []
+    with torch.no_grad():
+        out = batching.run(lambda *a, **k: calls.append(a[0].shape) or module(*a, **k), batch)
+        primal, tangent = batching.run(model.primal_and_tangent, batch)
+        for row, ids in enumerate(items):
+            got = out[row, : len(ids)] if per_token else out[row]
+            torch.testing.assert_close(got, alone(module, ids), rtol=0, atol=1e-12)
+            torch.testing.assert_close(primal[row], out[row], rtol=0, atol=1e-12)
+            torch.testing.assert_close(tangent[row, : len(ids)] if per_token else tangent[row],
+                                       alone(model, ids) - alone(module, ids), rtol=1e-9, atol=1e-12)
+    longest_short = max(len(ids) for ids in items if len(ids) < 4)
+    assert sorted((shape[0], shape[1]) for shape in calls) == [(3, batch.inputs.shape[1]), (6, longest_short)]
+
+
+def test_a_step_over_bands_has_the_loss_penalty_and_gradient_of_one_call():
+    """Short task texts with long reg texts: the step runs in bands, and its loss, penalty and gradient
+    are those of one call over the concatenated batch."""
     batching = SequenceBatching(pad_id=PAD)
     short = batching.collate(sequences(8, seed=1, lengths=(2, 4)))
     long = batching.collate(sequences(2, seed=2, lengths=(20, 21)))
-    assert not batching.worth_concatenating([short, long])
-    assert batching.worth_concatenating([short, batching.collate(sequences(2, seed=3, lengths=(3, 4)))])
+    joined = batching.concat(short, [long])
+    assert len(length_bands(joined.lengths())) == 2
     module = TinyBert()
-    model = linearized(module, random_tau(module, 0.02))
-    computer = StepComputer(model, classifier_head(seed=1), Regularizer([UnlabeledSource("x", long)], lam=0.5), batching)
-    features, reg = computer.features(short, [long])
-    args, kwargs = batching.arguments(batching.concat(short, [long]))
-    primal, tangent = model.primal_and_tangent(*args, **kwargs)
-    torch.testing.assert_close(features, (primal + tangent)[: len(short)], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(reg, 0.5 * penalty(tangent[len(short):]), rtol=1e-5, atol=1e-6)
+    head = classifier_head(seed=1)
+    y = torch.tensor([0, 1] * 4)
+
+    def step(run_in_bands: bool):
+        model = linearized(module, random_tau(module, 0.02))
+        computer = StepComputer(model, head, Regularizer([UnlabeledSource("x", long)], lam=0.5), batching)
+        if not run_in_bands:
+            computer.batching = OneCall(batching)
+        ce, reg, _ = computer.loss(short, y, [long])
+        (ce + reg).backward()
+        return ce, reg, [p.grad.clone() for p in model.theta]
+
+    banded, whole = step(True), step(False)
+    torch.testing.assert_close(banded[0], whole[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(banded[1], whole[1], rtol=1e-5, atol=1e-6)
+    for a, b in zip(banded[2], whole[2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+class OneCall:
+    """A sequence batching that always runs one call (what a GPU does)."""
+
+    def __init__(self, batching: SequenceBatching) -> None:
+        self.inner = batching
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def run(self, fn, batch):
+        return call_on(self.inner, fn, batch)

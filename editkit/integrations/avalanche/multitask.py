@@ -110,5 +110,4 @@ class MultiHeadTaskModel(MultiTaskModule):
                 self.penalty = penalty
             self.reg_batches = []
             return head(features.float())  # no-op in fp32; leaves bf16 autocast
-        args, kwargs = self.backbone.batching.arguments(x)
-        return head(self.task_model(*args, **kwargs).float())
+        return head(self.backbone.batching.run(self.task_model, x).float())
