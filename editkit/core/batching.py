@@ -168,11 +168,14 @@ class SequenceBatching:
     per_token: the module returns one output per position ``(N, T, ...)`` (a language
         model's hidden states), so padded positions must be masked out of the penalty;
         False when the module pools over real tokens itself and returns ``(N, D)``.
+    packs: the module packs the sequences of a padded batch itself (padding costs it
+        nothing), so :meth:`run` makes one call.
     """
 
-    def __init__(self, pad_id: int = 0, *, per_token: bool = False) -> None:
+    def __init__(self, pad_id: int = 0, *, per_token: bool = False, packs: bool = False) -> None:
         self.pad_id = pad_id
         self.per_token = per_token
+        self.packs = packs
 
     def collate(self, items: Sequence[torch.Tensor]) -> SequenceBatch:
         """Items are ``(T_i, ...)`` tensors (token ids, or per-position features) of any lengths ``T_i``.
@@ -208,7 +211,7 @@ class SequenceBatching:
         to the batch's length). Every row's output is the same as in one call (rows never interact; padding
         is masked), but short reviews batched with long news sentences no longer run mostly padding through
         every block. On a GPU one call: padded positions cost little there next to a call."""
-        bands = length_bands(batch.lengths()) if batch.inputs.device.type == "cpu" else []
+        bands = length_bands(batch.lengths()) if batch.inputs.device.type == "cpu" and not self.packs else []
         if len(bands) <= 1:
             return call_on(self, fn, batch)
         pieces = [call_on(self, fn, batch[rows].trimmed()) for rows in bands]

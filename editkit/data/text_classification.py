@@ -5,8 +5,9 @@ Registered here:
 - task source ``labelled-text`` (``source = "labelled-text:<dataset>"``): one split of a dataset of
   ``LABELLED_TEXTS`` per split of the task, each text tokenized by the backbone's tokenizer (with its
   special tokens, cut at ``max_length``) and read by the frozen prefix once
-  (:class:`~editkit.data.text.TokenSequences`). ``train_size`` / ``eval_size`` keep a seeded random
-  subset, every class in proportion, so a run's cost does not grow with the dataset;
+  (:class:`~editkit.data.text.TokenSequences`). ``train_size`` / ``eval_size`` (and ``val_size``, the
+  validation split alone) keep a seeded random subset, every class in proportion, so a run's cost does
+  not grow with the dataset;
 - generic source ``text-sentences`` (``[generic] kind = "text-sentences"``): the sentences of a text
   corpus's train split as unlabeled inputs for the tauJp penalty (the role natural-image crops play for
   images). Sentences, not whole articles: a news article cut at ``max_length`` tokens would be its
@@ -56,9 +57,9 @@ def labelled_split(dataset: str, split: str, seed: int = 0) -> LabelledTexts:
 
 
 def _task_source(name: str, dataset: str, backbone: Any, max_length: int = 64, train_size: int | None = None,
-                 eval_size: int | None = None) -> TaskData:
+                 eval_size: int | None = None, val_size: int | None = None) -> TaskData:
     require_prefix(backbone)
-    sizes = {"train": train_size, "val": eval_size, "test": eval_size}
+    sizes = {"train": train_size, "val": val_size if val_size is not None else eval_size, "test": eval_size}
     splits, classes = {}, []
     for split in SPLITS:
         data = stratified_subset(labelled_split(dataset, split), sizes[split], seed=0)
@@ -71,7 +72,7 @@ def _task_source(name: str, dataset: str, backbone: Any, max_length: int = 64, t
 
 
 def _task_check(name: str, dataset: str, max_length: int = 64, train_size: int | None = None,
-                eval_size: int | None = None) -> list[str]:
+                eval_size: int | None = None, val_size: int | None = None) -> list[str]:
     check = LABELLED_TEXTS[dataset].check
     return check() if check is not None else []
 
@@ -91,7 +92,9 @@ def _generic_source(backbone: Any, seed: int, corpus: str = "", max_length: int 
 TASK_SOURCES.register("labelled-text", Record.of(_task_source, check=_task_check, help={
     "max_length": "tokens per text (special tokens included); longer texts are cut",
     "train_size": "at most this many train examples, classes in proportion (default: all)",
-    "eval_size": "at most this many validation / test examples each, classes in proportion (default: all)"}))
+    "eval_size": "at most this many validation / test examples each, classes in proportion (default: all)",
+    "val_size": "at most this many validation examples (default: eval_size); what the bench tunes coefficients "
+                "on, and a non-linear sweep runs the model over it once per grid point"}))
 GENERIC_SOURCES.register("text-sentences", Record.of(_generic_source, help={
     "corpus": "the text corpus whose train split's sentences are the source",
     "max_length": "tokens per sentence (special tokens included)",

@@ -27,6 +27,7 @@ from torch import nn
 
 from editkit.errors import ConfigError
 from editkit.models.backbone import Backbone
+from editkit.models.packing import Packing, mask_slot, with_mask
 
 #: ``trainable_blocks`` value that makes every block theta.
 ALL_BLOCKS = "all"
@@ -101,23 +102,46 @@ class BlockTail(nn.Module):
     Blocks are held under their index in the full model, so parameter names match it.
     The base model and its first block are kept out of the module tree (they are
     theta_0 and must not become theta): only their call conventions are used.
+
+    pack: run a padded batch as packed rows (:mod:`editkit.models.packing`) whenever that holds
+        fewer positions. Only for models whose positions enter with the embeddings (BERT-like
+        encoders); a block that takes any other per-position input runs the padded batch.
     """
 
-    def __init__(self, base: nn.Module, blocks: int, total: int) -> None:
+    def __init__(self, base: nn.Module, blocks: int, total: int, *, pack: bool = False) -> None:
         super().__init__()
         every = transformer_blocks(base, total)
         self.first = total - blocks
         self.layers = nn.ModuleDict({str(i): every[i] for i in range(self.first, total)})
         self._base = (base, every[0])  # a tuple: nn.Module does not register modules inside it
+        self.pack = pack
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         base, first = self._base
         with _BLOCKS_IN_USE:
-            args, kwargs = block_arguments(base, first, hidden, attention_mask)
+            packing = Packing.of(attention_mask) if self.pack and attention_mask is not None else None
+            packed = self._packed_arguments(packing, hidden) if packing is not None and packing.saves else None
+            if packed is not None:
+                hidden, (args, kwargs) = packing.pack(hidden), packed
+            else:
+                args, kwargs = block_arguments(base, first, hidden, attention_mask)
             for block in self.layers.values():
                 out = block(hidden, *args, **kwargs)
                 hidden = out[0] if isinstance(out, tuple) else out
-        return hidden
+        return packing.unpack(hidden) if packed is not None else hidden
+
+    def _packed_arguments(self, packing: Packing, hidden: torch.Tensor) -> tuple[tuple, dict] | None:
+        """The blocks' arguments for the packed rows: what the model gives a padded batch of that shape, its
+        4-D attention mask replaced by the packing's; None when the blocks take another per-position input."""
+        base, first = self._base
+        probe = packing.occupied()
+        probe[:, -1] = 0  # some padding, so the model builds a 4-D mask whose format the packing's mask copies
+        shape = hidden.new_zeros((packing.rows, *hidden.shape[1:]))
+        args, kwargs = block_arguments(base, first, shape, probe)
+        slot = mask_slot(args, kwargs, hidden.shape[1])
+        if slot is None:
+            return None
+        return with_mask(args, kwargs, slot[0], packing.attention(like=slot[1]))
 
     @torch.no_grad()
     def prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

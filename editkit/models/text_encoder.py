@@ -8,7 +8,9 @@ bench as an image task.
 
 The encoder is split like a causal LM (:mod:`editkit.models.blocks`): the embeddings and the
 first L - K blocks are a frozen prefix whose hidden states are computed once per text; the last
-K blocks (``trainable_blocks``, default all of them) and the pooling are the module, theta. Even
+K blocks (``trainable_blocks``, default all of them) and the pooling are the module, theta. The
+tail runs padded batches as packed rows (:mod:`editkit.models.packing`): the positions are in the
+prefix states already, so short texts share a row and no padding is computed. Even
 with every block trainable the embedding table stays theta_0: it is half of MiniLM's parameters
 and only the rows of a task's own words would move.
 
@@ -72,8 +74,9 @@ def encoder_backbone(encoder: nn.Module, tokenizer: Any, *, pooling: str = "mean
         encoder.pooler = None  # unused by the features: it would be theta that no loss reaches
     total = encoder.config.num_hidden_layers
     blocks = resolve_blocks(trainable_blocks, total)
-    module = PooledTail(BlockTail(encoder, blocks, total), pooling)
-    batching = SequenceBatching(pad_id=0)  # inputs are hidden states, padded with zeros; outputs are pooled
+    module = PooledTail(BlockTail(encoder, blocks, total, pack=True), pooling)
+    # inputs are hidden states, padded with zeros; outputs are pooled; the tail packs (padding costs it nothing)
+    batching = SequenceBatching(pad_id=0, packs=True)
     return EncoderBackbone(name=f"{name}[{pooling}, tail {blocks}/{total}]", module=module,
                            feature_dim=encoder.config.hidden_size, batching=batching, tokenizer=tokenizer)
 

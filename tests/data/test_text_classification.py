@@ -63,6 +63,22 @@ def test_task_items_are_prefix_states_of_the_cut_token_ids_and_class_labels(back
     assert int(label) == 1 and task.train.targets.tolist() == [1, 0, 1, 0]
 
 
+def test_val_size_cuts_the_validation_split_alone(backbone):
+    big = {split: LabelledTexts([f"text {i}" for i in range(40)], [i % 2 for i in range(40)], ["a", "b"])
+           for split in SPLITS}
+    LABELLED_TEXTS.register("forty", Record.of(lambda split, seed=0: big[split]))
+    try:
+        def sizes(**options):
+            task = TASK_SOURCES["labelled-text"].build("t", "forty", backbone, **options)
+            return [len(task.train), len(task.val), len(task.test)]
+
+        assert sizes(eval_size=10) == [40, 10, 10]
+        assert sizes(eval_size=10, val_size=4) == [40, 4, 10]
+        assert sizes(val_size=6) == [40, 6, 40]
+    finally:
+        LABELLED_TEXTS.unregister("forty")
+
+
 def test_a_backbone_that_reads_no_text_is_refused(dataset):
     image_backbone = Backbone("mlp", models.mlp(4, 8, 2), 2)
     with pytest.raises(ConfigError, match="text data needs a text backbone"):
