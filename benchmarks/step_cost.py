@@ -5,9 +5,10 @@ sources; times every step through the ``on_step`` callback (median after warm-up
 and samples the process's resident memory while each mode runs. Prints ratios
 against the plain (non-linear) step and writes them as JSON.
 
-- image scenarios (default ``offline-vision``): nonlinear, linear, taujp (cyclic),
-  taujp (strict) and taujp-nonlinear (cyclic: plain steps plus the penalty's jvp on
-  the reg batch only);
+- classification scenarios (default ``offline-vision``; ``offline-text`` too): nonlinear,
+  linear, taujp (cyclic), taujp (strict) and taujp-nonlinear (cyclic: plain steps plus
+  the penalty's jvp on the reg batch only), on the first task with the others (and the
+  generic source) as penalty sources;
 - language scenarios (``--scenario toxic``): nonlinear, linear and taujp for each
   number of trainable decoder blocks in ``--blocks`` (default 1, 4 and all), with the
   scenario's batch (8 x 64 tokens) and reg batch (4 sequences); the frozen prefix's
@@ -53,7 +54,7 @@ def measure(built, recipe: Recipe, sources: list[UnlabeledSource], warmup: int) 
     with PeakRSS(interval=0.001) as rss:
         start = time.perf_counter()
         fine_tune(built.backbone.module, built.heads[task.name], task.train, recipe, regularizer,
-                  on_step=lambda step, record: stamps.append(time.perf_counter()))
+                  batching=built.backbone.batching, on_step=lambda step, record: stamps.append(time.perf_counter()))
         peak = rss.window()
     durations = [b - a for a, b in zip([start] + stamps[:-1], stamps)][warmup:]
     return {"seconds_per_step": statistics.median(durations), "steps_timed": len(durations), "peak_rss_mb": peak / 2**20}
@@ -123,7 +124,7 @@ def main() -> None:
                           for k, v in report["blocks"].items()}, indent=2))
         _write(args.json, report)
         return
-    sources = [unlabeled_source(t.name, t.train) for t in built.tasks[1:]]
+    sources = [unlabeled_source(t.name, t.train, collate=built.backbone.batching.collate) for t in built.tasks[1:]]
     if built.generic is not None:
         sources.append(built.generic)
     # One untimed pass first: the process's first training steps pay one-off costs (allocator, kernels'

@@ -58,7 +58,12 @@ class UnlabeledSource:
             raise ValueError(f"unlabeled source {name!r} is empty")
         self.name = name
         self.inputs = inputs
-        self._generator = torch.Generator().manual_seed(seed)
+        self._seed = seed
+        self.restart()
+
+    def restart(self) -> None:
+        """Back to the seed's first batch: a second run over the same source samples what the first did."""
+        self._generator = torch.Generator().manual_seed(self._seed)
         self._order: list[int] = []
 
     def __len__(self) -> int:
@@ -118,8 +123,8 @@ class LazyUnlabeledSource(UnlabeledSource):
         self._get = input_accessor(dataset)
         self._collate = collate or TensorBatching().collate
         self._size = len(dataset)
-        self._generator = torch.Generator().manual_seed(seed)
-        self._order: list[int] = []
+        self._seed = seed
+        self.restart()
 
     @property
     def inputs(self) -> torch.Tensor:  # pragma: no cover - guard

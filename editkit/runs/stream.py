@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from torch import nn
 from torch.utils.data import Dataset
@@ -43,6 +43,9 @@ from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import ScenarioSpec
+
+if TYPE_CHECKING:  # annotations only
+    from editkit.scenario.build import BuiltScenario
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +125,10 @@ class StreamRunner:
         return task_scorer(exp.name, self.heads[exp.name], exp.test, self.backbone.batching)
 
     def evaluate(self, tau, indices: Sequence[int], description: str) -> dict[str, float]:
-        return evaluate_vector(self.backbone.module, self.recipe.mode, tau, [self.eval_task(i) for i in indices],
+        """Scores of theta_0 + tau in the run's mode; theta_0 itself (``tau`` None) by a plain forward, which
+        is f_lin(x; theta_0) too, without a jvp of a zero tangent."""
+        mode = self.recipe.mode if tau is not None else "nonlinear"
+        return evaluate_vector(self.backbone.module, mode, tau, [self.eval_task(i) for i in indices],
                                batch_size=self.eval_batch_size, progress=self.progress, description=description,
                                runtime=self.runtime)
 
@@ -307,6 +313,7 @@ def run_scenario(
     runtime: Runtime | None = None,
     loggers: str | Sequence[str] = (),
     log_dir: str | Path | None = None,
+    built: BuiltScenario | None = None,
     **overrides: Any,
 ) -> tuple[StreamResult, dict[str, Any] | None]:
     """Run a scenario file end to end and write ``report.json`` + ``stream.png`` into the run directory.
@@ -326,6 +333,10 @@ def run_scenario(
 
     runtime: where to run (default: :func:`process_runtime`'s, held for this run). Returns
     the result and the report dictionary (the report is None on ranks other than 0).
+
+    built: the scenario already built from the same file, seed and ``build`` options, reused
+    instead of building it again: ``editkit bench`` runs one stream per mode over it, so every
+    text's frozen-prefix states are computed once. Its generic source restarts from its seed.
     """
     from editkit.runs.report import plot_stream, stream_report, write_json
     from editkit.scenario.spec import load_scenario, task_recipes
@@ -346,7 +357,10 @@ def run_scenario(
             runtime = held.enter_context(process_runtime())
         if not runtime.is_main:
             progress, on_step = None, None
-        built = build_scenario(spec, seed=recipe.seed, progress=progress, build=build, device=str(runtime.device))
+        if built is None:
+            built = build_scenario(spec, seed=recipe.seed, progress=progress, build=build, device=str(runtime.device))
+        elif built.generic is not None:
+            built.generic.restart()
         built.backbone.module.to(runtime.device)
         exps = task_experiences(built.tasks)
         provenance = scenario_provenance(spec, build)

@@ -12,11 +12,12 @@ import math
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from editkit.models.heads import LinearHead
 from editkit.core.linearize import LinearizedModel
 from editkit.train.recipe import Recipe
-from editkit.core.taujp import Regularizer, UnlabeledSource, penalty, unlabeled_source
+from editkit.core.taujp import LazyUnlabeledSource, Regularizer, UnlabeledSource, penalty, unlabeled_source
 from editkit.data.tasks import TensorTaskDataset
 from editkit.train.loop import fine_tune
 
@@ -194,6 +195,23 @@ def test_sampling_is_seeded():
     assert sequence(1) == sequence(1)
     assert sequence(0) != sequence(1)
     assert sequence(0)[:30] != list(range(30)) and sequence(0)[:30] != list(range(29, -1, -1))  # shuffled
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_restarted_source_samples_what_a_fresh_one_does(lazy):
+    """A second stream over the same built scenario (the bench's) must draw the first stream's reg batches."""
+    def make():
+        src = index_source(30, 3)
+        return LazyUnlabeledSource("lazy", TensorDataset(src.inputs), seed=3) if lazy else src
+
+    def draw(src) -> list[int]:
+        return [int(v) for _ in range(8) for v in src.next_batch(7).flatten().tolist()]  # past one epoch
+
+    used = make()
+    first = draw(used)
+    assert draw(used) != first
+    used.restart()
+    assert draw(used) == first == draw(make())
 
 
 def test_empty_source_refused():

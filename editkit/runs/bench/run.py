@@ -55,7 +55,7 @@ import time
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypedDict
 
 import numpy as np
 import torch
@@ -82,6 +82,9 @@ from editkit.util.progress import NullProgress, Progress
 from editkit.core.modes import PAPER_MODES, Mode
 from editkit.train.recipe import Recipe
 from editkit.eval.sweep import SPLITS, ModeEvaluator, SharedModels, TaskSplits
+
+if TYPE_CHECKING:  # annotations only
+    from editkit.scenario.build import BuiltScenario
 
 log = logging.getLogger(__name__)
 
@@ -382,7 +385,7 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     control = _control_task(built, config)
     timings["build_seconds"] = time.perf_counter() - t0
 
-    _run_streams(config, states, progress, runtime, run_dir)
+    _run_streams(config, states, progress, runtime, run_dir, built)
     timings["stream_seconds"] = {m: s.stream_seconds for m, s in states.items()}
 
     t0 = time.perf_counter()
@@ -421,9 +424,10 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
 
 
 def _run_streams(config: BenchConfig, states: Mapping[str, _ModeState], progress: Progress, runtime: Runtime,
-                 run_dir: Path) -> None:
+                 run_dir: Path, built: BuiltScenario) -> None:
     """Each mode's stream through ``run_scenario(resume=True)``, exactly as ``editkit stream`` runs it:
-    banked experiences with the same recipe are reused, missing ones trained. The stream's own
+    banked experiences with the same recipe are reused, missing ones trained. Every stream runs over
+    the bench's own ``built`` scenario (the frozen-prefix states of a text are computed once). The stream's own
     report goes to a temporary directory (this bench writes its report only at the end); its
     loggers, if any, write into ``<run_dir>/<mode>/`` as it goes."""
     from editkit.runs.stream import run_scenario
@@ -440,7 +444,7 @@ def _run_streams(config: BenchConfig, states: Mapping[str, _ModeState], progress
 
             state.stream, _ = run_scenario(config.scenario, bank=state.bank.root, run_dir=scratch, resume=True,
                                            progress=progress, on_step=on_step, build=config.build, runtime=runtime,
-                                           loggers=config.log, log_dir=run_dir / state.mode,
+                                           loggers=config.log, log_dir=run_dir / state.mode, built=built,
                                            **{**config.recipe, "mode": state.mode})
         state.stream_seconds = time.perf_counter() - start
         log.info("%s stream: %d trained, %d reused (%.0f s)", state.mode, len(state.trained),
