@@ -148,6 +148,8 @@ def length_bands(lengths: torch.Tensor, call_cost: float = CALL_COST) -> list[to
     """
     order = torch.argsort(lengths, descending=True, stable=True)
     ordered = lengths[order].tolist()
+    if ordered[0] == ordered[-1]:  # no padding to save (a language model's packed blocks): skip the search
+        return [order]
     n = len(ordered)
     best, cut = [0.0] + [math.inf] * n, [0] * (n + 1)
     for end in range(1, n + 1):

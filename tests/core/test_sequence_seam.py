@@ -399,6 +399,8 @@ def test_length_bands_are_the_cheapest_grouping_of_rows(seed):
         assert len(bands) == len(set(lengths.tolist()))  # free calls: one band per length, no padding at all
     if call_cost == 200:
         assert len(bands) == 1
+    same = length_bands(torch.full((5,), 7), call_cost)
+    assert len(same) == 1 and sorted(same[0].tolist()) == list(range(5))  # equal lengths: one call, every row
 
 
 @pytest.mark.parametrize("per_token", [False, True])
