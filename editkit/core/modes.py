@@ -6,10 +6,11 @@ that reads a manifest written before the enum existed needs no conversion.
 
 A vector's *family* is the space it lives in, which is what decides whether two vectors
 may be summed. ``linear`` and ``taujp`` vectors live in the tangent space of theta_0 (both
-are evaluated through the linearized model) and mix. ``nonlinear`` and ``taujp-nonlinear``
-vectors are both theta - theta_0 of the model itself, evaluated as f(x; theta_0 + tau): the
-penalty changed how a ``taujp-nonlinear`` vector was found, not what it is, so the two mix
-too. Vectors of different families never do: the same numbers mean different models.
+are evaluated through the linearized model) and mix. ``nonlinear``, ``taujp-nonlinear`` and
+``sequential`` vectors are all theta - theta_0 of the model itself, evaluated as
+f(x; theta_0 + tau): the penalty, or the starting point, changed how such a vector was found,
+not what it is, so they mix too. Vectors of different families never do: the same numbers
+mean different models.
 """
 
 from __future__ import annotations
@@ -25,12 +26,17 @@ class Mode(StrEnum):
     ``taujp``: the linearized model plus the tauJp penalty on other tasks' inputs;
     ``taujp-nonlinear``: plain fine-tuning plus the same penalty, which measures the
     vector through the Jacobian at theta_0 (the paper's suggestion for models too large
-    to linearize: the penalty's jvp runs on the small reg batch only)."""
+    to linearize: the penalty's jvp runs on the small reg batch only);
+    ``sequential``: plain fine-tuning that starts from the previous experience's weights
+    (MagMax's continual recipe, Marczak et al., ECCV 2024): experience t starts at
+    theta_0 + tau_{t-1} and banks tau_t = theta_t - theta_0, and the stream merges the
+    vectors by MagMax, as the paper does."""
 
     NONLINEAR = "nonlinear"
     LINEAR = "linear"
     TAUJP = "taujp"
     TAUJP_NONLINEAR = "taujp-nonlinear"
+    SEQUENTIAL = "sequential"
 
     @property
     def linearized(self) -> bool:
@@ -46,6 +52,20 @@ class Mode(StrEnum):
     def penalized(self) -> bool:
         """Fine-tuned with the tauJp penalty (when its weight lambda is positive)."""
         return self in (Mode.TAUJP, Mode.TAUJP_NONLINEAR)
+
+    @property
+    def continues(self) -> bool:
+        """Each experience starts from the previous experience's weights rather than from theta_0."""
+        return self is Mode.SEQUENTIAL
+
+    @property
+    def stream_merge(self) -> str:
+        """The merge method (``editkit.merge.MERGE_METHODS``) a stream scores its merged model with, at alpha = 1.
+
+        Task arithmetic for vectors trained from theta_0. Sequential vectors each already hold the
+        previous tasks' updates, so their sum counts early tasks many times over; MagMax, made for
+        them, keeps per entry the largest update."""
+        return "magmax" if self is Mode.SEQUENTIAL else "task-arithmetic"
 
 
 #: The three modes the paper compares (what ``editkit bench`` runs unless told otherwise).
@@ -75,7 +95,8 @@ def mode_family(mode: str) -> Family:
 
 
 def families_help() -> str:
-    """Which modes mix, for error messages: ``linearized: linear, taujp; nonlinear: nonlinear, taujp-nonlinear``."""
+    """Which modes mix, for error messages: ``linearized: linear, taujp; nonlinear: nonlinear, taujp-nonlinear,
+    sequential``."""
     return "; ".join(f"{family}: {', '.join(family.modes)}" for family in Family)
 
 

@@ -12,7 +12,7 @@ Registered as the merge method ``task-arithmetic``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -20,7 +20,7 @@ from editkit.bank.store import Bank
 from editkit.core.modes import combined_mode, mode_family
 from editkit.core.registry import Record
 from editkit.errors import ConfigError, IncompatibleVectorsError
-from editkit.merge import MERGE_METHODS
+from editkit.merge import MERGE_METHODS, LazyVectors
 
 
 @dataclass
@@ -89,3 +89,23 @@ def _sum_of_vectors(vectors: Mapping[str, Mapping[str, torch.Tensor]]) -> Mappin
 
 
 MERGE_METHODS.register("task-arithmetic", Record.of(_sum_of_vectors, label="task arithmetic"))
+
+
+def merged_vector(bank: Bank, coefficients: Mapping[str, float], method: str, options: Mapping[str, Any]) -> TaskVector:
+    """What ``editkit add`` adds to theta_0 (and a stream scores after each experience): ``method`` merging the
+    scaled vectors alpha_i tau_i, read from the bank one at a time in selection order. Task arithmetic returns its input, whose sum the bank streams tensor by tensor.
+    With one alpha for all, this is alpha times the method's merged vector (every built-in method commutes with
+    scaling all its inputs by one number)."""
+    record = MERGE_METHODS[method]
+    mode = combined_mode(bank.get(n).mode for n in coefficients)  # refuses a mix of families before any read
+
+    def scaled(name: str) -> dict[str, torch.Tensor]:
+        tensors, alpha = bank.load(name, base=bank.base), coefficients[name]
+        return tensors if alpha == 1.0 else {key: alpha * t for key, t in tensors.items()}
+
+    merged = record.build(LazyVectors(list(coefficients), scaled), **options)
+    made = [n for n in merged if n not in coefficients]
+    if not made:  # the method adds the vectors as they are (task arithmetic)
+        return combine(bank, coefficients)
+    tensors = {key: sum(merged[n][key] for n in made) for key in merged[made[0]]}
+    return TaskVector(tensors, mode)

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from editkit.core.modes import combined_mode
-from editkit.merge import MERGE_METHODS, LazyVectors, method_options
-from editkit.merge.arithmetic import TaskVector, addition_coefficients, combine, negation_coefficients
+from editkit.merge import method_options
+from editkit.merge.arithmetic import TaskVector, addition_coefficients, combine, merged_vector, negation_coefficients
 from editkit.bank.store import Bank
 from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha_grid, select_negation_alpha
 from editkit.train.runtime import Runtime, default_runtime
@@ -138,26 +138,6 @@ def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, 
               "options": options, "coefficients": coefficients, "per_task": per_task, "single_task": single,
               **addition_summary(per_task, known)}
     return EditResult(coefficients, vector.mode, vector, report, built.backbone.module)
-
-
-def merged_vector(bank: Bank, coefficients: Mapping[str, float], method: str, options: Mapping[str, Any]) -> TaskVector:
-    """What ``add`` adds to theta_0: ``method`` merging the scaled vectors alpha_i tau_i, read from the bank one at
-    a time in selection order. Task arithmetic returns its input, whose sum the bank streams tensor by tensor.
-    With one alpha for all, this is alpha times the method's merged vector (every built-in method commutes with
-    scaling all its inputs by one number)."""
-    record = MERGE_METHODS[method]
-    mode = combined_mode(bank.get(n).mode for n in coefficients)  # refuses a mix of families before any read
-
-    def scaled(name: str) -> dict[str, torch.Tensor]:
-        tensors, alpha = bank.load(name, base=bank.base), coefficients[name]
-        return tensors if alpha == 1.0 else {key: alpha * t for key, t in tensors.items()}
-
-    merged = record.build(LazyVectors(list(coefficients), scaled), **options)
-    made = [n for n in merged if n not in coefficients]
-    if not made:  # the method adds the vectors as they are (task arithmetic)
-        return combine(bank, coefficients)
-    tensors = {key: sum(merged[n][key] for n in made) for key in merged[made[0]]}
-    return TaskVector(tensors, mode)
 
 
 def negate(

@@ -2,7 +2,8 @@
 
 Works on any Avalanche benchmark (``run_benchmark``) and on editkit scenarios
 (``run_scenario``). After experience t the bank holds tau_0..tau_t and the merged
-model theta_0 + sum_i tau_i (alpha = 1.0, no tuning) is scored on every task seen
+model theta_0 + sum_i tau_i (alpha = 1.0, no tuning; in ``sequential`` mode, whose
+vectors each start from the previous one, their MagMax merge) is scored on every task seen
 so far. The bank is the source of truth: each step's results are stored in its
 entry's metrics, so an interrupted run resumes from the last banked experience;
 its provenance records the scenario file and the build options, so ``add`` /
@@ -30,6 +31,7 @@ from torch.utils.data import Dataset
 from editkit.integrations.avalanche.benchmark import Experience, experiences, task_experiences
 from editkit.models.backbone import Backbone
 from editkit.bank.store import Bank
+from editkit.merge.continual import starting_vector, stream_merge
 from editkit.train.runtime import Runtime, default_runtime, setup, teardown
 from editkit.errors import BankError, ConfigError, MissingResourceError
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world
@@ -145,7 +147,8 @@ class StreamRunner:
                     self.logger.train_step(exp.name, step, values)
 
             result = fine_tune(self.backbone.module, head, exp.train, recipe, self.regularizer(t),
-                               on_step=on_train_step, runtime=self.runtime, batching=self.backbone.batching)
+                               on_step=on_train_step, runtime=self.runtime, batching=self.backbone.batching,
+                               start=starting_vector(self.bank, recipe.mode, self.exps[t - 1].name if t else None))
         single = self.evaluate(result.task_vector, [t], f"{exp.name}: single-task")[exp.name]
         pretrained = self.evaluate(None, [t], f"{exp.name}: pretrained")[exp.name]
         record = StepRecord(step=t, task=exp.name, pretrained=pretrained, single_task=single,
@@ -158,13 +161,14 @@ class StreamRunner:
         return record
 
     def merge_and_evaluate(self, t: int) -> MergedScores:
-        """Score theta_0 + sum of banked tau_0..tau_t on tasks 0..t; store the numbers in the bank."""
+        """Score theta_0 + the banked tau_0..tau_t merged as the mode asks (their sum; MagMax for ``sequential``)
+        on tasks 0..t; store the numbers in the bank."""
         names = [self.exps[i].name for i in range(t + 1)]
         single = {n: self.bank.get(n).metrics["single_task"] for n in names}
         if t == 0:  # theta_0 + tau_0 is the single-task model, already scored
             per_task = dict(single)
         else:
-            tau = self.bank.merge({n: 1.0 for n in names}, base=self.base)
+            tau = stream_merge(self.bank, names)
             per_task = self.evaluate(tau, range(t + 1), f"merged 0..{t}")
         merged = MergedScores(per_task=per_task, **addition_summary(per_task, single))
         self.runtime.barrier()  # every process has read the bank before rank 0 rewrites the manifest

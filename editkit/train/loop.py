@@ -23,7 +23,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -211,10 +211,13 @@ def fine_tune(
     on_step: TrainStepCallback | None = None,
     runtime: Runtime | None = None,
     batching: Batching | None = None,
+    start: Mapping[str, torch.Tensor] | None = None,
 ) -> FineTuneResult:
     """Fine-tune ``module`` (theta_0, left untouched) on ``train`` with ``head`` fixed.
 
-    Returns tau = theta_ft - theta_0 over the module's parameters (on the CPU). The
+    Returns tau = theta_ft - theta_0 over the module's parameters (on the CPU), wherever
+    training started: at theta_0, or at theta_0 + ``start`` (a task vector: the previous
+    experience's in ``sequential`` mode, which keeps training one model task after task). The
     regularizer is used only in the penalized modes (``taujp``, ``taujp-nonlinear``).
     The module's values never change, but it is switched to eval mode with gradients
     off (it is theta_0, shared by every task model).
@@ -229,6 +232,8 @@ def fine_tune(
     runtime = runtime or default_runtime(module)
     torch.manual_seed(recipe.seed)
     model = build_task_model(module, recipe.mode).to(runtime.device)
+    if start is not None:
+        model.load_task_vector(start)
     head.to(runtime.device).eval().requires_grad_(False)
     computer = StepComputer(model, head, regularizer if recipe.mode.penalized else None, batching)
     step_loss = runtime.data_parallel(SyncedStep(computer))

@@ -40,7 +40,8 @@ class Recipe:
                         "taujp: linearized fine-tuning plus the tauJp penalty on unlabeled inputs of other tasks; "
                         "linear: linearized fine-tuning; nonlinear: plain fine-tuning; taujp-nonlinear: plain "
                         "fine-tuning plus the tauJp penalty, computed by a jvp at theta_0 on the unlabeled batch "
-                        "only (its vectors merge with nonlinear ones).")
+                        "only (its vectors merge with nonlinear ones); sequential: plain fine-tuning from the "
+                        "previous task's weights, merged by MagMax in the stream (MagMax's continual recipe).")
     steps: int = field(default=100, metadata={
         "help": "Optimizer steps per task (given without epochs, it replaces epochs set at a lower level)."})
     batch_size: int = field(default=32, metadata={

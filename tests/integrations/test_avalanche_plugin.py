@@ -119,7 +119,7 @@ def check_same_stream(result, names, editkit_bank: Bank, plugin_bank: Bank, metr
     return worst
 
 
-@pytest.mark.parametrize("mode", ["taujp", "linear", "nonlinear", "taujp-nonlinear"])
+@pytest.mark.parametrize("mode", ["taujp", "linear", "nonlinear", "taujp-nonlinear", "sequential"])
 def test_naive_with_plugin_banks_what_editkit_stream_banks(tmp_path, mode):
     tasks = synthetic_tasks()
     names = [t.name for t in tasks]

@@ -24,7 +24,7 @@ from editkit.merge.dare import dare_merge
 from editkit.merge.magmax import magmax_merge
 from editkit.merge.opcm import opcm_merge, project_out, protected_rank
 from editkit.merge.ties import ties_merge
-from editkit.runs.edit import merged_vector
+from editkit.merge.arithmetic import merged_vector
 
 BASE = "sha256:" + "ab" * 32
 

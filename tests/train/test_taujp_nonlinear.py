@@ -31,7 +31,7 @@ from editkit.models.backbone import Backbone
 from editkit.models.heads import LinearHead
 from editkit.runs import stream as stream_module
 from editkit.runs.bench.run import BenchConfig
-from editkit.runs.edit import merged_vector
+from editkit.merge.arithmetic import merged_vector
 from editkit.runs.stream import run_stream
 from editkit.train.loop import StepComputer, fine_tune
 from editkit.train.recipe import Recipe
@@ -105,7 +105,7 @@ def test_mode_is_penalized_plain_fine_tuning_of_the_nonlinear_family():
     assert mode is Mode.TAUJP_NONLINEAR and mode == "taujp-nonlinear"
     assert mode.penalized and not mode.linearized and mode.family is Family.NONLINEAR
     assert [m.value for m in Mode if m.penalized] == ["taujp", "taujp-nonlinear"]
-    assert Family.NONLINEAR.modes == ("nonlinear", "taujp-nonlinear")
+    assert Family.NONLINEAR.modes == ("nonlinear", "taujp-nonlinear", "sequential")
     assert Family.LINEARIZED.modes == ("linear", "taujp")
     assert isinstance(build_task_model(backbone(), MODE), NonLinearModel)
     assert Recipe(mode=MODE).regularized and not Recipe(mode=MODE, lam=0.0).regularized

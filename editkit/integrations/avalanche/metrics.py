@@ -31,6 +31,7 @@ import torch
 from editkit.bank.store import Bank, VectorEntry
 from editkit.eval.accuracy import AdditionSummary, addition_summary, evaluate_vector
 from editkit.eval.scorers import task_scorer
+from editkit.merge.continual import stream_merge
 from editkit.train.runtime import Runtime
 from editkit.integrations.avalanche.benchmark import quiet_avalanche_import
 
@@ -114,10 +115,11 @@ class MergedAccuracy(PluginMetric[AdditionSummary]):
                             self._last["normalized"], x)]
 
     def _merged_vector(self) -> dict[str, torch.Tensor]:
-        """Sum of every banked vector at alpha = 1, merged once per bank state."""
+        """Every banked vector merged as a stream merges them (their sum at alpha = 1; MagMax for ``sequential``
+        vectors), once per bank state."""
         key = tuple(f"{e.name}:{e.checksum}" for e in self._entries.values())
         if self._merged is None or self._merged[0] != key:
-            self._merged = key, self.bank.merge({e.name: 1.0 for e in self._entries.values()})
+            self._merged = key, stream_merge(self.bank, [e.name for e in self._entries.values()])
         return self._merged[1]
 
     def _single_task(self, entry: VectorEntry, score: Callable[[dict[str, torch.Tensor] | None], float]) -> float:

@@ -3,8 +3,9 @@
 The strategy's model must be a :class:`~editkit.integrations.avalanche.multitask.MultiHeadTaskModel`
 (theta_0's backbone and fixed per-task heads). For each training experience the plugin:
 
-1. resets theta to theta_0 and the task model to the recipe's mode (``taujp``, ``linear``,
-   ``nonlinear`` or ``taujp-nonlinear``), and gives the strategy a fresh AdamW on theta (the recipe's ``lr`` and
+1. resets theta to theta_0 (in ``sequential`` mode to the previous experience's banked weights,
+   :func:`editkit.merge.continual.starting_vector`) and the task model to the recipe's mode (``taujp``,
+   ``linear``, ``nonlinear``, ``taujp-nonlinear`` or ``sequential``), and gives the strategy a fresh AdamW on theta (the recipe's ``lr`` and
    ``weight_decay``) with warmup + cosine (:func:`editkit.train.loop.warmup_cosine`) and
    gradient clipping: optimizer state never carries over from one experience to the next;
 2. replaces the strategy's dataloader, for this experience, by editkit's own batches
@@ -50,6 +51,7 @@ from editkit.bank.store import Bank
 from editkit.core.batching import Batching
 from editkit.core.taujp import Regularizer, UnlabeledSource, input_accessor, unlabeled_source
 from editkit.errors import ConfigError
+from editkit.merge.continual import starting_vector
 from editkit.train.loop import StepComputer, labelled_batches, reg_batch_stream, warmup_cosine
 from editkit.train.recipe import Recipe
 from editkit.train.runtime import Runtime
@@ -182,7 +184,9 @@ class TauJpPlugin(SupervisedPlugin):
         exp = strategy.experience
         dataset = strategy.adapted_dataset
         recipe = self.recipe.resolved(len(dataset))
-        model.task_model.load_task_vector({})  # theta = theta_0
+        index = exp.current_experience  # theta = theta_0, or the previous experience's weights in sequential mode
+        start = starting_vector(self.bank, recipe.mode, self.name_of(index - 1) if index else None)
+        model.task_model.load_task_vector(start or {})
         head = model.head(exp.task_label)
         model.step = StepComputer(model.task_model, head, self._regularizer(exp.current_experience, recipe),
                                   model.backbone.batching)
