@@ -69,6 +69,23 @@ def warmup_cosine(warmup_steps: int, total_steps: int) -> Callable[[int], float]
     return factor
 
 
+def optimizer_for(params: list[nn.Parameter], recipe: Recipe) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW on theta with the recipe's lr, weight decay and warmup + cosine schedule.
+
+    Fused: one kernel updates every tensor (on the CPU as on CUDA). The default implementation loops
+    over the tensors in Python; for EfficientNet-Lite0's 147 tensors that loop took 18 ms a step on
+    this 2-core CPU against 7.5 ms fused, the same update to float rounding."""
+    optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, fused=True)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.steps))
+
+
+def clip_gradients(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip the gradients' global norm to ``max_norm``; returns the norm before clipping (a tensor: reading
+    it is a host sync on a GPU, left to whoever displays it). foreach kernels on the CPU too, where torch
+    would otherwise loop per tensor (3.7 ms -> 1.5 ms a step for EfficientNet-Lite0)."""
+    return nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+
+
 def labelled_batches(
     dataset: Dataset, batch_size: int, seed: int, *, runtime: Runtime | None = None,
     sampler: GlobalBatchSampler | None = None, batching: Batching | None = None,
@@ -238,8 +255,7 @@ def fine_tune(
     computer = StepComputer(model, head, regularizer if recipe.mode.penalized else None, batching)
     step_loss = runtime.data_parallel(SyncedStep(computer))
     params = list(model.theta)
-    optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.steps))
+    optimizer, schedule = optimizer_for(params, recipe)
     sampler = GlobalBatchSampler(len(train), recipe.batch_size, seed=recipe.seed, rank=runtime.rank,
                                  world_size=runtime.world_size)
     ce_weight = sampler.shard_fraction  # 1.0 unless processes hold unequal slices
@@ -272,7 +288,7 @@ def fine_tune(
             if len(grads) < len(params):
                 raise ConfigError(_unused_parameters_message(model, params))
             totals = _mean_over_processes(totals, runtime)
-        grad_norm = nn.utils.clip_grad_norm_(grads, recipe.grad_clip)
+        grad_norm = clip_gradients(grads, recipe.grad_clip)
         lr = schedule.get_last_lr()[0]
         optimizer.step()
         schedule.step()

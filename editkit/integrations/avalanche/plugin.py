@@ -5,8 +5,8 @@ The strategy's model must be a :class:`~editkit.integrations.avalanche.multitask
 
 1. resets theta to theta_0 (in ``sequential`` mode to the previous experience's banked weights,
    :func:`editkit.merge.continual.starting_vector`) and the task model to the recipe's mode (``taujp``,
-   ``linear``, ``nonlinear``, ``taujp-nonlinear`` or ``sequential``), and gives the strategy a fresh AdamW on theta (the recipe's ``lr`` and
-   ``weight_decay``) with warmup + cosine (:func:`editkit.train.loop.warmup_cosine`) and
+   ``linear``, ``nonlinear``, ``taujp-nonlinear`` or ``sequential``), and gives the strategy a fresh
+   AdamW on theta with the recipe's schedule (:func:`editkit.train.loop.optimizer_for`) and
    gradient clipping: optimizer state never carries over from one experience to the next;
 2. replaces the strategy's dataloader, for this experience, by editkit's own batches
    (:func:`editkit.train.loop.labelled_batches`: the recipe's seed, batch size and number of
@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
-from torch import nn
 from torch.utils.data import Dataset
 
 from editkit.bank.store import Bank
@@ -52,7 +51,7 @@ from editkit.core.batching import Batching
 from editkit.core.taujp import Regularizer, UnlabeledSource, input_accessor, unlabeled_source
 from editkit.errors import ConfigError
 from editkit.merge.continual import starting_vector
-from editkit.train.loop import StepComputer, labelled_batches, reg_batch_stream, warmup_cosine
+from editkit.train.loop import StepComputer, clip_gradients, labelled_batches, optimizer_for, reg_batch_stream
 from editkit.train.recipe import Recipe
 from editkit.train.runtime import Runtime
 from editkit.integrations.avalanche.benchmark import quiet_avalanche_import
@@ -191,8 +190,7 @@ class TauJpPlugin(SupervisedPlugin):
         model.step = StepComputer(model.task_model, head, self._regularizer(exp.current_experience, recipe),
                                   model.backbone.batching)
         self._reg_stream = reg_batch_stream(model.step.regularizer, recipe.steps)
-        optimizer = torch.optim.AdamW(list(model.task_model.theta), lr=recipe.lr, weight_decay=recipe.weight_decay)
-        self._schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(recipe.warmup_steps, recipe.steps))
+        optimizer, self._schedule = optimizer_for(list(model.task_model.theta), recipe)
         self._saved = {"optimizer": strategy.optimizer, "train_epochs": strategy.train_epochs}
         strategy.optimizer, strategy.train_epochs = optimizer, 1
         batches = labelled_batches(dataset, recipe.batch_size, recipe.seed, runtime=Runtime(device=strategy.device),
@@ -217,7 +215,7 @@ class TauJpPlugin(SupervisedPlugin):
 
     def before_update(self, strategy, **kwargs) -> None:
         params = [p for p in self._model(strategy).task_model.theta if p.grad is not None]
-        nn.utils.clip_grad_norm_(params, self._recipe.grad_clip)
+        clip_gradients(params, self._recipe.grad_clip)
 
     def after_update(self, strategy, **kwargs) -> None:
         self._schedule.step()
