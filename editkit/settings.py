@@ -11,6 +11,7 @@ user can see here everything that changes editkit's behaviour from outside:
 | ``EDITKIT_CLIP_CACHE`` | CLIP weights | open_clip's (HF hub cache) |
 | ``EDITKIT_SCENARIOS`` | extra scenario directories (``os.pathsep``-separated), searched first | unset |
 | ``EDITKIT_OFFLINE`` / ``HF_HUB_OFFLINE`` | never try the network | off |
+| ``EDITKIT_EVAL_CACHE_MB`` | memory a stream's evaluation cache keeps before it spills to the run directory | 2048 |
 | ``WORLD_SIZE`` / ``RANK`` / ``LOCAL_RANK`` | set by torchrun | one process |
 """
 
@@ -25,6 +26,8 @@ IMAGENET_ENV = "EDITKIT_IMAGENET"
 CLIP_CACHE_ENV = "EDITKIT_CLIP_CACHE"
 SCENARIOS_ENV = "EDITKIT_SCENARIOS"
 OFFLINE_ENV = "EDITKIT_OFFLINE"
+EVAL_CACHE_ENV = "EDITKIT_EVAL_CACHE_MB"
+EVAL_CACHE_MB = 2048
 
 BANKS_DIR = Path("banks")
 RUNS_DIR = Path("runs")
@@ -83,6 +86,15 @@ def offline_mode() -> bool:
         return bool(constants.HF_HUB_OFFLINE)
     except ImportError:  # pragma: no cover - a dependency of open_clip
         return False
+
+
+def eval_cache_bytes() -> int:
+    """Bytes of cached features and tangents a stream keeps in memory (``$EDITKIT_EVAL_CACHE_MB``, default
+    2048 MiB); what does not fit is written to disk. Refused when not a non-negative whole number."""
+    value = os.environ.get(EVAL_CACHE_ENV, "").strip() or str(EVAL_CACHE_MB)
+    if not value.isdigit():
+        raise ValueError(f"{EVAL_CACHE_ENV} must be a whole number of MiB, got {value!r}")
+    return int(value) << 20
 
 
 def torchrun_world() -> tuple[int, int, int]:

@@ -29,7 +29,7 @@ counts are summed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence, TypedDict
+from typing import ClassVar, Mapping, Protocol, Sequence, TypedDict
 
 import numpy as np
 import torch
@@ -74,6 +74,9 @@ class SplitScorer:
     head: nn.Module
     dataset: Dataset
     batching: Batching = field(repr=False, default_factory=TensorBatching)
+    #: The score is a function of the backbone's features alone, batch by batch through :meth:`tally`, so
+    #: features computed once (theta_0's plus cached tangents) score any linearized vector exactly.
+    scores_features: ClassVar[bool] = False
 
     def batches(self, batch_size: int, world_size: int) -> int:
         per_process = -(-len(self.dataset) // world_size)  # ceiling division: rank 0 holds the most
@@ -112,6 +115,8 @@ class SplitScorer:
 class ClassificationScorer(SplitScorer):
     """Accuracy on a labelled split: the argmax of the head's logits against the labels."""
 
+    scores_features: ClassVar[bool] = True
+
     def tally(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return torch.stack([(logits.argmax(dim=1) == labels).sum(), torch.tensor(len(labels), device=labels.device)])
 
@@ -131,8 +136,11 @@ class TeacherForcedScorer(ClassificationScorer):
     shifted right, and an example counts when every target token is the argmax (:func:`label_tokens_correct`).
 
     No text is generated: a wrong first token cannot derail the later ones, so the score is a function
-    of one forward pass, like a classifier's accuracy.
+    of one forward pass, like a classifier's accuracy. Its features are per-token decoder outputs, whose
+    vocabulary logits are far too large to cache, so it is not scored from cached features.
     """
+
+    scores_features: ClassVar[bool] = False
 
     def tally(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return torch.stack([label_tokens_correct(logits, labels).sum(), torch.tensor(len(labels), device=labels.device)])

@@ -15,41 +15,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Subset
 
 from editkit.bank.store import Bank
-from editkit.core.batching import Batching, TensorBatching, labelled_collate
+from editkit.core.batching import Batching, TensorBatching
 from editkit.eval.accuracy import classify
 from editkit.eval.diagnostics import tangent_norms
+from editkit.eval.features import outputs_over, prefix
 from editkit.train.runtime import Runtime
 from editkit.errors import ConfigError
 from editkit.core.linearize import LinearizedModel, NonLinearModel
 from editkit.core.modes import Mode
 from editkit.util.progress import Progress
-from editkit.data.tasks import TensorTaskDataset
 
 SPLITS = ("val", "test")
 IN_MEMORY_LIMIT = 4 << 30  # bytes of banked vectors a mode keeps in memory; above it sums stream from the bank
-
-
-def _tensors(dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(inputs, targets) when the dataset holds both as tensors (in-memory tasks), else None."""
-    inputs, targets = getattr(dataset, "inputs", None), getattr(dataset, "targets", None)
-    if isinstance(inputs, torch.Tensor) and targets is not None:
-        return inputs, torch.as_tensor(targets)
-    return None
-
-
-def _prefix(dataset, n: int):
-    """The first ``n`` items of a dataset (sliced tensors for in-memory tasks, else a Subset)."""
-    held = _tensors(dataset)
-    if held is not None:
-        return TensorTaskDataset(held[0][:n], held[1][:n])
-    return Subset(dataset, range(min(n, len(dataset))))
 
 
 class TaskSplits:
@@ -71,7 +54,7 @@ class TaskSplits:
         empty = [f"{n} ({s})" for s in SPLITS for n in self.names if len(self.sets[s][n]) == 0]
         if empty:
             raise ConfigError(f"bench needs non-empty validation and test splits; empty: {', '.join(empty)}")
-        self.sets["xi"] = {n: _prefix(d, xi_samples) for n, d in self.sets["test"].items()}
+        self.sets["xi"] = {n: prefix(d, xi_samples) for n, d in self.sets["test"].items()}
         self.labels: dict[str, dict[str, torch.Tensor]] = {s: {} for s in SPLITS}
         self.f0: dict[str, dict[str, torch.Tensor]] = {s: {} for s in SPLITS}
         batches = sum(self.batches(s, n) for s in SPLITS for n in self.names)
@@ -87,33 +70,11 @@ class TaskSplits:
     def batches(self, split: str, name: str) -> int:
         return math.ceil(len(self.sets[split][name]) / self.batch_size)
 
-    def _batches(self, split: str, name: str) -> Iterator[tuple[Any, torch.Tensor]]:
-        """(inputs, labels) batches of one split, in order, collated by the backbone's batching."""
-        dataset = self.sets[split][name]
-        held = _tensors(dataset)
-        if held is not None:
-            inputs, targets = held
-            for i in range(0, len(inputs), self.batch_size):
-                yield inputs[i : i + self.batch_size], targets[i : i + self.batch_size]
-            return
-        loader = DataLoader(dataset, batch_size=self.batch_size, shuffle=False, num_workers=self.runtime.workers,
-                            pin_memory=self.runtime.device.type == "cuda", collate_fn=labelled_collate(self.batching))
-        yield from loader
-
-    @torch.no_grad()
     def map(self, fn: Callable[..., torch.Tensor], split: str, name: str, bar=None,
             labels: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """``fn`` (a module, or a model's ``tangent``) over a split's inputs on the runtime's device (autocast
-        as configured), as fp32 on the CPU; ``labels``, when given, receives the labels batch by batch."""
-        out = []
-        for x, y in self._batches(split, name):
-            with self.runtime.autocast():
-                out.append(self.batching.run(fn, x.to(self.runtime.device, non_blocking=True)).float().cpu())
-            if labels is not None:
-                labels.append(y)
-            if bar is not None:
-                bar.advance(1)
-        return torch.cat(out)
+        """``fn`` (a module, or a model's ``tangent``) over a split's inputs (:func:`outputs_over`)."""
+        return outputs_over(fn, self.sets[split][name], batch_size=self.batch_size, batching=self.batching,
+                            runtime=self.runtime, bar=bar, labels=labels)
 
     @torch.no_grad()
     def pretrained_accuracies(self, heads: Mapping[str, nn.Module], split: str) -> dict[str, float]:

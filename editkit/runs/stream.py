@@ -9,6 +9,12 @@ entry's metrics, so an interrupted run resumes from the last banked experience;
 its provenance records the scenario file and the build options, so ``add`` /
 ``negate`` / ``bench`` can rebuild the scenario around the vectors later.
 
+Linearized streams score incrementally (``editkit.eval.incremental``): theta_0's features and
+each seen task's running tangent sum are cached, so after experience t only the new vector's
+tangents are computed; non-linear vectors, scores that are not a function of the features, and
+torchrun runs score each model from scratch. The cache stays in memory up to
+``$EDITKIT_EVAL_CACHE_MB`` and spills past it into the run directory.
+
 Each task may have its own recipe (per-task ``epochs`` turn into steps from the
 size of its train split). Penalty sources are read lazily (only the sampled
 unlabeled inputs are loaded). Under torchrun every process trains on its share of
@@ -34,8 +40,11 @@ from editkit.bank.store import Bank
 from editkit.merge.continual import starting_vector, stream_merge
 from editkit.train.runtime import Runtime, default_runtime, setup, teardown
 from editkit.errors import BankError, ConfigError, MissingResourceError
-from editkit.settings import default_bank_dir, default_run_dir, torchrun_world
+from editkit.settings import default_bank_dir, default_run_dir, eval_cache_bytes, torchrun_world
 from editkit.eval.accuracy import Scorer, addition_summary, evaluate_vector
+from editkit.eval.incremental import IncrementalScores, cacheable
+from editkit.core.modes import Mode
+from editkit.util.spill import SpillingTensors
 from editkit.eval.scorers import task_scorer
 from editkit.util.progress import NullProgress, Progress
 from editkit.runs.loggers import RunLogger, open_loggers, parse_loggers
@@ -75,6 +84,7 @@ class StreamRunner:
         unlabeled: Mapping[str, Dataset] | None = None,
         provenance: Mapping[str, Any] | None = None,
         logger: RunLogger | None = None,
+        spill_dir: Path | None = None,
     ) -> None:
         self.exps = list(exps)
         self.backbone = backbone
@@ -92,6 +102,7 @@ class StreamRunner:
         self.logger = logger
         self.base = backbone.fingerprint()
         self._sources: dict[int, UnlabeledSource] = {}
+        self.incremental = self._incremental_scores(spill_dir)
 
     def recipe_for(self, t: int) -> Recipe:
         """Experience t's recipe with its number of steps fixed (per-task epochs -> steps)."""
@@ -134,6 +145,27 @@ class StreamRunner:
                                batch_size=self.eval_batch_size, progress=self.progress, description=description,
                                runtime=self.runtime)
 
+    def _incremental_scores(self, spill_dir: Path | None) -> IncrementalScores | None:
+        """The cache of a linearized stream's features and tangent sums, or None where scores are computed
+        from scratch (see ``editkit.eval.incremental.cacheable``)."""
+        scorers = [self.eval_task(i) for i in range(len(self.exps))]
+        if not cacheable(scorers, Mode(self.recipe.mode).linearized, self.runtime):
+            return None
+        names = [e.name for e in self.exps]
+        return IncrementalScores(
+            self.backbone.module, scorers.__getitem__,
+            lambda count: stream_merge(self.bank, names[:count]) if count else None,
+            store=SpillingTensors(eval_cache_bytes(), spill_dir), batch_size=self.eval_batch_size,
+            runtime=self.runtime, progress=self.progress)
+
+    def vector_scores(self, t: int, tau) -> tuple[float, float]:
+        """(experience t's vector alone, theta_0) scored on task t."""
+        if self.incremental is not None:
+            return self.incremental.add_vector(t, tau)
+        name = self.exps[t].name
+        single = self.evaluate(tau, [t], f"{name}: single-task")[name]
+        return single, self.evaluate(None, [t], f"{name}: pretrained")[name]
+
     # -- one step ------------------------------------------------------------------------------
     def train(self, t: int) -> StepRecord:
         """Fine-tune experience t, score its vector alone, bank it (rank 0)."""
@@ -149,8 +181,7 @@ class StreamRunner:
             result = fine_tune(self.backbone.module, head, exp.train, recipe, self.regularizer(t),
                                on_step=on_train_step, runtime=self.runtime, batching=self.backbone.batching,
                                start=starting_vector(self.bank, recipe.mode, self.exps[t - 1].name if t else None))
-        single = self.evaluate(result.task_vector, [t], f"{exp.name}: single-task")[exp.name]
-        pretrained = self.evaluate(None, [t], f"{exp.name}: pretrained")[exp.name]
+        single, pretrained = self.vector_scores(t, result.task_vector)
         record = StepRecord(step=t, task=exp.name, pretrained=pretrained, single_task=single,
                             cost=TrainingCost.of(result, recipe.steps, len(exp.train), self.runtime))
         if self.runtime.is_main:
@@ -167,6 +198,8 @@ class StreamRunner:
         single = {n: self.bank.get(n).metrics["single_task"] for n in names}
         if t == 0:  # theta_0 + tau_0 is the single-task model, already scored
             per_task = dict(single)
+        elif self.incremental is not None:
+            per_task = self.incremental.merged(t)
         else:
             tau = stream_merge(self.bank, names)
             per_task = self.evaluate(tau, range(t + 1), f"merged 0..{t}")
@@ -196,6 +229,15 @@ class StreamRunner:
         self.runtime.barrier()  # nobody writes before everyone has checked
         out = StreamResult(self.scenario, self.recipe)
         start = time.perf_counter()
+        try:
+            self._run_experiences(out, resume, on_step)
+        finally:
+            if self.incremental is not None:
+                self.incremental.close()
+        out.seconds = time.perf_counter() - start
+        return out
+
+    def _run_experiences(self, out: StreamResult, resume: bool, on_step: StreamStepCallback | None) -> None:
         for t in range(len(self.exps)):
             banked = self.resumable(t) if resume else None
             record = banked if banked is not None else self.train(t)
@@ -207,8 +249,6 @@ class StreamRunner:
                 self.logger.experience(record)
             if on_step is not None:
                 on_step(record)
-        out.seconds = time.perf_counter() - start
-        return out
 
     def _check_processes(self) -> None:
         if not self.runtime.distributed:
@@ -245,6 +285,7 @@ def run_stream(
     runtime: Runtime | None = None,
     provenance: Mapping[str, Any] | None = None,
     logger: RunLogger | None = None,
+    spill_dir: str | Path | None = None,
 ) -> StreamResult:
     """Fine-tune, bank and evaluate each experience in order (see module docstring).
 
@@ -257,6 +298,8 @@ def run_stream(
         Under data parallelism ``progress``, ``on_step`` and ``logger`` are used on rank 0 only.
     logger: told every optimizer step and every finished experience (``editkit.runs.loggers``;
         :func:`~editkit.runs.loggers.open_loggers` builds one from names).
+    spill_dir: where a linearized stream's evaluation cache spills past ``$EDITKIT_EVAL_CACHE_MB``
+        (default: a temporary directory, made only if it spills); removed when the run ends.
     """
     names = [e.name for e in exps]
     if len(set(names)) != len(names):
@@ -270,7 +313,8 @@ def run_stream(
         progress, on_step, logger = None, None, None
     runner = StreamRunner(exps, backbone, heads, recipe, bank, scenario=scenario, generic=generic,
                           progress=progress or NullProgress(), runtime=runtime, task_recipes=task_recipes,
-                          unlabeled=unlabeled, provenance=provenance, logger=logger)
+                          unlabeled=unlabeled, provenance=provenance, logger=logger,
+                          spill_dir=Path(spill_dir) if spill_dir is not None else None)
     return runner.run(resume=resume, on_step=on_step)
 
 
@@ -373,7 +417,7 @@ def run_scenario(
         result = run_stream(exps, built.backbone, built.heads, recipe, bank_dir, scenario=spec.name,
                             generic=built.generic, resume=resume, progress=progress, on_step=on_step,
                             task_recipes=recipes, unlabeled={t.name: t.train for t in built.tasks}, runtime=runtime,
-                            provenance=provenance, logger=logger)
+                            provenance=provenance, logger=logger, spill_dir=out_dir)
         report = None
         if runtime.is_main:
             plot = plot_stream(result, out_dir / "stream.png")
