@@ -13,7 +13,7 @@ The paper scales the merged vector by 0.5 in its released scripts; here, as for 
 method, the merged vector is scaled by alpha (1, or tuned on validation by the bench).
 The paper's continual variant fine-tunes each task from the previous task's weights
 (sequential fine-tuning) before this merge; that is a way of training the vectors, not
-of merging them, and is not provided here.
+of merging them, so it is a mode (``sequential``, ``editkit.core.modes``), not part of this method.
 
 Registered as the merge method ``magmax``.
 """
