@@ -57,7 +57,7 @@ class IncrementalScores:
     def __init__(self, module: nn.Module, scorer: Callable[[int], SplitScorer],
                  earlier_sum: Callable[[int], Vector | None], *, store: SpillingTensors, batch_size: int,
                  runtime: Runtime, progress: Progress | None = None) -> None:
-        self.model = LinearizedModel(module).to(runtime.device).eval()
+        self.module = module
         self.scorer, self.earlier_sum = scorer, earlier_sum
         self.store, self.batch_size, self.runtime = store, batch_size, runtime
         self.progress = progress or NullProgress()
@@ -77,18 +77,18 @@ class IncrementalScores:
         new = [t, t] if self.total is not None else [t]  # tau_t's pass, then the earlier vectors' sum's
         with self.progress.task(f"{scorer.name}: single-task, pretrained, merged 0..{t}",
                                 total=self._batches([*earlier, *new, *missing])) as bar:
-            self._load(tau)
+            model = self._linearized(tau)
             for i in earlier:
-                self.store[f"S{i}"] = self.store[f"S{i}"] + self._map(self.model.tangent, i, bar)
-            f0, tangent = self._map(self.model.primal_and_tangent, t, bar)
+                self.store[f"S{i}"] = self.store[f"S{i}"] + self._map(model.tangent, i, bar)
+            f0, tangent = self._map(model.primal_and_tangent, t, bar)
             single, pretrained = self._score(t, f0 + tangent), self._score(t, f0)
             if self.total is not None:
-                self._load(self.total)
-                tangent = tangent + self._map(self.model.tangent, t, bar)
+                model.load_task_vector(self._on_device(self.total))
+                tangent = tangent + self._map(model.tangent, t, bar)
             self.store[f"f{t}"], self.store[f"S{t}"] = f0, tangent
             self._add_to_total(tau)
-            for i in missing:  # the cache lost them (a resume): the full sum, 0..t, in one pass each
-                self._rebuild(i, bar)
+            if missing:  # the cache lost them (a resume): the full sum, 0..t, in one pass each
+                self._rebuild(model, missing, bar)
         self.accounted = t + 1
         self.merged_scores[t] = {self.scorer(i).name: self._score(i, self._merged_features(i)) for i in range(t + 1)}
         return single, pretrained
@@ -99,8 +99,7 @@ class IncrementalScores:
             self._catch_up(t + 1)
             todo = [i for i in range(t + 1) if not self._cached(i)]
             with self.progress.task(f"merged 0..{t} (rebuilding the cache)", total=self._batches(todo)) as bar:
-                for i in todo:
-                    self._rebuild(i, bar)
+                self._rebuild(self._linearized({}), todo, bar)
             self.merged_scores[t] = {self.scorer(i).name: self._score(i, self._merged_features(i))
                                      for i in range(t + 1)}
         return self.merged_scores[t]
@@ -121,10 +120,11 @@ class IncrementalScores:
     def _cached(self, i: int) -> bool:
         return f"S{i}" in self.store
 
-    def _rebuild(self, i: int, bar) -> None:
-        """f0 and S of task i for the current running sum, in one jvp pass."""
-        self._load(self.total or {})
-        self.store[f"f{i}"], self.store[f"S{i}"] = self._map(self.model.primal_and_tangent, i, bar)
+    def _rebuild(self, model: LinearizedModel, tasks: Sequence[int], bar) -> None:
+        """f0 and S of each task for the current running sum, in one jvp pass each."""
+        model.load_task_vector(self._on_device(self.total or {}))
+        for i in tasks:
+            self.store[f"f{i}"], self.store[f"S{i}"] = self._map(model.primal_and_tangent, i, bar)
 
     def _add_to_total(self, tau: Vector) -> None:
         if self.total is None:
@@ -137,8 +137,15 @@ class IncrementalScores:
         return self.store[f"f{i}"] + self.store[f"S{i}"]
 
     # -- passes and scores ---------------------------------------------------------------------
-    def _load(self, tau: Vector) -> None:
-        self.model.load_task_vector({n: v.to(self.runtime.device) for n, v in tau.items()})
+    def _linearized(self, tau: Vector) -> LinearizedModel:
+        """A linearized model of theta_0 at ``tau``, built for one scoring call and dropped after it: it holds a
+        copy of theta, which should not stay in memory beside the next fine-tuning's."""
+        model = LinearizedModel(self.module).to(self.runtime.device).eval()
+        model.load_task_vector(self._on_device(tau))
+        return model
+
+    def _on_device(self, tau: Vector) -> dict[str, torch.Tensor]:
+        return {n: v.to(self.runtime.device) for n, v in tau.items()}
 
     def _map(self, fn, i: int, bar):
         scorer = self.scorer(i)
