@@ -90,7 +90,7 @@ class IncrementalScores:
             if missing:  # the cache lost them (a resume): the full sum, 0..t, in one pass each
                 self._rebuild(model, missing, bar)
         self.accounted = t + 1
-        self.merged_scores[t] = {self.scorer(i).name: self._score(i, self._merged_features(i)) for i in range(t + 1)}
+        self.merged_scores[t] = self._merged_now(t)
         return single, pretrained
 
     def merged(self, t: int) -> dict[str, float]:
@@ -100,8 +100,7 @@ class IncrementalScores:
             todo = [i for i in range(t + 1) if not self._cached(i)]
             with self.progress.task(f"merged 0..{t} (rebuilding the cache)", total=self._batches(todo)) as bar:
                 self._rebuild(self._linearized({}), todo, bar)
-            self.merged_scores[t] = {self.scorer(i).name: self._score(i, self._merged_features(i))
-                                     for i in range(t + 1)}
+            self.merged_scores[t] = self._merged_now(t)
         return self.merged_scores[t]
 
     def close(self) -> None:
@@ -133,8 +132,9 @@ class IncrementalScores:
         for n, v in tau.items():
             self.total[n] = self.total[n] + v.cpu() if n in self.total else v.detach().clone().cpu()
 
-    def _merged_features(self, i: int) -> torch.Tensor:
-        return self.store[f"f{i}"] + self.store[f"S{i}"]
+    def _merged_now(self, t: int) -> dict[str, float]:
+        """Scores of the cached merged model (f0 + S) on tasks 0..t, by task name."""
+        return {self.scorer(i).name: self._score(i, self.store[f"f{i}"] + self.store[f"S{i}"]) for i in range(t + 1)}
 
     # -- passes and scores ---------------------------------------------------------------------
     def _linearized(self, tau: Vector) -> LinearizedModel:
