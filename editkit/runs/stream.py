@@ -148,6 +148,10 @@ class StreamRunner:
     def _incremental_scores(self, spill_dir: Path | None) -> IncrementalScores | None:
         """The cache of a linearized stream's features and tangent sums, or None where scores are computed
         from scratch (see ``editkit.eval.incremental.cacheable``)."""
+        try:  # read in every mode, before any training, so a bad value is refused even where it does not apply
+            budget = eval_cache_bytes()
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         scorers = [self.eval_task(i) for i in range(len(self.exps))]
         if not cacheable(scorers, Mode(self.recipe.mode).linearized, self.runtime):
             return None
@@ -155,7 +159,7 @@ class StreamRunner:
         return IncrementalScores(
             self.backbone.module, scorers.__getitem__,
             lambda count: stream_merge(self.bank, names[:count]) if count else None,
-            store=SpillingTensors(eval_cache_bytes(), spill_dir), batch_size=self.eval_batch_size,
+            store=SpillingTensors(budget, spill_dir), batch_size=self.eval_batch_size,
             runtime=self.runtime, progress=self.progress)
 
     def vector_scores(self, t: int, tau) -> tuple[float, float]:

@@ -17,6 +17,7 @@ from torch.func import functional_call, jvp
 import editkit.eval.incremental as incremental
 from editkit.bank.store import Bank
 from editkit.data.tasks import TensorTaskDataset
+from editkit.errors import ConfigError
 from editkit.integrations.avalanche.benchmark import Experience
 from editkit.models.backbone import Backbone
 from editkit.models.heads import LinearHead
@@ -160,9 +161,9 @@ def test_non_linear_vectors_are_scored_by_running_the_network(mode):
     assert runner.incremental is None
 
 
-def test_a_bad_cache_budget_is_refused_by_name(monkeypatch):
-    from editkit.settings import eval_cache_bytes
-
+@pytest.mark.parametrize("mode", ["taujp", "nonlinear"])
+def test_a_bad_cache_budget_is_refused_by_name_before_anything_is_banked(tmp_path, monkeypatch, mode):
     monkeypatch.setenv("EDITKIT_EVAL_CACHE_MB", "lots")
-    with pytest.raises(ValueError, match="EDITKIT_EVAL_CACHE_MB"):
-        eval_cache_bytes()
+    with pytest.raises(ConfigError, match="EDITKIT_EVAL_CACHE_MB must be a whole number of MiB, got 'lots'"):
+        stream(tmp_path / "bank", mode=mode)
+    assert not (tmp_path / "bank").exists()
