@@ -209,13 +209,26 @@ class Regularizer:
     def active(self) -> bool:
         return self.lam > 0 and len(self.sources) > 0
 
-    def batches(self, step: int) -> list[Any]:
-        """The reg batches of one step (empty when inactive)."""
+    def _drawn_at(self, step: int) -> Sequence[UnlabeledSource]:
+        """The sources step ``step`` draws from: one in turn (cyclic) or all (strict); none when inactive."""
         if not self.active:
             return []
-        if self.schedule == "cyclic":
-            return [self._draw(self.sources[step % len(self.sources)])]
-        return [self._draw(source) for source in self.sources]
+        return [self.sources[step % len(self.sources)]] if self.schedule == "cyclic" else self.sources
+
+    def batches(self, step: int) -> list[Any]:
+        """The reg batches of one step (empty when inactive)."""
+        return [self._draw(source) for source in self._drawn_at(step)]
+
+    def skip(self, steps: int) -> None:
+        """Advance the sources past the draws of ``steps`` steps without loading anything.
+
+        Sources are shared across a stream's experiences, so the batches a task draws depend on
+        what earlier tasks drew. A resumed stream skips each banked experience's draws and its
+        later tasks are penalised on the batches a run without the interruption would use.
+        """
+        for step in range(steps):
+            for source in self._drawn_at(step):
+                source.next_indices(self.batch_size)
 
     def loss(self, tangents: Sequence[torch.Tensor],
              masks: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:

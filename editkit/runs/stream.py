@@ -5,7 +5,8 @@ Works on any Avalanche benchmark (``run_benchmark``) and on editkit scenarios
 model theta_0 + sum_i tau_i (alpha = 1.0, no tuning; in ``sequential`` mode, whose
 vectors each start from the previous one, their MagMax merge) is scored on every task seen
 so far. The bank is the source of truth: each step's results are stored in its
-entry's metrics, so an interrupted run resumes from the last banked experience;
+entry's metrics, so an interrupted run resumes from the last banked experience (its later
+tasks draw the penalty batches an uninterrupted run would);
 its provenance records the scenario file and the build options, so ``add`` /
 ``negate`` / ``bench`` can rebuild the scenario around the vectors later.
 
@@ -132,6 +133,12 @@ class StreamRunner:
         shard = (self.runtime.rank, self.runtime.world_size) if self.runtime.distributed else None
         return recipe.regularizer(sources, shard=shard)
 
+    def skip_draws(self, t: int) -> None:
+        """Advance the shared sources past banked experience t's reg draws, as if it had trained here."""
+        regularizer = self.regularizer(t)
+        if regularizer is not None:
+            regularizer.skip(self.recipe_for(t).steps)
+
     # -- evaluation ----------------------------------------------------------------------------
     def eval_task(self, i: int) -> Scorer:
         exp = self.exps[i]
@@ -244,6 +251,8 @@ class StreamRunner:
     def _run_experiences(self, out: StreamResult, resume: bool, on_step: StreamStepCallback | None) -> None:
         for t in range(len(self.exps)):
             banked = self.resumable(t) if resume else None
+            if banked is not None:
+                self.skip_draws(t)
             record = banked if banked is not None else self.train(t)
             if record.merged is None:
                 record.merged = self.merge_and_evaluate(t)

@@ -214,6 +214,36 @@ def test_a_restarted_source_samples_what_a_fresh_one_does(lazy):
     assert draw(used) == first == draw(make())
 
 
+@pytest.mark.parametrize("schedule", ["cyclic", "strict"])
+def test_skipping_steps_leaves_the_sources_where_drawing_them_would(schedule):
+    """A resumed stream skips a banked task's draws: what follows must be what follows the real draws."""
+    loads: list[int] = []
+
+    def counted(items: list[torch.Tensor]) -> torch.Tensor:
+        loads.append(len(items))
+        return torch.stack(items)
+
+    def regularizer(lazy: bool = False) -> Regularizer:
+        sources = [index_source(n, seed) for seed, n in enumerate((13, 7))]
+        if lazy:  # the sources a stream reads from disk: skipping must load nothing
+            sources = [LazyUnlabeledSource(s.name, TensorDataset(s.inputs), seed=seed, collate=counted)
+                       for seed, s in enumerate(sources)]
+        return Regularizer(sources, lam=0.1, schedule=schedule, batch_size=5)
+
+    def flat(batches) -> list[float]:
+        return [v for b in batches for v in b.flatten().tolist()]
+
+    drawn = regularizer()
+    for step in range(9):  # 9 steps of 5 draws run past both sources' first epoch
+        drawn.batches(step)
+    skipped = regularizer(lazy=True)
+    skipped.skip(9)
+    assert loads == []
+    after = [flat(drawn.batches(step)) for step in range(9, 14)]
+    assert [flat(skipped.batches(step)) for step in range(9, 14)] == after
+    assert after != [flat(regularizer().batches(step)) for step in range(9, 14)]  # skipping moved the sources
+
+
 def test_empty_source_refused():
     with pytest.raises(ValueError):
         UnlabeledSource("empty", torch.zeros(0, 3))

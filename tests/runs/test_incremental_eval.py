@@ -16,45 +16,14 @@ from torch.func import functional_call, jvp
 
 import editkit.eval.incremental as incremental
 from editkit.bank.store import Bank
-from editkit.data.tasks import TensorTaskDataset
 from editkit.errors import ConfigError
-from editkit.integrations.avalanche.benchmark import Experience
 from editkit.models.backbone import Backbone
-from editkit.models.heads import LinearHead
-from editkit.runs.stream import StreamRunner, run_stream
+from editkit.runs.stream import StreamRunner
 from editkit.train.recipe import Recipe
 from editkit.train.runtime import Runtime
 from editkit.util.progress import NullProgress
 
-from helpers import models
-
-NAMES = ("a", "b", "c", "d")
-
-
-def network() -> nn.Module:
-    return models.mlp(4, 12, 6, batchnorm=True, seed=0).double()
-
-
-def data() -> tuple[dict[str, TensorTaskDataset], dict[str, LinearHead]]:
-    g = torch.Generator().manual_seed(1)
-    sets, heads = {}, {}
-    for i, name in enumerate(NAMES):
-        x = torch.randn(50, 4, generator=g, dtype=torch.float64) + 0.3 * i
-        sets[name] = TensorTaskDataset(x, (x[:, i % 4] > 0.3 * i).long() + (x[:, (i + 1) % 4] > 0).long())
-        heads[name] = LinearHead(torch.randn(3, 6, generator=g), torch.zeros(3))
-    return sets, heads
-
-
-def experiences(names=NAMES) -> list[Experience]:
-    sets, _ = data()
-    return [Experience(i, n, i, sets[n], sets[n], None, 3) for i, n in enumerate(names)]
-
-
-def stream(bank, mode="taujp", names=NAMES, **kwargs):
-    recipe = Recipe(mode=mode, steps=3, batch_size=10, lr=5e-2, warmup=0, generic=False, reg_batch=4)
-    return run_stream(experiences(names), Backbone("mlp", network(), 6), data()[1], recipe, bank, scenario="tiny",
-                      **kwargs)
-
+from helpers.streams import NAMES, data, experiences, network, stream
 
 def accuracy_by_hand(vectors: list[dict[str, torch.Tensor]], task: str) -> float:
     """Accuracy on ``task`` of f(x; theta_0) + J f(x) . sum(vectors), from a jvp of the plain network."""
