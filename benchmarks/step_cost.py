@@ -17,8 +17,11 @@ against the plain (non-linear) step and writes them as JSON.
 The allocator is tuned as ``editkit`` commands tune it on a CPU (freed memory kept for
 reuse, ``editkit.util.memory.keep_freed_memory``), and each mode's memory window starts
 with the freed memory handed back, so the modes' peaks do not carry each other's.
+``--channels-last`` runs every mode with the backbone's weights channels-last (the runtime
+option of the same name).
 
-    python benchmarks/step_cost.py [--scenario toxic] [--steps 12] [--warmup 3] [--json runs/step_cost.json]
+    python benchmarks/step_cost.py [--scenario toxic] [--steps 12] [--warmup 3] [--channels-last]
+                                   [--json runs/step_cost.json]
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from editkit.scenario.spec import load_scenario
 from editkit.scenario.build import build_scenario
 from editkit.core.taujp import UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
+from editkit.train.runtime import Runtime
 
 MODES = {  # label -> (mode, schedule)
     "nonlinear": ("nonlinear", "cyclic"),
@@ -47,14 +51,15 @@ MODES = {  # label -> (mode, schedule)
 }
 
 
-def measure(built, recipe: Recipe, sources: list[UnlabeledSource], warmup: int) -> dict[str, float]:
+def measure(built, recipe: Recipe, sources: list[UnlabeledSource], warmup: int, runtime: Runtime) -> dict[str, float]:
     task = built.tasks[0]
     regularizer = recipe.regularizer(sources)
     stamps: list[float] = []
     with PeakRSS(interval=0.001) as rss:
         start = time.perf_counter()
         fine_tune(built.backbone.module, built.heads[task.name], task.train, recipe, regularizer,
-                  batching=built.backbone.batching, on_step=lambda step, record: stamps.append(time.perf_counter()))
+                  batching=built.backbone.batching, runtime=runtime,
+                  on_step=lambda step, record: stamps.append(time.perf_counter()))
         peak = rss.window()
     durations = [b - a for a, b in zip([start] + stamps[:-1], stamps)][warmup:]
     return {"seconds_per_step": statistics.median(durations), "steps_timed": len(durations), "peak_rss_mb": peak / 2**20}
@@ -110,6 +115,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="steps per mode, warm-up included")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--blocks", default="1,4,all", help="language scenarios: trainable decoder blocks to measure")
+    parser.add_argument("--channels-last", action="store_true", help="the backbone's 4-D weights channels-last")
     parser.add_argument("--json", type=Path, default=Path("runs/step_cost.json"))
     args = parser.parse_args()
     if args.steps - args.warmup < 5:
@@ -131,11 +137,12 @@ def main() -> None:
         getattr(data, "states", None)  # text: every prefix state computed and kept before timing, as a run keeps them
     # One untimed pass first: the process's first training steps pay one-off costs (allocator, kernels'
     # first calls) that the per-mode warm-up alone does not absorb.
-    measure(built, spec.recipe.with_overrides(mode="taujp", steps=args.warmup + 1), sources, args.warmup)
+    runtime = Runtime(channels_last=args.channels_last)
+    measure(built, spec.recipe.with_overrides(mode="taujp", steps=args.warmup + 1), sources, args.warmup, runtime)
     results = {}
     for label, (mode, schedule) in MODES.items():
         recipe = spec.recipe.with_overrides(mode=mode, schedule=schedule, steps=args.steps)
-        results[label] = measure(built, recipe, sources, args.warmup)
+        results[label] = measure(built, recipe, sources, args.warmup, runtime)
         print(f"{label:>15}: {results[label]['seconds_per_step']:.3f} s/step  peak RSS {results[label]['peak_rss_mb']:.0f} MB")
 
     sec = {k: v["seconds_per_step"] for k, v in results.items()}
@@ -146,6 +153,7 @@ def main() -> None:
         "reg_batch": spec.recipe.reg_batch_size,
         "n_sources_strict": len(sources),
         "torch_threads": torch.get_num_threads(),
+        "runtime": runtime.describe(),
         "seconds_per_step": sec,
         "linear_over_nonlinear": sec["linear"] / sec["nonlinear"],
         "taujp_over_linear": sec["taujp"] / sec["linear"],

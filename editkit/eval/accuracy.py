@@ -159,7 +159,7 @@ def evaluate_vector(
 ) -> dict[str, float]:
     """Score on each task of theta_0 + tau (in ``mode``'s model), keyed by task name."""
     runtime = runtime or default_runtime(module)
-    model = build_task_model(module, mode).to(runtime.device)
+    model = runtime.place(build_task_model(module, mode))
     model.load_task_vector(tau or {})
     model.eval()
     batches = sum(t.batches(batch_size, runtime.world_size) for t in tasks)

@@ -140,7 +140,7 @@ class IncrementalScores:
     def _linearized(self, tau: Vector) -> LinearizedModel:
         """A linearized model of theta_0 at ``tau``, built for one scoring call and dropped after it: it holds a
         copy of theta, which should not stay in memory beside the next fine-tuning's."""
-        model = LinearizedModel(self.module).to(self.runtime.device).eval()
+        model = self.runtime.place(LinearizedModel(self.module)).eval()
         model.load_task_vector(self._on_device(tau))
         return model
 

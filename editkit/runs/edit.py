@@ -84,7 +84,7 @@ def scenario_of(bank: Bank, names: Sequence[str], progress: Progress, *, build: 
     seed = int(entries[0].recipe.get("seed", 0))
     spec = find_scenario(scenarios.pop(), entries[0].provenance.get("scenario_file"))
     built = build_scenario(spec, seed=seed, progress=progress, build=build, device=str(runtime.device))
-    built.backbone.module.to(runtime.device)
+    runtime.place(built.backbone.module)
     if built.backbone.fingerprint() != bank.base:
         raise IncompatibleVectorsError(
             f"bank {bank.root} was built on another base model than scenario {built.spec.name!r}'s {built.backbone.name}"

@@ -422,7 +422,7 @@ def run_scenario(
             built = build_scenario(spec, seed=recipe.seed, progress=progress, build=build, device=str(runtime.device))
         elif built.generic is not None:
             built.generic.restart()
-        built.backbone.module.to(runtime.device)
+        runtime.place(built.backbone.module)
         exps = task_experiences(built.tasks)
         provenance = scenario_provenance(spec, build)
         logger = held.enter_context(open_loggers(loggers if runtime.is_main else (),
@@ -449,7 +449,7 @@ def scenario_provenance(spec: ScenarioSpec, build: BuildOptions) -> dict[str, An
 
 @contextlib.contextmanager
 def process_runtime(device: str | None = None, precision: str | None = None,
-                    workers: int | None = None) -> Iterator[Runtime]:
+                    workers: int | None = None, channels_last: bool = False) -> Iterator[Runtime]:
     """This process's :class:`Runtime` (``editkit.train.runtime.setup``), held for a block.
 
     Under torchrun it joins the process group, unless one is joined already, and leaves
@@ -462,7 +462,7 @@ def process_runtime(device: str | None = None, precision: str | None = None,
         from editkit.integrations.avalanche.benchmark import import_avalanche
 
         import_avalanche()
-    runtime = setup(device, precision, workers)
+    runtime = setup(device, precision, workers, channels_last)
     try:
         yield runtime
     finally:

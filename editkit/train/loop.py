@@ -248,7 +248,7 @@ def fine_tune(
     """
     runtime = runtime or default_runtime(module)
     torch.manual_seed(recipe.seed)
-    model = build_task_model(module, recipe.mode).to(runtime.device)
+    model = runtime.place(build_task_model(module, recipe.mode))
     if start is not None:
         model.load_task_vector(start)
     head.to(runtime.device).eval().requires_grad_(False)
@@ -303,7 +303,7 @@ def fine_tune(
     seconds = time.perf_counter() - start
     reg_stream.close()
     log.info("fine-tuned %d steps in %.1fs (%s, %s)", recipe.steps, seconds, recipe.mode, runtime.describe())
-    tau = {name: value.cpu() for name, value in model.task_vector().items()}
+    tau = {name: value.cpu().contiguous() for name, value in model.task_vector().items()}  # whatever the layout
     return FineTuneResult(tau, seconds, recipe.steps, history, peak)
 
 

@@ -107,7 +107,7 @@ def test_runtime_options_are_the_runtime_option_fields(name):
     opts = options(name)
     for f in dataclasses.fields(RuntimeOptions):
         assert opts[f.name].opts == [flag(f.name)]
-        assert opts[f.name].default is None and opts[f.name].help == f.metadata["help"]
+        assert opts[f.name].default == f.default and opts[f.name].help == f.metadata["help"]
 
 
 def test_an_option_declared_twice_is_refused():

@@ -389,7 +389,7 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     timings["stream_seconds"] = {m: s.stream_seconds for m, s in states.items()}
 
     t0 = time.perf_counter()
-    module = built.backbone.module.to(runtime.device)
+    module = runtime.place(built.backbone.module)
     data = TaskSplits(module, list(built.tasks) + ([control] if control else []), batch_size=config.batch_size,
                       xi_samples=config.xi_samples, progress=progress, runtime=runtime,
                       batching=built.backbone.batching)
