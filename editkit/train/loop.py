@@ -13,7 +13,9 @@ token ids with an attention mask for sequences), so the loop assumes no modality
 Where it runs is a :class:`~editkit.train.runtime.Runtime`: the device, bf16
 autocast on CUDA, DataLoader workers, and under torchrun this process's share of
 each global batch (``DistributedDataParallel`` averages the gradients over
-processes once per optimizer step; see ``editkit.train.runtime``).
+processes once per optimizer step; see ``editkit.train.runtime``). A step never reads
+a value back to the host: its losses and gradient norm are read one step late
+(:class:`LaggedStats`), so a GPU is never left idle waiting for the host.
 """
 
 from __future__ import annotations
@@ -111,6 +113,43 @@ def labelled_batches(
         epoch += 1
 
 
+class LaggedStats:
+    """Each step's (ce, penalty, grad_norm), read on the host one step late.
+
+    Reading a CUDA tensor (``.item()``) blocks the host until the device has computed it; read
+    mid-step it leaves the GPU idle while the host queues the next kernels. Here a step's values
+    start their copy to the host when the step has been queued and are read once the next step
+    has been queued too, waiting at most for the step they belong to. On a CPU the copy is the
+    tensor itself and nothing waits either way; callbacks then see step s after step s + 1 ran.
+    """
+
+    KEYS = ("ce", "penalty", "grad_norm")
+
+    def __init__(self) -> None:
+        self._pending: tuple[int, torch.Tensor, float, torch.cuda.Event | None] | None = None
+
+    def push(self, step: int, values: torch.Tensor, lr: float) -> list[tuple[int, dict[str, float]]]:
+        """Start reading ``step``'s values; returns the previous step's record (now read), if any."""
+        ready = self.flush()
+        event = None
+        host = values.to("cpu", non_blocking=True)  # into pinned memory when values are on a GPU
+        if values.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self._pending = (step, host, lr, event)
+        return ready
+
+    def flush(self) -> list[tuple[int, dict[str, float]]]:
+        """The pending step's record, if any (after its copy has landed)."""
+        if self._pending is None:
+            return []
+        step, host, lr, event = self._pending
+        self._pending = None
+        if event is not None:
+            event.synchronize()
+        return [(step, {**dict(zip(self.KEYS, host.tolist())), "lr": lr})]
+
+
 def reg_batch_stream(regularizer: Regularizer | None, steps: int) -> Iterator[list[Any]]:
     """The reg batches of steps 0..steps-1; lazy sources are loaded one step ahead in a thread.
 
@@ -149,15 +188,17 @@ class StepComputer:
 
     def loss(
         self, x: Any, y: torch.Tensor, reg_batches: list[Any]
-    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
-        """(task loss, lambda * penalty or None, scalar stats) for one micro-batch.
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+        """(task loss, lambda * penalty or None, stats) for one micro-batch.
 
         The task loss is the head's (:func:`~editkit.core.objectives.head_loss`): cross-entropy
-        for classifiers, next-token loss over real positions for a language model's head."""
+        for classifiers, next-token loss over real positions for a language model's head.
+        stats: ``ce`` and ``penalty`` (without lambda), detached 0-d tensors left on the device:
+        reading them here would make the host wait for the forward before it queues the backward."""
         features, reg = self.features(x, reg_batches)
         ce = self.task_loss(self.head(features.float()), y)  # float(): no-op in fp32; leaves bf16
-        stats = {"ce": ce.item(), "penalty": reg.item() / self.regularizer.lam if reg is not None else 0.0}
-        return ce, reg, stats
+        penalty = reg.detach() / self.regularizer.lam if reg is not None else torch.zeros_like(ce)
+        return ce, reg, {"ce": ce.detach(), "penalty": penalty}
 
     def features(self, x: Any, reg_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the task model's features of ``x``, lambda * penalty on ``reg_batches`` or None).
@@ -214,7 +255,7 @@ class SyncedStep(nn.Module):
 
     def forward(
         self, x: Any, y: torch.Tensor, reg_batches: list[Any]
-    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
         return self.computer.loss(x, y, reg_batches)
 
 
@@ -266,36 +307,42 @@ def fine_tune(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     history: list[dict[str, float]] = []
+
+    def report(records: list[tuple[int, dict[str, float]]]) -> None:
+        for step, record in records:
+            history.append(record)
+            if on_step is not None:
+                on_step(step, record)
+
+    stats = LaggedStats()
+    per_micro = torch.tensor([1 / recipe.accumulation, 1.0], device=device)  # CE averaged, penalty once per step
     start = time.perf_counter()
     for step in range(recipe.steps):
         optimizer.zero_grad(set_to_none=True)
         reg_batches = [b.to(device, non_blocking=non_blocking) for b in next(reg_stream)]
-        totals = {"ce": 0.0, "penalty": 0.0}
+        totals = torch.zeros(2, device=device)
         for micro in range(recipe.accumulation):
             x, y = next(batches)
             x, y = x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
             with runtime.gradient_sync(step_loss, sync=micro == recipe.accumulation - 1):
                 with runtime.autocast():
-                    ce, reg, stats = step_loss(x, y, reg_batches if micro == 0 else [])
+                    ce, reg, micro_stats = step_loss(x, y, reg_batches if micro == 0 else [])
                 if ce_weight != 1.0:
                     ce = ce * ce_weight
                 # CE is averaged over micro-batches; the penalty is computed once per step at full weight.
                 (ce / recipe.accumulation + (reg if reg is not None else 0.0)).backward()
-            totals["ce"] += stats["ce"] / recipe.accumulation
-            totals["penalty"] += stats["penalty"]
+            totals += torch.stack([micro_stats["ce"], micro_stats["penalty"]]).float() * per_micro
         grads = [p for p in params if p.grad is not None]
         if runtime.distributed:
             if len(grads) < len(params):
                 raise ConfigError(_unused_parameters_message(model, params))
-            totals = _mean_over_processes(totals, runtime)
+            totals = runtime.all_reduce_sum(totals) / runtime.world_size  # display only
         grad_norm = clip_gradients(grads, recipe.grad_clip)
         lr = schedule.get_last_lr()[0]
         optimizer.step()
         schedule.step()
-        record = {**totals, "grad_norm": float(grad_norm), "lr": lr}
-        history.append(record)
-        if on_step is not None:
-            on_step(step, record)
+        report(stats.push(step, torch.cat([totals, grad_norm.detach().float().reshape(1)]), lr))
+    report(stats.flush())
     peak = None
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -316,9 +363,3 @@ def _unused_parameters_message(model: nn.Module, params: list[nn.Parameter]) -> 
     )
 
 
-def _mean_over_processes(totals: dict[str, float], runtime: Runtime) -> dict[str, float]:
-    """Per-step loss statistics averaged over processes (display only)."""
-    values = torch.tensor([totals["ce"], totals["penalty"]], dtype=torch.float64, device=runtime.device)
-    runtime.all_reduce_sum(values)
-    ce, pen = (values / runtime.world_size).tolist()
-    return {"ce": ce, "penalty": pen}

@@ -179,6 +179,36 @@ def test_fine_tune_lowers_ce_and_leaves_theta0(mode):
     assert [r for _, r in seen] == result.history
 
 
+@pytest.mark.parametrize("mode", [*MODES, "taujp-nonlinear"])
+def test_a_step_never_reads_a_value_back_to_the_host(mode, monkeypatch):
+    """On a GPU each read of a tensor's value (``.item()``, ``float()``, ``bool()``) waits for the device
+    and leaves it idle; the loop reads the step's statistics once, a step late (``LaggedStats``).
+    Here every read of a floating-point value during training fails (the loader's integer seeds and index
+    draws are host data), and the single late ``tolist`` of each step's statistics is counted."""
+    reads: list[int] = []
+    real = {name: getattr(torch.Tensor, name) for name in ("item", "__float__", "__bool__", "tolist")}
+
+    def refusing(name: str):
+        def read(self, *args):
+            if self.is_floating_point():
+                raise AssertionError(f"a training step read a value ({name})")
+            return real[name](self, *args)
+        return read
+
+    def counted_tolist(self):
+        reads.extend([1] if self.is_floating_point() else [])
+        return real["tolist"](self)
+
+    seen = []
+    with monkeypatch.context() as patch:
+        for name in ("item", "__float__", "__bool__"):
+            patch.setattr(torch.Tensor, name, refusing(name))
+        patch.setattr(torch.Tensor, "tolist", counted_tolist)
+        result = fine_tune(backbone(), fixed_head(), train_set(), recipe(mode, steps=4),
+                           regularizer() if "taujp" in mode else None, on_step=lambda step, record: seen.append(step))
+    assert len(reads) == 4 and seen == [0, 1, 2, 3] and len(result.history) == 4
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_same_seed_same_tau_bitwise(mode):
     a = run(mode, steps=8).task_vector
@@ -248,9 +278,9 @@ def test_concatenated_loss_equals_separate_terms(squared):
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
     for a, b in zip(grads, expected_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-    assert stats["ce"] == pytest.approx(ce.item(), rel=1e-5)
-    assert stats["penalty"] == pytest.approx(((pens[0] + pens[1]) / 2).item(), rel=1e-5)
-    assert stats["penalty"] > 0
+    assert float(stats["ce"]) == pytest.approx(ce.item(), rel=1e-5)
+    assert float(stats["penalty"]) == pytest.approx(((pens[0] + pens[1]) / 2).item(), rel=1e-5)
+    assert float(stats["penalty"]) > 0
 
 
 def test_step_computer_without_regularizer_is_plain_ce():
@@ -261,7 +291,7 @@ def test_step_computer_without_regularizer_is_plain_ce():
     loss, reg_term, stats = StepComputer(model, head, regularizer(lam=0.0)).loss(x, y, [])
     assert reg_term is None
     torch.testing.assert_close(loss, F.cross_entropy(head(module(x)), y))
-    assert stats["penalty"] == 0.0
+    assert float(stats["penalty"]) == 0.0
 
 
 # --------------------------------------------------------------------------- gradient accumulation
