@@ -51,17 +51,26 @@ MODES = {  # label -> (mode, schedule)
 }
 
 
+def timed_steps(stamps: list[float], warmup: int) -> list[float]:
+    """Seconds of each step after the first ``warmup``, from the times the loop reported the steps.
+
+    The loop reports step s once step s + 1 has run (it reads a step's statistics a step late) and
+    its last step right after the one before, so the gap between reports s and s + 1 is the time of
+    step s + 2, and the last gap times nothing."""
+    gaps = [b - a for a, b in zip(stamps[:-2], stamps[1:-1])]  # gaps[i]: step i + 2
+    return gaps[max(0, warmup - 2):]
+
+
 def measure(built, recipe: Recipe, sources: list[UnlabeledSource], warmup: int, runtime: Runtime) -> dict[str, float]:
     task = built.tasks[0]
     regularizer = recipe.regularizer(sources)
     stamps: list[float] = []
     with PeakRSS(interval=0.001) as rss:
-        start = time.perf_counter()
         fine_tune(built.backbone.module, built.heads[task.name], task.train, recipe, regularizer,
                   batching=built.backbone.batching, runtime=runtime,
                   on_step=lambda step, record: stamps.append(time.perf_counter()))
         peak = rss.window()
-    durations = [b - a for a, b in zip([start] + stamps[:-1], stamps)][warmup:]
+    durations = timed_steps(stamps, warmup)
     return {"seconds_per_step": statistics.median(durations), "steps_timed": len(durations), "peak_rss_mb": peak / 2**20}
 
 
@@ -92,11 +101,10 @@ def measure_language(spec, built, args) -> dict:
             regularizer = recipe.regularizer([source])
             stamps: list[float] = []
             with PeakRSS(interval=0.001) as rss:
-                start = time.perf_counter()
                 fine_tune(backbone.module, backbone.head, train, recipe, regularizer, batching=backbone.batching,
                           on_step=lambda step, record: stamps.append(time.perf_counter()))
                 peak = rss.window()
-            durations = [b - a for a, b in zip([start] + stamps[:-1], stamps)][args.warmup:]
+            durations = timed_steps(stamps, args.warmup)
             per_mode[mode] = {"seconds_per_step": statistics.median(durations), "peak_rss_mb": peak / 2**20}
             print(f"K={blocks:>3} {mode:>9}: {per_mode[mode]['seconds_per_step']:.3f} s/step  "
                   f"peak RSS {per_mode[mode]['peak_rss_mb']:.0f} MB", flush=True)
