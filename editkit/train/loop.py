@@ -315,23 +315,11 @@ def fine_tune(
                 on_step(step, record)
 
     stats = LaggedStats()
-    per_micro = torch.tensor([1 / recipe.accumulation, 1.0], device=device)  # CE averaged, penalty once per step
-    start = time.perf_counter()
+    began = time.perf_counter()
     for step in range(recipe.steps):
         optimizer.zero_grad(set_to_none=True)
         reg_batches = [b.to(device, non_blocking=non_blocking) for b in next(reg_stream)]
-        totals = torch.zeros(2, device=device)
-        for micro in range(recipe.accumulation):
-            x, y = next(batches)
-            x, y = x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
-            with runtime.gradient_sync(step_loss, sync=micro == recipe.accumulation - 1):
-                with runtime.autocast():
-                    ce, reg, micro_stats = step_loss(x, y, reg_batches if micro == 0 else [])
-                if ce_weight != 1.0:
-                    ce = ce * ce_weight
-                # CE is averaged over micro-batches; the penalty is computed once per step at full weight.
-                (ce / recipe.accumulation + (reg if reg is not None else 0.0)).backward()
-            totals += torch.stack([micro_stats["ce"], micro_stats["penalty"]]).float() * per_micro
+        totals = _accumulate_gradients(step_loss, batches, reg_batches, recipe.accumulation, ce_weight, runtime)
         grads = [p for p in params if p.grad is not None]
         if runtime.distributed:
             if len(grads) < len(params):
@@ -347,11 +335,33 @@ def fine_tune(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         peak = int(torch.cuda.max_memory_allocated(device))
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - began
     reg_stream.close()
     log.info("fine-tuned %d steps in %.1fs (%s, %s)", recipe.steps, seconds, recipe.mode, runtime.describe())
     tau = {name: value.cpu().contiguous() for name, value in model.task_vector().items()}  # whatever the layout
     return FineTuneResult(tau, seconds, recipe.steps, history, peak)
+
+
+def _accumulate_gradients(step_loss: nn.Module, batches: Iterator[tuple[Any, torch.Tensor]], reg_batches: list[Any],
+                          accumulation: int, ce_weight: float, runtime: Runtime) -> torch.Tensor:
+    """Forward and backward of one optimizer step's micro-batches; returns its (ce, penalty) on the device.
+
+    CE is averaged over the micro-batches (scaled by ``ce_weight`` where processes hold unequal
+    slices); the reg batches ride with the first micro-batch, so the penalty counts once, at full
+    weight. Under DDP only the last micro-batch's backward reduces the gradients."""
+    device, non_blocking = runtime.device, runtime.device.type == "cuda"
+    totals = torch.zeros(2, device=device)
+    for micro in range(accumulation):
+        x, y = next(batches)
+        x, y = x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
+        with runtime.gradient_sync(step_loss, sync=micro == accumulation - 1):
+            with runtime.autocast():
+                ce, reg, stats = step_loss(x, y, reg_batches if micro == 0 else [])
+            if ce_weight != 1.0:
+                ce = ce * ce_weight
+            (ce / accumulation + (reg if reg is not None else 0.0)).backward()
+        totals += torch.stack([stats["ce"].float() / accumulation, stats["penalty"].float()])
+    return totals
 
 
 def _unused_parameters_message(model: nn.Module, params: list[nn.Parameter]) -> str:
