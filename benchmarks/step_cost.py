@@ -18,10 +18,12 @@ The allocator is tuned as ``editkit`` commands tune it on a CPU (freed memory ke
 reuse, ``editkit.util.memory.keep_freed_memory``), and each mode's memory window starts
 with the freed memory handed back, so the modes' peaks do not carry each other's.
 ``--channels-last`` runs every mode with the backbone's weights channels-last (the runtime
-option of the same name).
+option of the same name). ``--rounds R`` (classification scenarios) runs the modes in turn R
+times and takes each mode's median over all its timed steps: a slow spell of a shared host
+then falls on every mode alike instead of on whichever mode ran during it.
 
-    python benchmarks/step_cost.py [--scenario toxic] [--steps 12] [--warmup 3] [--channels-last]
-                                   [--json runs/step_cost.json]
+    python benchmarks/step_cost.py [--scenario toxic] [--steps 12] [--warmup 3] [--rounds 1]
+                                   [--channels-last] [--json runs/step_cost.json]
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ def timed_steps(stamps: list[float], warmup: int) -> list[float]:
     return gaps[max(0, warmup - 2):]
 
 
-def measure(built, recipe: Recipe, sources: list[UnlabeledSource], warmup: int, runtime: Runtime) -> dict[str, float]:
+def measure(built, recipe: Recipe, sources: list[UnlabeledSource], warmup: int,
+            runtime: Runtime) -> tuple[list[float], float]:
+    """(seconds of each timed step, peak RSS in MB) of one fine-tune of the first task."""
     task = built.tasks[0]
     regularizer = recipe.regularizer(sources)
     stamps: list[float] = []
@@ -70,8 +74,7 @@ def measure(built, recipe: Recipe, sources: list[UnlabeledSource], warmup: int, 
                   batching=built.backbone.batching, runtime=runtime,
                   on_step=lambda step, record: stamps.append(time.perf_counter()))
         peak = rss.window()
-    durations = timed_steps(stamps, warmup)
-    return {"seconds_per_step": statistics.median(durations), "steps_timed": len(durations), "peak_rss_mb": peak / 2**20}
+    return timed_steps(stamps, warmup), peak / 2**20
 
 
 def measure_language(spec, built, args) -> dict:
@@ -123,11 +126,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="steps per mode, warm-up included")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--blocks", default="1,4,all", help="language scenarios: trainable decoder blocks to measure")
+    parser.add_argument("--rounds", type=int, default=1, help="times every mode runs, in turn (classification)")
     parser.add_argument("--channels-last", action="store_true", help="the backbone's 4-D weights channels-last")
     parser.add_argument("--json", type=Path, default=Path("runs/step_cost.json"))
     args = parser.parse_args()
     if args.steps - args.warmup < 5:
         parser.error("need at least 5 timed steps (steps - warmup >= 5)")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     keep_freed_memory()
 
     spec = load_scenario(args.scenario)
@@ -147,11 +153,18 @@ def main() -> None:
     # first calls) that the per-mode warm-up alone does not absorb.
     runtime = Runtime(channels_last=args.channels_last)
     measure(built, spec.recipe.with_overrides(mode="taujp", steps=args.warmup + 1), sources, args.warmup, runtime)
-    results = {}
-    for label, (mode, schedule) in MODES.items():
-        recipe = spec.recipe.with_overrides(mode=mode, schedule=schedule, steps=args.steps)
-        results[label] = measure(built, recipe, sources, args.warmup, runtime)
-        print(f"{label:>15}: {results[label]['seconds_per_step']:.3f} s/step  peak RSS {results[label]['peak_rss_mb']:.0f} MB")
+    durations: dict[str, list[float]] = {label: [] for label in MODES}
+    peaks: dict[str, list[float]] = {label: [] for label in MODES}
+    for _ in range(args.rounds):
+        for label, (mode, schedule) in MODES.items():
+            recipe = spec.recipe.with_overrides(mode=mode, schedule=schedule, steps=args.steps)
+            timed, peak = measure(built, recipe, sources, args.warmup, runtime)
+            durations[label] += timed
+            peaks[label].append(peak)
+    results = {label: {"seconds_per_step": statistics.median(durations[label]), "steps_timed": len(durations[label]),
+                       "peak_rss_mb": max(peaks[label])} for label in MODES}
+    for label, result in results.items():
+        print(f"{label:>15}: {result['seconds_per_step']:.3f} s/step  peak RSS {result['peak_rss_mb']:.0f} MB")
 
     sec = {k: v["seconds_per_step"] for k, v in results.items()}
     mem = {k: v["peak_rss_mb"] for k, v in results.items()}
@@ -162,6 +175,7 @@ def main() -> None:
         "n_sources_strict": len(sources),
         "torch_threads": torch.get_num_threads(),
         "runtime": runtime.describe(),
+        "rounds": args.rounds,
         "seconds_per_step": sec,
         "linear_over_nonlinear": sec["linear"] / sec["nonlinear"],
         "taujp_over_linear": sec["taujp"] / sec["linear"],
