@@ -228,6 +228,7 @@ def test_addition_table_shape_and_numbers(bench_run):
     root, _, output, report = bench_run
     rows = report["addition"]["rows"]
     assert report["tasks"] == TASKS and report["addition"]["columns"] == TASKS + ["absolute", "normalized"]
+    assert report["runtime"] == "cpu, fp32"  # recorded beside torch_threads: the numbers depend on both
     # pretrained + per mode: every merge method in registry order (1.0, tuned), then single-task
     methods = ["dare", "magmax", "opcm", "task-arithmetic", "ties"]
     assert len(rows) == 1 + 3 * (2 * len(methods) + 1)

@@ -416,6 +416,7 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
 
     report = _report(spec, built, config, states, tasks, pretrained, mode_results, diagnostics, run_dir)
     report["torch_threads"] = torch.get_num_threads()
+    report["runtime"] = runtime.describe()  # with the threads, what the numbers depend on beyond the seed
     timings["total_seconds"] = time.perf_counter() - started
     report["timings"] = timings
     _write_outputs(report, run_dir)
