@@ -41,7 +41,7 @@ from editkit.core.taujp import Regularizer
 
 log = logging.getLogger(__name__)
 
-TrainStepCallback = Callable[[int, dict[str, float]], None]  # called after each optimizer step: (index, its losses)
+TrainStepCallback = Callable[[int, dict[str, float]], None]  # (step, its losses), once the next step has run
 
 
 @dataclass
@@ -286,6 +286,8 @@ def fine_tune(
         regularizer should carry ``shard=(rank, N)``.
     batching: the backbone's :class:`~editkit.core.batching.Batching` (default: tensors,
         as for images); the regularizer's sources must yield batches of the same kind.
+    on_step: called with each step's index and its ``ce``, ``penalty``, ``grad_norm`` and ``lr``,
+        in order, once the next step has run (the last at the end; see :class:`LaggedStats`).
     """
     runtime = runtime or default_runtime(module)
     torch.manual_seed(recipe.seed)
