@@ -112,7 +112,7 @@ class IncrementalScores:
         if self.accounted == count:
             return
         earlier = self.earlier_sum(count)
-        self.total = {n: v.clone() for n, v in earlier.items()} if earlier is not None else None
+        self.total = dict(earlier) if earlier is not None else None
         self.accounted = count
         self.store.clear()  # every cached sum was of another set of vectors
 
@@ -126,11 +126,9 @@ class IncrementalScores:
             self.store[f"f{i}"], self.store[f"S{i}"] = self._map(model.primal_and_tangent, i, bar)
 
     def _add_to_total(self, tau: Vector) -> None:
-        if self.total is None:
-            self.total = {n: v.detach().clone().cpu() for n, v in tau.items()}
-            return
-        for n, v in tau.items():
-            self.total[n] = self.total[n] + v.cpu() if n in self.total else v.detach().clone().cpu()
+        """The running sum plus ``tau`` (new tensors: neither the sum nor the vector is changed in place)."""
+        tau = {n: v.detach().cpu() for n, v in tau.items()}
+        self.total = tau if self.total is None else {n: self.total[n] + v for n, v in tau.items()}
 
     def _merged_now(self, t: int) -> dict[str, float]:
         """Scores of the cached merged model (f0 + S) on tasks 0..t, by task name."""
