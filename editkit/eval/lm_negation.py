@@ -57,7 +57,7 @@ class LanguageNegation:
         "help": "Text corpus whose validation / test splits give the control perplexity (language ability)."})
     prompts: str = field(default="toxic-prompts", metadata={
         "help": "Text corpus whose validation / test splits are the prompts continued for the toxicity score."})
-    scorer: str = field(default="profanity", metadata={"help": "Toxicity scorer of the sampled continuations."})
+    scorer: str = field(default="toxblock", metadata={"help": "Toxicity scorer of the sampled continuations."})
     alphas: tuple[float, ...] = field(default=(0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0), metadata={
         "help": "Negation coefficients tried (theta_0 - alpha tau), comma-separated."})
     rule: str = choice(DEFAULT_PERPLEXITY_RULE, tuple(PERPLEXITY_RULES),

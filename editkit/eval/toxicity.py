@@ -8,6 +8,10 @@ of a classifier's checkpoint.
 
 Registered here:
 
+- ``toxblock`` (the default of the ``toxic`` scenario): tox-block's bidirectional LSTM trained
+  on the Jigsaw toxic comments, ported to PyTorch (:mod:`editkit.eval.toxblock`), read from its
+  pinned wheel. A learned model of toxicity (insults, threats, obscenity, identity hate), not a
+  word list; its measured accuracy on held-out labelled sets is in ``TOXBLOCK_QUALITY``.
 - ``profanity``, the linear model of ``alt-profanity-check`` (TF-IDF
   features behind a calibrated linear SVM): small, CPU-only and offline once its pinned
   wheel is cached. Its two joblib files are read from the wheel as a zip; the package is
@@ -41,6 +45,8 @@ from editkit.core.registry import Record, Registry
 from editkit.core.artifacts import fetch, sha256_file
 from editkit.data import cache as _cache
 from editkit.errors import ConfigError, MissingResourceError
+from editkit.eval.toxblock import LABELS as TOXBLOCK_LABELS
+from editkit.eval.toxblock import check_toxblock, load_toxblock
 from editkit.settings import cache_dir
 from editkit.util.hub import hf_hub_cache
 
@@ -49,6 +55,9 @@ TOXICITY_SCORERS: Registry[Record] = Registry("toxicity scorer")
 THRESHOLD = 0.5
 THRESHOLD_HELP = "a text counts as toxic when its score is above this"
 
+#: ROC-AUC on the labelled sets of ``benchmarks/toxicity_scorer.py`` (a word-level model: it sees profanity and
+#: slurs, not toxicity without them).
+PROFANITY_ROC_AUC = {"rtp-vs-news": 0.971, "insults-kaggle": 0.819, "toxigen-200": 0.690}
 PROFANITY_VECTORIZER = "profanity_check/data/vectorizer.joblib"
 PROFANITY_MODEL = "profanity_check/data/model.joblib"
 
@@ -62,6 +71,12 @@ class ToxicityScorer(Protocol):
     def score(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
+def provenance(scorer: ToxicityScorer) -> dict[str, Any]:
+    """What a report records of ``scorer``: its own ``provenance`` (package, version, sha256, measured
+    ROC-AUC) where it has one, else its name and threshold."""
+    return getattr(scorer, "provenance", None) or {"name": scorer.name, "threshold": scorer.threshold}
+
+
 @dataclass(eq=False)
 class ProfanityScorer:
     """alt-profanity-check's model: P(profane) = ``model.predict_proba(vectorizer.transform(texts))``."""
@@ -70,6 +85,12 @@ class ProfanityScorer:
     model: Any
     threshold: float = THRESHOLD
     name: str = "profanity"
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        wheel = _cache.ALT_PROFANITY_CHECK_WHEEL
+        return {"name": self.name, "threshold": self.threshold, "package": wheel.package, "version": wheel.version,
+                "sha256": wheel.sha256, "roc_auc": PROFANITY_ROC_AUC}
 
     def score(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
@@ -133,6 +154,9 @@ def check_profanity(threshold: float = THRESHOLD) -> list[str]:
     return [problem] if problem else []
 
 
+TOXICITY_SCORERS.register("toxblock", Record.of(load_toxblock, check=check_toxblock, help={
+    "label": f"which output is the score: {', '.join(TOXBLOCK_LABELS)}",
+    "threshold": THRESHOLD_HELP}))
 TOXICITY_SCORERS.register("profanity", Record.of(load_profanity, check=check_profanity, help={
     "threshold": THRESHOLD_HELP}))
 

@@ -31,7 +31,7 @@ from editkit.core.modes import Mode
 from editkit.data.text import corpus_split, sequences
 from editkit.errors import ConfigError, IncompatibleVectorsError
 from editkit.eval.lm_negation import LanguageNegation, scaled, split_perplexity, task_model, toxicity
-from editkit.eval.toxicity import TOXICITY_SCORERS
+from editkit.eval.toxicity import TOXICITY_SCORERS, provenance
 from editkit.merge.arithmetic import combine
 from editkit.merge.coefficients import select_perplexity_negation_alpha
 from editkit.runs.edit import find_scenario, recorded_build, scenario_of
@@ -196,7 +196,7 @@ def negate_language(bank: Bank, name: str, *, alpha: float | None = None, settin
     seconds = {"validation": tuned - started, "test": time.perf_counter() - tuned}
     return {"operation": "negate", "scenario": evaluation.built.spec.name, "vector": name,
             "target_task": evaluation.target, "mode": vector.mode, "alpha": alpha, "tuning": tuning,
-            "settings": dataclasses.asdict(evaluation.settings), "rows": rows,
+            "settings": dataclasses.asdict(evaluation.settings), "scorer": provenance(evaluation.scorer), "rows": rows,
             "backbone": evaluation.built.backbone.name, "seconds": seconds}
 
 

