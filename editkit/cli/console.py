@@ -95,21 +95,25 @@ def language_negation_table(report: Mapping) -> Table:
             f"{'' if tuning['met'] else ', NOT met by any alpha: best tried'})" if tuning else
             f"alpha {report['alpha']:g} (given)")
     table = Table(title=f"negate {report['vector']} ({report['mode']}, {report['backbone']}): {rule}",
-                  caption="ppl: perplexity of control (clean) and target text; f_lin: exact linearized-model "
+                  caption="ppl: perplexity of control (clean, pooled; then each corpus) and target text; f_lin: "
+                          "exact linearized-model "
                           "perplexities; sel.: ln(target ratio) / ln(control ratio) vs theta_0; toxic: fraction of "
                           "sampled continuations flagged, ± standard error; score: mean toxicity score")
-    for column in ("split", "model", "ctrl ppl", "tgt ppl", "f_lin ctrl/tgt", "sel.", "toxic ± s.e.", "score"):
+    corpora = list(report["rows"][0].get("controls", {})) if report["rows"] else []
+    for column in ("split", "model", "ctrl ppl", " / ".join(corpora) or "per corpus", "tgt ppl", "f_lin ctrl/tgt",
+                   "sel.", "toxic ± s.e.", "score"):
         table.add_column(column, justify="left" if column in ("split", "model") else "right", no_wrap=True)
     if tuning:
         rows = [{"alpha": 0.0, **tuning["pretrained"]}, *tuning["grid"]]
         for row in rows:
             model = "theta_0" if row["alpha"] == 0 else f"-{row['alpha']:g} tau"
             marker = " ◀" if row["alpha"] == report["alpha"] else ""
-            table.add_row("val", model + marker, _ppl(row["control"]), _ppl(row["target"]), "", "", "", "")
+            table.add_row("val", model + marker, _ppl(row["control"]), "", _ppl(row["target"]), "", "", "", "")
     for row in report["rows"]:
         flin = (f"{_ppl(row['control_flin'])} / {_ppl(row['target_flin'])}" if "control_flin" in row else "")
         sel = "" if row["selectivity"] is None else f"{row['selectivity']:.1f}"
-        table.add_row("test", row["model"], _ppl(row["control"]), _ppl(row["target"]), flin, sel,
+        each = " / ".join(_ppl(row["controls"][c]) for c in corpora) if "controls" in row else ""
+        table.add_row("test", row["model"], _ppl(row["control"]), each, _ppl(row["target"]), flin, sel,
                       f"{row['toxic_fraction']:.3f}±{row['toxic_fraction_stderr']:.3f}", f"{row['mean_score']:.3f}")
     return table
 
@@ -130,4 +134,31 @@ def language_bench_table(report: Mapping) -> Table:
                          f"(wanted >= {checks['target_ratio_wanted']}: {'met' if checks['target_ratio_met'] else 'NOT met'}); "
                          f"tauJp toxic fraction below theta_0's by > 2 s.e.: "
                          f"{'yes' if checks['toxicity_below_theta0'] else 'no'}")
+    return table
+
+
+def generation_table(result: Mapping) -> Table:
+    """``editkit generate``: each prompt with theta_0's and the edited model's continuations and scores."""
+    from rich.markup import escape
+
+    threshold = result["threshold"]
+
+    def score(value: float) -> str:
+        text = f"{value:.2f}"
+        return f"[red]{text}[/red]" if value > threshold else text
+
+    table = Table(title=f"theta_0 vs {escape(result['edited'])}  (seed {result['seed']}, {result['max_new_tokens']} new "
+                        f"tokens; scorer {escape(result['scorer'])}, toxic above {threshold:g})", title_justify="left",
+                  show_lines=True)
+    for column, justify in (("prompt", "left"), ("theta_0", "left"), ("score", "right"), ("edited", "left"),
+                            ("score ", "right")):
+        table.add_column(column, justify=justify, overflow="fold")
+    for row in result["rows"]:
+        table.add_row(escape(row["prompt"]), escape(row["theta_0"]), score(row["theta_0_score"]),
+                      escape(row["edited"]), score(row["edited_score"]))
+    base, edited = result["theta_0"], result["edited_summary"]
+    table.caption = (f"toxic fraction: theta_0 {base['toxic_fraction']:.2f} ± {base['toxic_fraction_stderr']:.2f}, "
+                     f"edited {edited['toxic_fraction']:.2f} ± {edited['toxic_fraction_stderr']:.2f};  mean score: "
+                     f"theta_0 {base['mean_score']:.3f}, edited {edited['mean_score']:.3f}  (n = {base['n']})")
+    table.caption_justify = "left"
     return table

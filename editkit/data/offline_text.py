@@ -70,7 +70,7 @@ from typing import Callable
 
 from editkit.core.artifacts import PinnedArtifact, explain, fetch, is_cached
 from editkit.core.registry import Record
-from editkit.data import LABELLED_TEXTS
+from editkit.data import LABELLED_TEXTS, TEXT_CORPORA
 from editkit.data import cache as _cache
 from editkit.data.tasks import LabelledTexts
 from editkit.data.text import sentences
@@ -316,3 +316,21 @@ def _register(name: str) -> None:
 
 for _name in DATASETS:
     _register(_name)
+
+
+#: Clean prose of two kinds, registered in ``TEXT_CORPORA`` for language negations to measure what an edit
+#: costs (control perplexity): the texts of a dataset's split, labels dropped. Critics' one-line reviews and
+#: convention-speech paragraphs are neither news (the toxic scenario's tauJp source) nor toxic.
+CLEAN_CORPORA = {"clean-reviews": "rt-sentiment", "clean-speeches": "party"}
+
+
+def _register_corpus(corpus: str, name: str) -> None:
+    def build(split: str, seed: int = 0) -> list[str]:
+        return labelled_texts(name, split, seed).texts
+
+    TEXT_CORPORA.register(corpus, Record.of(build, check=functools.partial(check, name), help={
+        "seed": f"seed of {name}'s split into train / val / test"}))
+
+
+for _corpus, _name in CLEAN_CORPORA.items():
+    _register_corpus(_corpus, _name)

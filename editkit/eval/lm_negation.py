@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -53,8 +53,10 @@ class LanguageNegation:
     Each field's ``metadata["help"]`` is its one description (the CLI's options are made from it).
     """
 
-    control_text: str = field(default="clean-news", metadata={
-        "help": "Text corpus whose validation / test splits give the control perplexity (language ability)."})
+    control_text: tuple[str, ...] = field(default=("clean-reviews", "clean-speeches"), metadata={
+        "help": "Text corpora whose validation / test splits give the control perplexity (language ability), "
+                "comma-separated: the rule reads their pooled text, the test rows each one as well. Keep them "
+                "apart from the tauJp source, or the rule protects exactly the text the penalty kept."})
     prompts: str = field(default="toxic-prompts", metadata={
         "help": "Text corpus whose validation / test splits are the prompts continued for the toxicity score."})
     scorer: str = field(default="toxblock", metadata={"help": "Toxicity scorer of the sampled continuations."})
@@ -75,10 +77,15 @@ class LanguageNegation:
     seed: int = field(default=0, metadata={"help": "Seed of the sampled continuations."})
 
     def __post_init__(self) -> None:
-        alphas = self.alphas.split(",") if isinstance(self.alphas, str) else self.alphas  # the CLI gives text
-        object.__setattr__(self, "alphas", tuple(float(a) for a in alphas))
+        object.__setattr__(self, "alphas", tuple(float(a) for a in _listed(self.alphas)))
+        object.__setattr__(self, "control_text", tuple(_listed(self.control_text)))
         if self.eval_blocks == 0:
             object.__setattr__(self, "eval_blocks", None)
+
+
+def _listed(value: str | Sequence[Any]) -> Sequence[Any]:
+    """A list setting as given: comma-separated text (the CLI, a scenario's single name) or a sequence."""
+    return value.split(",") if isinstance(value, str) else value
 
 
 def task_model(tail: nn.Module, mode: str, delta: Mapping[str, torch.Tensor] | None, *,

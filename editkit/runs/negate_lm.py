@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
+from torch.utils.data import Subset
 
 from editkit.bank.store import Bank
 from editkit.core.modes import Mode
-from editkit.data.text import corpus_split, sequences
+from editkit.data.text import TokenSequences, corpus_split, sequences
 from editkit.errors import ConfigError, IncompatibleVectorsError
 from editkit.eval.lm_negation import LanguageNegation, scaled, split_perplexity, task_model, toxicity
 from editkit.eval.toxicity import TOXICITY_SCORERS, provenance
@@ -47,11 +48,27 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class EvalSplits:
-    """The held-out text a negation is scored on, prefix states cached once for every model scored."""
+    """The held-out text a negation is scored on, prefix states cached once for every model scored.
 
-    control: Any
+    ``control`` pools the blocks of every control corpus; ``parts`` are each corpus's blocks within it."""
+
+    control: TokenSequences
     target: Any
     prompts: list[str]
+    parts: dict[str, Subset]
+
+
+def _pooled(backbone: Any, texts: Mapping[str, Sequence[str]], length: int, limit: int | None,
+            split: str) -> tuple[TokenSequences, dict[str, Subset]]:
+    """One set of blocks from several corpora (up to ``limit`` blocks each), and each corpus's part of it."""
+    blocks: list[torch.Tensor] = []
+    parts = {}
+    for corpus, corpus_texts in texts.items():
+        ids = sequences(backbone, corpus_texts, length, limit=limit, description=f"{corpus} {split}").ids
+        parts[corpus] = range(len(blocks), len(blocks) + len(ids))
+        blocks += ids
+    pooled = TokenSequences(blocks, backbone)
+    return pooled, {corpus: Subset(pooled, indices) for corpus, indices in parts.items()}
 
 
 def negation_settings(built: BuiltScenario, overrides: Mapping[str, Any] | None = None) -> LanguageNegation:
@@ -63,12 +80,19 @@ def negation_settings(built: BuiltScenario, overrides: Mapping[str, Any] | None 
 
 def _perplexities(built: BuiltScenario, data: EvalSplits, mode: str, delta: Mapping[str, torch.Tensor] | None,
                   settings: LanguageNegation, progress: Progress, label: str, *,
-                  linearized: bool = False) -> dict[str, float]:
+                  linearized: bool = False, per_corpus: bool = False) -> dict[str, Any]:
+    """Control (pooled) and target perplexity; ``per_corpus`` adds ``controls``: each control corpus's own."""
     backbone = built.backbone
     model = task_model(backbone.module, mode, delta, linearized=linearized)
-    return {role: split_perplexity(model, backbone.head, getattr(data, role), backbone.batching,
-                                   batch_size=settings.batch_size, progress=progress, description=f"{label}: {role}")
-            for role in ("control", "target")}
+
+    def ppl(dataset: Any, what: str) -> float:
+        return split_perplexity(model, backbone.head, dataset, backbone.batching, batch_size=settings.batch_size,
+                                progress=progress, description=f"{label}: {what}")
+
+    scores: dict[str, Any] = {role: ppl(getattr(data, role), role) for role in ("control", "target")}
+    if per_corpus:
+        scores["controls"] = {corpus: ppl(part, corpus) for corpus, part in data.parts.items()}
+    return scores
 
 
 class NegationEvaluation:
@@ -92,15 +116,17 @@ class NegationEvaluation:
         if split not in self._splits:
             task = self.built.task(self.target)
             length = max(len(ids) for ids in task.train.ids)
-            control = sequences(self.built.backbone, corpus_split(self.settings.control_text, split), length,
-                                limit=self.settings.eval_blocks, description=f"{self.settings.control_text} {split}")
-            self._splits[split] = EvalSplits(control, getattr(task, split), corpus_split(self.settings.prompts, split))
+            texts = {corpus: corpus_split(corpus, split) for corpus in self.settings.control_text}
+            control, parts = _pooled(self.built.backbone, texts, length, self.settings.eval_blocks, split)
+            self._splits[split] = EvalSplits(control, getattr(task, split), corpus_split(self.settings.prompts, split),
+                                             parts)
         return self._splits[split]
 
     def perplexities(self, split: str, mode: str, delta: Mapping[str, torch.Tensor] | None, label: str, *,
-                     linearized: bool = False) -> dict[str, float]:
+                     linearized: bool = False) -> dict[str, Any]:
+        """Control and target perplexity; on the test split each control corpus's as well."""
         return _perplexities(self.built, self.splits(split), mode, delta, self.settings, self.progress, label,
-                             linearized=linearized)
+                             linearized=linearized, per_corpus=split == "test")
 
     @functools.cached_property
     def scorer(self) -> Any:
@@ -155,7 +181,7 @@ def score_test(evaluation: NegationEvaluation, tau: Mapping[str, torch.Tensor], 
                                **evaluation.perplexities("test", mode, delta, f"test: {label}")}
         if Mode(mode).linearized and alpha > 0:
             exact = evaluation.perplexities("test", mode, delta, f"test: {label} (f_lin)", linearized=True)
-            row.update(control_flin=exact["control"], target_flin=exact["target"])
+            row.update(control_flin=exact["control"], target_flin=exact["target"], controls_flin=exact["controls"])
         row.update(evaluation.toxicity("test", delta, label))
         rows.append(row)
     for row in rows:

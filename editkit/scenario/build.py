@@ -114,7 +114,7 @@ def check_scenario(spec: ScenarioSpec, build: BuildOptions | None = None) -> lis
 
 def _negation_problems(negation: LanguageNegation) -> list[str]:
     """What scoring a negation needs besides the tasks: its control and prompt corpora and its scorer."""
-    checks = [TEXT_CORPORA[corpus].check for corpus in (negation.control_text, negation.prompts)]
+    checks = [TEXT_CORPORA[corpus].check for corpus in (*negation.control_text, negation.prompts)]
     checks.append(TOXICITY_SCORERS[negation.scorer].check)
     return [line for check in checks if check is not None for line in check()]
 

@@ -35,8 +35,10 @@ RUDE = {"train": ["you silly goose!", "shut it, you fool!", "what a dumb idea!",
 CLEAN = {"train": ["the council met on monday to discuss the budget.", "rain is expected later this week."] * 3,
          "val": ["the museum opened a new wing.", "prices rose slightly in june."],
          "test": ["the train arrived on time today.", "a new bridge was opened in the city."]}
+CALM = {"train": ["we walked along the river.", "the garden was quiet."], "val": ["the tea was warm and sweet."],
+        "test": ["birds sang in the old oak tree.", "she read a book by the window."]}
 PROMPTS = {"train": ["so then"], "val": ["you are", "he said"], "test": ["well, you", "she told him"]}
-CORPORA = {"tiny-rude": RUDE, "tiny-clean": CLEAN, "tiny-prompts": PROMPTS}
+CORPORA = {"tiny-rude": RUDE, "tiny-clean": CLEAN, "tiny-calm": CALM, "tiny-prompts": PROMPTS}
 
 
 class BangScorer:
@@ -99,7 +101,7 @@ reg_batch = 2
 
 NEGATION = f"""\
 [negation]
-control_text = "tiny-clean"
+control_text = ["tiny-calm", "tiny-clean"]
 prompts = "tiny-prompts"
 scorer = "bang"
 alphas = [0.5, 1.0, 2.0]
@@ -163,9 +165,15 @@ def test_negate_a_language_vector_writes_the_report_with_theta0_by_hand(tmp_path
 
     lm, tokenizer = load_causal_lm(str(scenario.parent / "tiny-llama-0"))
     target = pack(tokenizer, RUDE["test"], MAX_LENGTH, limit=EVAL_BLOCKS)
-    control = pack(tokenizer, CLEAN["test"], MAX_LENGTH, limit=EVAL_BLOCKS)
+    calm, clean = (pack(tokenizer, corpus["test"], MAX_LENGTH, limit=EVAL_BLOCKS) for corpus in (CALM, CLEAN))
     assert rows["theta_0"]["target"] == pytest.approx(hand_perplexity(lm, target), rel=1e-5)
-    assert rows["theta_0"]["control"] == pytest.approx(hand_perplexity(lm, control), rel=1e-5)
+    # the rule's control pools both control corpora's blocks; the test rows give each corpus's own as well
+    assert rows["theta_0"]["control"] == pytest.approx(hand_perplexity(lm, calm + clean), rel=1e-5)
+    assert list(rows["theta_0"]["controls"]) == ["tiny-calm", "tiny-clean"]
+    assert rows["theta_0"]["controls"]["tiny-calm"] == pytest.approx(hand_perplexity(lm, calm), rel=1e-5)
+    assert rows["theta_0"]["controls"]["tiny-clean"] == pytest.approx(hand_perplexity(lm, clean), rel=1e-5)
+    assert set(rows["-tau"]["controls_flin"]) == {"tiny-calm", "tiny-clean"}
+    assert "controls" not in tuning["grid"][0]  # validation reads the pooled control only
 
 
 def test_a_fixed_alpha_skips_tuning(tmp_path, streamed):

