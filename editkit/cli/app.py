@@ -153,11 +153,12 @@ def add(
                                                               for m in MERGE_METHODS if MERGE_METHODS[m].options)
                                               + ")."),
     bank: Path = BankOption,
-    out: Optional[Path] = typer.Option(None, help="Save the edited model, theta_0 + the merged vector, as a "
-                                       "safetensors state dict of the backbone module (non-linear vectors only; "
-                                       "with --tau-only: the merged vector itself)."),
-    tau_only: bool = typer.Option(False, "--tau-only", help="--out writes the merged task vector, not a model "
-                                  "(the only choice for linearized vectors)."),
+    out: Optional[Path] = typer.Option(None, help="Save the edited model, theta_0 + the merged vector: a Hugging "
+                                       "Face model directory (causal LM, text encoder, seq2seq LM), an open_clip "
+                                       "checkpoint file (CLIP), else a safetensors state dict of the backbone module "
+                                       "(non-linear vectors only); with --tau-only: the merged vector itself."),
+    tau_only: bool = typer.Option(False, "--tau-only", help="--out writes the merged task vector, not a model."),
+    force: bool = typer.Option(False, "--force", help="--out may replace a non-empty directory."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
 ) -> None:
     """theta_0 + the vectors merged (default: alpha * sum(tau)): accuracy on each added vector's task."""
@@ -167,6 +168,7 @@ def add(
     from editkit.runs.checkpoints import refuse_linearized, write_model
     from editkit.runs.edit import add as add_vectors
     from editkit.runs.edit import open_bank
+    from editkit.runs.export import TRANSFORMERS, check_target, export_addition, export_format
     from editkit.runs.stream import process_runtime
     from editkit.errors import ConfigError
 
@@ -177,8 +179,11 @@ def add(
         raise ConfigError("--tau-only says what --out writes: give --out too")
     selection = store.names() if all_ or not names else names
     writes_model = out is not None and not tau_only
+    fmt = export_format(store, selection) if writes_model else None
     if writes_model:  # refused before anything is computed
-        refuse_linearized({name: store.get(name).mode for name in selection})
+        if fmt is None:  # the backbone module's state dict: no weights give a linearized vector's model
+            refuse_linearized({name: store.get(name).mode for name in selection})
+        check_target(out, force=force, directory=fmt == TRANSFORMERS)
     try:
         alphas = [float(a) for a in alpha.split(",")]
     except ValueError:
@@ -186,13 +191,21 @@ def add(
     with process_runtime(**runtime_options) as runtime:
         result = add_vectors(store, selection, alphas[0] if len(alphas) == 1 else alphas, method=method,
                              params=param or [], progress=RichProgress(), build=BuildOptions(**build),
-                             runtime=runtime)
+                             runtime=runtime, weights_scores=fmt is not None)
     r = result.report
     title = f"add {', '.join(selection)} (alpha {alpha}, {r['mode']}, {method}"
     title += "".join(f", {k}={v}" for k, v in r["options"].items()) + ")"
     console.print(accuracy_table(title, r["per_task"],
                                  single=r["single_task"], summary={"absolute": r["absolute"], "normalized": r["normalized"]}))
-    if writes_model:
+    if "weights" in r:  # linearized vectors: what the written weights score, beside f_lin's
+        w = r["weights"]
+        console.print(accuracy_table("the same, as the ordinary model at these weights (what --out writes)",
+                                     w["per_task"], single=r["single_task"],
+                                     summary={"absolute": w["absolute"], "normalized": w["normalized"]}))
+    if writes_model and fmt is not None:
+        export_addition(result, store, out, method=method, force=force, build=BuildOptions(**build))
+        console.print(f"model (theta_0 + merged vector, {fmt} format, model card inside) written to {out}")
+    elif writes_model:
         write_model(out, result.module, result.vector, {"base": str(store.base), "method": method,
                                                         "options": json.dumps(r["options"]),
                                                         "coefficients": str(result.coefficients)})
@@ -225,7 +238,10 @@ def negate(
                                         "fine-tuned first (default: the scenario's)."),
     run_dir: Optional[Path] = typer.Option(None, help="Language vectors: directory of report.json and the plot "
                                            "(default runs/negate-<name>-<mode>)."),
-    out: Optional[Path] = typer.Option(None, help="Save the negated task vector as safetensors (vision)."),
+    out: Optional[Path] = typer.Option(None, help="Vision: save the negated task vector as safetensors. Language "
+                                       "vectors: write the edited model theta_0 - alpha tau as a Hugging Face model "
+                                       "directory (with a model card)."),
+    force: bool = typer.Option(False, "--force", help="--out may replace a non-empty directory."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
 ) -> None:
     """theta_0 - alpha * tau: forget a task. Vision: target and control accuracy. Language: control and target
@@ -238,9 +254,13 @@ def negate(
     if bank is None:
         bank = default_bank_dir(spec.name, mode) if spec is not None else DEFAULT_BANK
     if spec is not None or is_language_vector(Bank(bank), name):
+        if out is not None:  # refused before anything is fine-tuned or scored
+            from editkit.runs.export import check_target
+
+            check_target(out, force=force)
         _negate_language(name, spec, bank, alpha=None if tune_alpha else alpha, mode=mode, steps=steps,
                          run_dir=run_dir, json_path=json_path, language=language, build=BuildOptions(**build),
-                         runtime_options=runtime_options)
+                         runtime_options=runtime_options, out=out, force=force)
         return
     _negate_vision(name, bank, 1.0 if alpha is None else alpha, tune_alpha=tune_alpha, min_control=min_control,
                    control=control, control_data=control_data, out=out, json_path=json_path,
@@ -271,7 +291,8 @@ def _negate_vision(name: str, bank: Path, alpha: float, *, tune_alpha: bool, min
 
 def _negate_language(name: str, spec, bank: Path, *, alpha: Optional[float], mode: Optional[str],
                      steps: Optional[int], run_dir: Optional[Path], json_path: Optional[Path], language: dict,
-                     build: BuildOptions, runtime_options: dict) -> None:
+                     build: BuildOptions, runtime_options: dict, out: Optional[Path] = None,
+                     force: bool = False) -> None:
     from editkit.cli.console import RichProgress, console, language_negation_table
     from editkit.runs.negate_lm import ensure_vector, negate_language, plot_negation
     from editkit.runs.report import write_json
@@ -294,6 +315,14 @@ def _negate_language(name: str, spec, bank: Path, *, alpha: Optional[float], mod
     write_json(out_dir / "report.json", report)
     console.print(language_negation_table(report))
     console.print(f"bank: {bank}   report: {out_dir / 'report.json'}   plot: {report['plots'][0]}")
+    if out is not None:
+        from editkit.runs.export import export_negation
+
+        export_negation(store, name, out, alpha=report["alpha"], report=report, force=force, build=build)
+        report["export"] = str(out)
+        write_json(out_dir / "report.json", report)
+        console.print(f"model theta_0 - {report['alpha']:g} tau (the weights the continuations were sampled from; "
+                      f"model card inside) written to {out}")
     if json_path is not None:
         write_json(json_path, report)
 

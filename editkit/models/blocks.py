@@ -116,6 +116,11 @@ class BlockTail(nn.Module):
         self._base = (base, every[0])  # a tuple: nn.Module does not register modules inside it
         self.pack = pack
 
+    @property
+    def base_model(self) -> nn.Module:
+        """The whole transformers model the blocks belong to (theta_0 outside the tail), e.g. for writing it out."""
+        return self._base[0]
+
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         base, first = self._base
         with _BLOCKS_IN_USE:

@@ -15,7 +15,8 @@ with every block trainable the embedding table stays theta_0: it is half of Mini
 and only the rows of a task's own words would move.
 
 The pooler of BERT checkpoints (a dense layer over the first token, trained for next-sentence
-prediction) is not used by either pooling, so it is no part of the module.
+prediction) is not used by either pooling, so it is no part of the module (never theta); it stays in
+the encoder as theta_0, so a model written out (``editkit add --out``) is the whole checkpoint.
 Weights are read from local disk only (``editkit.models.lm_weights``).
 """
 
@@ -70,8 +71,6 @@ def encoder_backbone(encoder: nn.Module, tokenizer: Any, *, pooling: str = "mean
                      trainable_blocks: int | str = ALL_BLOCKS, name: str = "text-encoder") -> EncoderBackbone:
     """Split a loaded encoder (theta_0; a transformers ``AutoModel`` such as ``BertModel``) into prefix and tail."""
     encoder.eval().requires_grad_(False)
-    if getattr(encoder, "pooler", None) is not None:
-        encoder.pooler = None  # unused by the features: it would be theta that no loss reaches
     total = encoder.config.num_hidden_layers
     blocks = resolve_blocks(trainable_blocks, total)
     module = PooledTail(BlockTail(encoder, blocks, total, pack=True), pooling)

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from editkit.core.modes import combined_mode
+from editkit.core.modes import Mode, combined_mode
 from editkit.merge import method_options
 from editkit.merge.arithmetic import TaskVector, addition_coefficients, combine, merged_vector, negation_coefficients
 from editkit.bank.store import Bank
@@ -50,14 +50,16 @@ IMAGENET = "ImageNet"
 
 @dataclass
 class EditResult:
-    """What an edit scored: the vector added to theta_0, its numbers, and (``add``) the backbone module holding
-    theta_0, for writing the edited model (``editkit.runs.checkpoints.write_model``)."""
+    """What an edit scored: the vector added to theta_0, its numbers, and (``add``) the backbone and its module
+    holding theta_0, for writing the edited model (``editkit.runs.checkpoints.write_model``,
+    ``editkit.runs.export.export_model``)."""
 
     coefficients: dict[str, float]
     mode: str
     vector: TaskVector
     report: dict[str, Any]
     module: torch.nn.Module | None = None
+    backbone: Any = None
 
 
 def open_bank(path: str | Path) -> Bank:
@@ -113,7 +115,7 @@ def _evaluate(built: BuiltScenario, vector: TaskVector | None, mode: str, tasks:
 
 def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, *, method: str = "task-arithmetic",
         params: Mapping[str, Any] | Sequence[str] | None = None, progress: Progress | None = None,
-        build: BuildOptions | None = None, runtime: Runtime | None = None) -> EditResult:
+        build: BuildOptions | None = None, runtime: Runtime | None = None, weights_scores: bool = False) -> EditResult:
     """theta_0 + the selected vectors merged by ``method`` (task arithmetic: sum alpha_i tau_i), scored on their
     tasks (absolute and normalized).
 
@@ -122,6 +124,9 @@ def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, 
         merges alpha_i tau_i (see :func:`merged_vector`).
     build: options laid over what the stream recorded; runtime: where to evaluate (default: one
         process on the CPU, fp32).
+    weights_scores: for linearized vectors, also score the ordinary model at the weights theta_0 + the merged
+        vector (what a written model holds: ``editkit add --out``), as ``report["weights"]``
+        (``per_task``, ``absolute``, ``normalized``) beside the linearized model's scores.
     """
     progress = progress or NullProgress()
     runtime = runtime or default_runtime()
@@ -137,7 +142,11 @@ def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, 
     report = {"operation": "add", "scenario": built.spec.name, "mode": vector.mode, "method": method,
               "options": options, "coefficients": coefficients, "per_task": per_task, "single_task": single,
               **addition_summary(per_task, known)}
-    return EditResult(coefficients, vector.mode, vector, report, built.backbone.module)
+    if weights_scores and Mode(vector.mode).linearized:
+        weights = _evaluate(built, vector, "nonlinear", tasks, progress, f"evaluating {method} (weights)",
+                            runtime=runtime)
+        report["weights"] = {"per_task": weights, **addition_summary(weights, known)}
+    return EditResult(coefficients, vector.mode, vector, report, built.backbone.module, built.backbone)
 
 
 def negate(

@@ -89,23 +89,41 @@ def atomic_write_text(path: Path | str, text: str, *, durable: bool = False) -> 
 
 
 @contextlib.contextmanager
-def atomic_dir(path: Path | str) -> Iterator[Path]:
+def atomic_dir(path: Path | str, *, replace: bool = False) -> Iterator[Path]:
     """Yield a temporary directory to fill; on a clean exit it is renamed to ``path`` in one step.
 
     For caches whose entry is several files: a reader sees the whole directory or none of it, so
     "the directory exists" means "it is complete". If another writer renamed its own copy into place
     first, that one is kept (both were built from the same input) and this one is discarded.
+
+    ``replace``: what is at ``path`` (a directory with content, or a file) is replaced instead: it is
+    moved to a temporary sibling, the new directory renamed into place, then the old one removed (put
+    back if the rename fails). An exception inside the block leaves ``path`` as it was.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(path)
     tmp.mkdir()
+    old: Path | None = None
     try:
         yield tmp
+        if replace and (path.is_file() or path.is_symlink() or (path.is_dir() and any(path.iterdir()))):
+            old = temporary_sibling(path)
+            os.rename(path, old)
         try:
             os.rename(tmp, path)
         except OSError:
+            if old is not None:
+                os.rename(old, path)
+                old = None
+                raise
             if not path.is_dir():
                 raise
+        fsync_dir(path.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)

@@ -339,8 +339,8 @@ def test_unreadable_checkpoints_are_one_line(scenario, tuned, tmp_path):
 
 
 def test_add_out_writes_the_edited_model_and_it_reimports(scenario, backbone, theta0, tuned, tmp_path, monkeypatch):
-    """Imported into its own default bank, not the stream's; then θ0 + α·τ as the tower's state dict: it loads
-    into the backbone with every parameter bit-exact, and importing it back as a plain state dict gives α·τ."""
+    """Imported into its own default bank, not the stream's; then θ0 + α·τ as the whole open_clip model's
+    checkpoint: its image tower holds every parameter bit-exact, and importing it back (open_clip layout) gives α·τ."""
     monkeypatch.chdir(tmp_path)
     result = invoke("bank", "import", "--scenario", scenario, "--name", "digits",
                     "--finetuned", write(tmp_path / "ft.safetensors", dict(tuned)))
@@ -354,32 +354,41 @@ def test_add_out_writes_the_edited_model_and_it_reimports(scenario, backbone, th
     banked = Bank(bank_dir).load("digits")
     state = load_file(str(out))
     module = build_backbone(load_scenario(scenario)).module
-    module.load_state_dict(state, strict=True)
+    module.load_state_dict({k.removeprefix("visual."): v for k, v in state.items() if k.startswith("visual.")},
+                           strict=True)
     for name, param in module.named_parameters():
         assert torch.equal(param, theta0[name] + 0.5 * banked[name]), name
     with safe_open(str(out), framework="pt") as fh:
-        meta = fh.metadata()
-    assert (meta["content"], meta["mode"], meta["base"]) == ("model", "nonlinear", backbone.fingerprint())
-    assert meta["method"] == "task-arithmetic" and json.loads(meta["options"]) == {}
+        provenance = json.loads(fh.metadata()["editkit"])
+    assert (provenance["format"], provenance["mode"]) == ("open_clip", "nonlinear")
+    assert provenance["base_model"]["fingerprint"] == backbone.fingerprint()
+    assert provenance["method"] == "task-arithmetic" and provenance["options"] == {}
     import_checkpoint(bank_dir, scenario, "half", out, task="digits")
     again = Bank(bank_dir).load("half")
     for key in banked:
         torch.testing.assert_close(again[key], 0.5 * banked[key], rtol=0, atol=1e-6)
 
 
-def test_add_out_refuses_linearized_vectors_unless_tau_only(scenario, backbone, tau, tmp_path):
+def test_add_out_writes_linearized_vectors_as_weights_and_tau_only_writes_the_vector(scenario, backbone, tau,
+                                                                                     tmp_path):
+    """A linearized vector's model is f(x; θ0) + J f(x)·τ: a CLIP export writes the weights θ0 + τ (scored beside
+    f_lin); a family without an export format (the module's state dict) still refuses it."""
+    from editkit.errors import ConfigError
+    from editkit.runs.checkpoints import refuse_linearized
+
     bank = Bank(tmp_path / "bank")
     bank.append("digits", tau, task="digits", mode="taujp", base=backbone.fingerprint(), scenario="clip-import",
                 metrics={"single_task": 0.5}, provenance=scenario_provenance(load_scenario(scenario), BuildOptions()))
     out = tmp_path / "model.safetensors"
-    result = invoke("add", "digits", "--bank", bank.root, "--out", out)
-    assert result.exit_code == 1 and not out.exists()
-    line = " ".join(result.output.split())
-    assert line.startswith("error: cannot write a model checkpoint for linearized vector(s) digits (taujp)")
-    assert "not the model they were trained as" in line and "--tau-only" in line
+    result = invoke("add", "digits", "--bank", bank.root, "--out", out, "--json", tmp_path / "add.json")
+    assert result.exit_code == 0 and out.exists(), result.output
+    assert set(json.loads((tmp_path / "add.json").read_text())["weights"]["per_task"]) == {"digits"}
+    with pytest.raises(ConfigError, match=r"linearized vector\(s\) digits \(taujp\).*not the model they were trained"):
+        refuse_linearized({"digits": "taujp"})
     result = invoke("add", "digits", "--bank", bank.root, "--tau-only")  # says what --out writes: no --out
     assert result.exit_code == 1 and "give --out too" in " ".join(result.output.split())
-    result = invoke("add", "digits", "--bank", bank.root, "--out", out, "--tau-only")
+    vector = tmp_path / "tau.safetensors"
+    result = invoke("add", "digits", "--bank", bank.root, "--out", vector, "--tau-only")
     assert result.exit_code == 0, result.output
-    written = load_file(str(out))
+    written = load_file(str(vector))
     assert written.keys() == tau.keys() and all(torch.equal(written[k], tau[k]) for k in tau)

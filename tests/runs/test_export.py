@@ -1,0 +1,426 @@
+"""Edited models written out (``editkit negate NAME --out DIR``, ``editkit add --out``, ``editkit.runs.export``).
+
+Tiny random models only. A causal LM's export is loaded by plain transformers in a subprocess that never
+imports editkit, and its perplexities of the test blocks, computed there by hand from the logits (exp of the
+mean next-token negative log-likelihood), are the ones ``editkit negate`` reported for the exported row.
+Encoder and seq2seq exports hold exactly theta_0 + alpha * tau in every parameter (and theta_0 elsewhere);
+a CLIP export loads through ``open_clip.create_model_and_transforms``. Refusals: a non-empty directory, a
+vector of another base model, and a writer that crashes, which leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import editkit  # noqa: F401  (torchvision shim before open_clip)
+from editkit.bank.store import Bank
+from editkit.cli import app
+from editkit.core.registry import Record
+from editkit.data.text import pack
+from editkit.errors import ConfigError, IncompatibleVectorsError
+from editkit.eval.toxicity import TOXICITY_SCORERS
+from editkit.runs import export
+from editkit.runs.stream import scenario_provenance
+from editkit.scenario.build import build_backbone
+from editkit.scenario.options import BuildOptions
+from editkit.scenario.spec import load_scenario
+from helpers import models
+from helpers.text import registered_corpora
+
+runner = CliRunner()
+MAX_LENGTH, EVAL_BLOCKS = 16, 3
+
+RUDE = {"train": ["you silly goose!", "shut it, you fool!", "what a dumb idea!", "go away, clown!"] * 3,
+        "val": ["you absolute donkey!", "stop that, fool!"], "test": ["you utter muppet!", "what a clown, honestly!"]}
+CLEAN = {"train": ["the council met on monday to discuss the budget.", "rain is expected later this week."] * 3,
+         "val": ["the museum opened a new wing.", "prices rose slightly in june."],
+         "test": ["the train arrived on time today.", "a new bridge was opened in the city."]}
+PROMPTS = {"train": ["so then"], "val": ["you are", "he said"], "test": ["well, you", "she told him", "and then"]}
+CORPORA = {"export-rude": RUDE, "export-clean": CLEAN, "export-prompts": PROMPTS}
+
+
+class BangScorer:
+    """1.0 for a text with a '!', else 0.0."""
+
+    name = "export-bang"
+    threshold = 0.5
+
+    def score(self, texts):
+        return np.array([float("!" in text) for text in texts])
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_refusal(result, match: str) -> None:
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and match in " ".join(result.output.split()), result.output
+
+
+@pytest.fixture(scope="module")
+def language(tmp_path_factory):
+    """A two-block random Llama with a character tokenizer, its rude-text scenario, and the bank of one short
+    stream (taujp, the last block)."""
+    TOXICITY_SCORERS.register("export-bang", Record.of(lambda threshold=0.5: BangScorer()))
+    root = tmp_path_factory.mktemp("export-lm")
+    tokenizer = models.char_tokenizer()
+    model_dir = root / "tiny-llama"
+    models.llama(vocab_size=len(tokenizer), num_hidden_layers=2).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    scenario = root / "export-rude.toml"
+    scenario.write_text(f"""\
+name = "export-rude"
+[backbone]
+family = "causal-lm"
+model = "{model_dir}"
+trainable_blocks = 1
+[heads]
+kind = "lm"
+[data]
+max_length = {MAX_LENGTH}
+eval_blocks = {EVAL_BLOCKS}
+[[tasks]]
+name = "rude"
+source = "text:export-rude"
+[negation]
+control_text = "export-clean"
+prompts = "export-prompts"
+scorer = "export-bang"
+alphas = [1.0, 2.0]
+samples = 3
+max_new_tokens = 4
+eval_blocks = {EVAL_BLOCKS}
+batch_size = 2
+[recipe]
+mode = "taujp"
+steps = 3
+batch_size = 4
+lr = 1e-2
+reg_batch = 2
+""")
+    try:
+        with registered_corpora(CORPORA):
+            result = invoke("stream", "--scenario", scenario, "--bank", root / "bank", "--run-dir", root / "stream")
+            assert result.exit_code == 0, result.output
+            yield root, scenario, model_dir, root / "bank"
+    finally:
+        TOXICITY_SCORERS.unregister("export-bang")
+
+
+#: A process without editkit. Only this machine's CUDA build of torchvision next to CPU torch needs help to
+#: import (what ``editkit._compat`` does, README "Notes on this environment"): its two op schemas, plain torch.
+HAND_PERPLEXITY = textwrap.dedent("""
+    import json, math, sys
+    import torch
+    try:
+        import torchvision  # noqa: F401
+    except RuntimeError:
+        for name in [m for m in sys.modules if m.startswith("torchvision")]:
+            del sys.modules[name]
+        library = torch.library.Library("torchvision", "DEF")
+        library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    directory, blocks = sys.argv[1], json.loads(sys.argv[2])
+    lm = AutoModelForCausalLM.from_pretrained(directory).eval()
+    AutoTokenizer.from_pretrained(directory)
+    out = {}
+    for role, rows in blocks.items():
+        nll, count = 0.0, 0
+        with torch.no_grad():
+            for row in rows:
+                logp = torch.log_softmax(lm(input_ids=torch.tensor([row])).logits[0].double(), dim=-1)
+                for t in range(len(row) - 1):
+                    nll -= float(logp[t, row[t + 1]])
+                    count += 1
+        out[role] = math.exp(nll / count)
+    out["editkit_imported"] = any(name == "editkit" or name.startswith("editkit.") for name in sys.modules)
+    out["generation_config"] = lm.generation_config is not None
+    print(json.dumps(out))
+""")
+
+
+def plain_transformers(directory: Path, blocks: dict[str, list[list[int]]]) -> dict:
+    """The hand perplexities of ``blocks`` under the model in ``directory``, in a process without editkit."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", HAND_PERPLEXITY, str(directory), json.dumps(blocks)], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=str(directory.parent))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_negate_out_writes_a_model_plain_transformers_loads_with_the_reported_perplexities(language, tmp_path):
+    root, scenario, model_dir, bank = language
+    out, run_dir = tmp_path / "detoxified", tmp_path / "run"
+    result = invoke("negate", "rude", "--bank", bank, "--alpha", 2, "--run-dir", run_dir, "--out", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["export"] == str(out)
+    row = next(r for r in report["rows"] if r["alpha"] == 2.0)
+    assert {"control_flin", "target_flin"} <= set(row)  # taujp: f_lin's perplexities beside the weights'
+
+    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "README.md",
+                 "editkit.json"):
+        assert (out / name).is_file(), name
+    tokenizer = models.char_tokenizer()
+    blocks = {"target": [b.tolist() for b in pack(tokenizer, RUDE["test"], MAX_LENGTH, limit=EVAL_BLOCKS)],
+              "control": [b.tolist() for b in pack(tokenizer, CLEAN["test"], MAX_LENGTH, limit=EVAL_BLOCKS)]}
+    hand = plain_transformers(out, blocks)
+    assert hand["editkit_imported"] is False and hand["generation_config"]
+    assert hand["target"] == pytest.approx(row["target"], rel=1e-5)
+    assert hand["control"] == pytest.approx(row["control"], rel=1e-5)
+    theta0 = next(r for r in report["rows"] if r["alpha"] == 0.0)
+    assert hand["target"] != pytest.approx(theta0["target"], rel=1e-3)  # the export is not theta_0
+
+    provenance = json.loads((out / "editkit.json").read_text())
+    stored = Bank(bank)
+    assert provenance["base_model"] == {"model": str(model_dir), "options": provenance["base_model"]["options"],
+                                        "fingerprint": stored.base}
+    assert provenance["vectors"]["rude"]["coefficient"] == -2.0 and provenance["alpha"] == 2.0
+    assert provenance["mode"] == "taujp" and provenance["linearized"] and provenance["format"] == "transformers"
+    assert provenance["editkit_version"] == editkit.__version__
+    card = (out / "README.md").read_text()
+    assert stored.base in card and str(model_dir) in card and "AutoModelForCausalLM.from_pretrained" in card
+    exported = next(line for line in card.splitlines() if "(this model)" in line)
+    assert f"{row['control']:.4g}" in exported and f"{row['control_flin']:.4g}" in exported
+    assert f"{row['target_flin']:.4g}" in exported and "f_lin" in card
+
+
+def test_negate_out_refuses_a_non_empty_directory_before_any_work(language, tmp_path):
+    _, _, _, bank = language
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = invoke("negate", "rude", "--bank", bank, "--alpha", 1, "--run-dir", tmp_path / "run", "--out", out)
+    one_line_refusal(result, f"--out {out} is a directory that is not empty: pass --force")
+    assert not (tmp_path / "run").exists() and (out / "keep.txt").read_text() == "mine"
+
+
+def test_force_replaces_and_a_crash_leaves_the_target_untouched(language, tmp_path, monkeypatch):
+    _, _, _, bank_dir = language
+    bank = Bank(bank_dir)
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+
+    def broken(provenance):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(export, "model_card", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        export.export_vectors(bank, {"rude": -1.0}, out, force=True)
+    assert sorted(p.name for p in out.iterdir()) == ["old.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temporary sibling left
+    fresh = tmp_path / "fresh"
+    with pytest.raises(RuntimeError, match="disk full"):
+        export.export_vectors(bank, {"rude": -1.0}, fresh)
+    assert not fresh.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+    monkeypatch.undo()
+    export.export_vectors(bank, {"rude": -1.0}, out, force=True)
+    assert not (out / "old.txt").exists() and (out / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_vector_of_another_base_model_is_refused_by_fingerprint(language, tmp_path):
+    root, _, _, bank_dir = language
+    bank = Bank(bank_dir)
+    tokenizer = models.char_tokenizer()
+    other = build_backbone(load_scenario(root / "export-rude.toml"),
+                           BuildOptions(model=str(_other_llama(tmp_path, tokenizer))))
+    with pytest.raises(IncompatibleVectorsError, match="not from .* the model written would be theta_0 of another"):
+        export.export_model(other, bank.load("rude"), tmp_path / "out", base=bank.base, provenance={})
+    assert not (tmp_path / "out").exists()
+
+
+def _other_llama(tmp_path: Path, tokenizer) -> Path:
+    directory = tmp_path / "other-llama"
+    models.llama(vocab_size=len(tokenizer), num_hidden_layers=2, seed=1).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_a_gpt2_export_holds_theta0_plus_delta_and_its_logits(tmp_path):
+    """The API on a causal LM built in memory: every parameter of the loaded export is theta_0 + delta (tail) or
+    theta_0, and the plain model gives the logits editkit's edited weights give."""
+    from transformers import AutoModelForCausalLM
+
+    from editkit.eval.lm_negation import edited_weights
+    from editkit.models.causal_lm import causal_lm_backbone
+
+    lm = models.gpt2(n_layer=2)
+    backbone = causal_lm_backbone(lm, models.char_tokenizer(), trainable_blocks=1, name="tiny-gpt2")
+    torch.manual_seed(3)
+    delta = {n: 0.1 * torch.randn_like(p) for n, p in backbone.module.named_parameters()}
+    theta0 = {n: p.clone() for n, p in lm.named_parameters()}
+    export.export_model(backbone, delta, tmp_path / "gpt2", base=backbone.fingerprint(), provenance=_provenance())
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "gpt2").eval()
+    full = backbone.tail_parameters()
+    edited_names = {full[n]: n for n in delta}
+    for name, param in loaded.named_parameters():
+        want = theta0[name] + delta[edited_names[name]] if name in edited_names else theta0[name]
+        assert torch.equal(param, want), name
+    assert all(torch.equal(p, theta0[n]) for n, p in lm.named_parameters())  # restored exactly
+    ids = torch.tensor([[5, 9, 2, 7, 1]])
+    with edited_weights(backbone, delta) as model, torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=1e-6)
+
+
+def _provenance() -> dict:
+    return {"editkit_version": editkit.__version__, "operation": "add", "scenario": "test", "family": "causal-lm",
+            "auto_class": "AutoModelForCausalLM", "base_model": {"model": "tiny", "fingerprint": "sha256:0"},
+            "vectors": {}, "mode": "nonlinear", "linearized": False, "method": "task-arithmetic", "options": {},
+            "alpha": None, "weights": "theta_0 + delta", "scores": {}}
+
+
+# --------------------------------------------------------------------------- encoders, seq2seq, CLIP: round trips
+
+
+def _bank_with(tmp_path: Path, scenario_text: str, name: str, tau: dict, mode: str = "nonlinear") -> Bank:
+    """A bank holding ``tau`` as vector ``name`` of the scenario written from ``scenario_text``."""
+    path = tmp_path / "scenario.toml"
+    path.write_text(scenario_text)
+    spec = load_scenario(path)
+    backbone = build_backbone(spec)
+    bank = Bank(tmp_path / "bank")
+    bank.append(name, tau, task=name, mode=mode, base=backbone.fingerprint(), scenario=spec.name,
+                metrics={"single_task": 0.5}, provenance=scenario_provenance(spec, BuildOptions()))
+    return bank
+
+
+def _random_tau(module: torch.nn.Module, seed: int = 1) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {n: 0.05 * torch.randn(p.shape, generator=generator) for n, p in module.named_parameters()}
+
+
+def test_a_text_encoder_export_is_the_whole_encoder_at_theta0_plus_alpha_tau(tmp_path):
+    from transformers import AutoModel, BertTokenizerFast
+
+    model_dir = tmp_path / "tiny-bert"
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "film"]) + "\n")
+    models.bert(vocab_size=8, num_hidden_layers=2).save_pretrained(model_dir)
+    BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(model_dir)
+    text = f"""name = "export-text"\n[backbone]\nfamily = "text-encoder"\nmodel = "{model_dir}"\ntrainable_blocks = 1
+[heads]\nkind = "probe"\n[[tasks]]\nname = "sentiment"\nsource = "labelled-text:whatever"\n"""
+    spec_backbone = build_backbone(load_scenario(_write(tmp_path / "probe.toml", text)))
+    tau = _random_tau(spec_backbone.module)
+    bank = _bank_with(tmp_path, text, "sentiment", tau, mode="taujp")
+    out = export.export_vectors(bank, {"sentiment": 0.5}, tmp_path / "encoder")
+    loaded = AutoModel.from_pretrained(out)
+    theta0 = AutoModel.from_pretrained(model_dir)
+    names = {f"encoder.layer.{n.removeprefix('tail.layers.')}": n for n in tau}
+    assert set(names) <= {n for n, _ in loaded.named_parameters()}
+    for name, param in loaded.named_parameters():  # the pooler included: theta_0, not re-initialized
+        want = theta0.get_parameter(name) + 0.5 * tau[names[name]] if name in names else theta0.get_parameter(name)
+        assert torch.equal(param, want), name
+    provenance = json.loads((out / "editkit.json").read_text())
+    assert provenance["auto_class"] == "AutoModel" and provenance["linearized"] and provenance["mode"] == "taujp"
+    assert (out / "tokenizer.json").is_file() or (out / "vocab.txt").is_file()
+
+
+def test_a_seq2seq_export_is_theta0_plus_alpha_tau_in_every_parameter(tmp_path):
+    from transformers import AutoModelForSeq2SeqLM
+
+    from helpers.glue import write_t5
+
+    model_dir = tmp_path / "tiny-t5"
+    write_t5(model_dir)
+    text = f"""name = "export-t5"\n[backbone]\nfamily = "seq2seq-lm"\nmodel = "{model_dir}"\n[heads]
+kind = "text-to-text"\n[[tasks]]\nname = "cola"\nsource = "glue:cola"\n"""
+    spec_backbone = build_backbone(load_scenario(_write(tmp_path / "probe.toml", text)))
+    tau = _random_tau(spec_backbone.module)
+    assert "shared.weight" in tau  # every parameter is theta, the shared embedding once
+    bank = _bank_with(tmp_path, text, "cola", tau)
+    out = export.export_vectors(bank, {"cola": -1.5}, tmp_path / "t5")
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(out)
+    theta0 = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    params = dict(loaded.named_parameters())  # tied embeddings once, under the name tau has them
+    assert params.keys() == tau.keys()
+    for name, param in params.items():
+        assert torch.equal(param, theta0.get_parameter(name) + -1.5 * tau[name]), name
+    assert (out / "generation_config.json").is_file()
+    assert "AutoModelForSeq2SeqLM.from_pretrained" in (out / "README.md").read_text()
+
+
+CLIP_SCENARIO = """name = "export-clip"\n[backbone]\nfamily = "clip"\nmodel = "editkit-tiny-clip"
+pretrained = "random"\n[heads]\nkind = "probe"\nshots = 2\n[[tasks]]\nname = "digits"\nsource = "packaged:digits"
+train_size = 40\ntest_size = 20\n"""
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_a_clip_export_loads_through_open_clip(tmp_path, suffix):
+    import open_clip
+
+    from editkit.models.clip import TINY_MODEL_NAME, register_tiny_clip
+
+    backbone = build_backbone(load_scenario(_write(tmp_path / "probe.toml", CLIP_SCENARIO)))
+    tau = _random_tau(backbone.module)
+    bank = _bank_with(tmp_path, CLIP_SCENARIO, "digits", tau, mode="taujp")
+    out = export.export_vectors(bank, {"digits": 0.5}, tmp_path / f"clip{suffix}")
+    register_tiny_clip()
+    model, _, _ = open_clip.create_model_and_transforms(TINY_MODEL_NAME, pretrained=str(out))
+    for name, param in model.named_parameters():
+        theta0 = backbone.clip_model.get_parameter(name)
+        key = name.removeprefix("visual.")
+        want = theta0 + 0.5 * tau[key] if name.startswith("visual.") else theta0
+        assert torch.equal(param, want), name
+
+
+def test_add_out_writes_an_open_clip_checkpoint_and_refuses_a_directory(tmp_path):
+    """``add --out`` on a CLIP bank: the whole open_clip model (was: the image tower's state dict); linearized
+    vectors are written too, their weights scored beside f_lin."""
+    backbone = build_backbone(load_scenario(_write(tmp_path / "probe.toml", CLIP_SCENARIO)))
+    bank = _bank_with(tmp_path, CLIP_SCENARIO, "digits", _random_tau(backbone.module), mode="taujp")
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    one_line_refusal(invoke("add", "digits", "--bank", bank.root, "--out", taken),
+                     f"--out {taken} is a directory: name the checkpoint file")
+    out, json_path = tmp_path / "edited.safetensors", tmp_path / "add.json"
+    result = invoke("add", "digits", "--bank", bank.root, "--out", out, "--json", json_path)
+    assert result.exit_code == 0, result.output
+    report = json.loads(json_path.read_text())
+    assert set(report["weights"]["per_task"]) == {"digits"} and report["mode"] == "taujp"
+    from safetensors import safe_open
+
+    with safe_open(str(out), framework="pt") as fh:
+        provenance = json.loads(fh.metadata()["editkit"])
+        assert "visual.conv1.weight" in fh.keys() and "token_embedding.weight" in fh.keys()
+    assert provenance["format"] == "open_clip" and provenance["scores"]["weights"] == report["weights"]
+
+
+def test_add_out_refuses_a_non_empty_directory_before_any_work(tmp_path, monkeypatch):
+    backbone = build_backbone(load_scenario(_write(tmp_path / "probe.toml", CLIP_SCENARIO)))
+    bank = _bank_with(tmp_path, CLIP_SCENARIO, "digits", _random_tau(backbone.module))
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "x").write_text("x")
+    from editkit.runs import edit
+
+    monkeypatch.setattr(edit, "scenario_of", lambda *a, **k: pytest.fail("work started"))
+    result = invoke("add", "digits", "--bank", bank.root, "--out", out)
+    one_line_refusal(result, "is a directory")
+
+
+def test_check_target_refusals():
+    with pytest.raises(ConfigError, match="is a file: pass --force"):
+        export.check_target(Path(__file__))
+    assert export.check_target(Path(__file__), force=True) == Path(__file__)
+    assert export.check_target(Path(__file__), directory=False) == Path(__file__)  # a file export overwrites
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
