@@ -267,6 +267,60 @@ def negate(
                    build=BuildOptions(**build), runtime_options=runtime_options)
 
 
+@app.command()
+@friendly_errors
+def generate(
+    name: Optional[str] = typer.Argument(None, help="Bank vector of a causal LM (a language scenario's name, e.g. "
+                                         "toxic, names its bank too); or give --model."),
+    alpha: float = typer.Option(1.0, help="The edited model is theta_0 + alpha * tau: --alpha -1 is theta_0 - tau "
+                                "(with --negate, theta_0 - alpha * tau)."),
+    negate: bool = typer.Option(False, "--negate", help="Subtract: theta_0 - alpha * tau, as editkit negate "
+                                "(--negate --alpha 2 is --alpha -2)."),
+    bank: Optional[Path] = typer.Option(None, "--bank", help="Bank directory (default: a language scenario's "
+                                        "banks/<scenario>-<mode>)."),
+    mode: Optional[str] = option_for(Recipe, "mode"),
+    model: Optional[Path] = typer.Option(None, "--model", help="An exported model directory (editkit negate / add "
+                                         "--out) instead of a bank vector."),
+    base: Optional[str] = typer.Option(None, "--base", help="With --model: the model theta_0 is (default: the "
+                                       "base its editkit.json names)."),
+    prompt: Optional[list[str]] = typer.Option(None, "--prompt", help="A prompt, repeatable."),
+    prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="Prompts, one per line."),
+    prompts: int = typer.Option(5, "--prompts", help="Without --prompt / --prompts-file: the first N held-out test "
+                                "prompts of the scenario's negation prompts corpus."),
+    samples_per_prompt: int = typer.Option(1, help="Continuations sampled per prompt and model."),
+    max_new_tokens: Optional[int] = typer.Option(None, help="Tokens per continuation (default: the scenario's)."),
+    seed: Optional[int] = typer.Option(None, help="Sampling seed (default: the scenario's); both models sample "
+                                       "sample i with the same random stream."),
+    scorer: Optional[str] = typer.Option(None, help="Toxicity scorer (default: the scenario's negation scorer)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the continuations and scores as JSON."),
+) -> None:
+    """theta_0's and the edited model's continuations of prompts side by side, with their toxicity scores."""
+    from editkit.cli.console import RichProgress, console, generation_table
+    from editkit.errors import ConfigError
+    from editkit.runs.generate import from_bank, from_directory, generate as generate_text, read_prompts
+    from editkit.runs.negate_lm import language_scenario
+    from editkit.runs.report import write_json
+
+    if (name is None) == (model is None):
+        raise ConfigError("name a bank vector or give --model DIR (one of them)")
+    if base is not None and model is None:
+        raise ConfigError("--base goes with --model: a bank vector's theta_0 is its bank's base model")
+    given = read_prompts(prompt, prompts_file)
+    if model is not None:
+        models = from_directory(model, base=base)
+    else:
+        spec = language_scenario(name)
+        if bank is None:
+            bank = (default_bank_dir(spec.name, mode or spec.recipe.mode) if spec is not None else DEFAULT_BANK)
+        models = from_bank(bank, name, -alpha if negate else alpha)
+    result = generate_text(models, given, scorer=scorer, count=prompts, samples_per_prompt=samples_per_prompt,
+                           max_new_tokens=max_new_tokens, seed=seed, progress=RichProgress())
+    console.print(generation_table(result))
+    if json_path is not None:
+        write_json(json_path, result)
+        console.print(f"continuations written to {json_path}")
+
+
 def _negate_vision(name: str, bank: Path, alpha: float, *, tune_alpha: bool, min_control: float, control: str,
                    control_data: Optional[Path], out: Optional[Path], json_path: Optional[Path], build: BuildOptions,
                    runtime_options: dict) -> None:

@@ -178,6 +178,26 @@ def toxicity_summary(scores: np.ndarray, threshold: float) -> dict[str, float | 
             "mean_score_stderr": mean_se, "n": int(scores.size)}
 
 
+#: Examples a report keeps per scored model (:func:`scored_examples`).
+EXAMPLES = 5
+
+
+def scored_examples(pairs: list[tuple[str, str]], scores: Any, k: int = EXAMPLES) -> list[dict[str, Any]]:
+    """The first ``k`` samples as ``{"index", "prompt", "continuation", "score"}`` rows, for a report to show.
+
+    ``pairs`` are :func:`sample_continuations`' (prompt, continuation) pairs and ``scores`` the scorer's
+    score of each continuation, in the same order. The first ``k``, not the most toxic: sample ``i`` of
+    every model continues the same prompt (``prompts[i % len(prompts)]``) with the same random stream
+    (``(seed, i)``), so the examples of theta_0 and of each edited model, called with the same seed and
+    prompts, line up row by row, and the first ``k`` are ``k`` different prompts when there are that many.
+    """
+    scores = np.asarray(scores, dtype=float).reshape(-1)
+    if len(scores) != len(pairs):
+        raise ConfigError(f"{len(scores)} scores for {len(pairs)} samples")
+    return [{"index": i, "prompt": prompt, "continuation": continuation, "score": float(scores[i])}
+            for i, (prompt, continuation) in enumerate(pairs[:max(0, k)])]
+
+
 def samples_for_stderr(max_stderr: float) -> int:
     """The fewest samples whose worst-case (p = 0.5) standard error of a fraction is <= ``max_stderr``.
 
