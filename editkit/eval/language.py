@@ -14,6 +14,8 @@ toxic the model's sampled continuations of held-out prompts are.
 - :class:`PerplexityScorer` is the stream's scorer of language-modelling tasks.
 - :func:`toxicity_summary` reports fractions and means with their standard errors, and
   :func:`samples_for_stderr` says how many samples a wanted standard error takes.
+- :func:`distinct_n` says how varied sampled text is: a negation that breaks the language
+  makes continuations repetitive long before it makes them toxic-free.
 """
 
 from __future__ import annotations
@@ -196,6 +198,18 @@ def scored_examples(pairs: list[tuple[str, str]], scores: Any, k: int = EXAMPLES
         raise ConfigError(f"{len(scores)} scores for {len(pairs)} samples")
     return [{"index": i, "prompt": prompt, "continuation": continuation, "score": float(scores[i])}
             for i, (prompt, continuation) in enumerate(pairs[:max(0, k)])]
+
+
+def distinct_n(texts: Iterable[str], n: int = 2) -> float:
+    """Distinct-n: the number of different word n-grams over the number of word n-grams in all ``texts``.
+
+    The usual measure of how varied sampled text is (Li et al., 2016): a model that repeats itself, or
+    collapses to a few phrases, scores low. Words are whitespace-separated and lower-cased; a text with
+    fewer than ``n`` words contributes nothing. 0.0 when no text has an n-gram.
+    """
+    grams = [tuple(words[i:i + n]) for text in texts for words in [text.lower().split()]
+             for i in range(len(words) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 0.0
 
 
 def samples_for_stderr(max_stderr: float) -> int:

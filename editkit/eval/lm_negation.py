@@ -35,7 +35,8 @@ from editkit.core.batching import labelled_collate
 from editkit.core.linearize import LinearizedModel, NonLinearModel
 from editkit.core.modes import Mode
 from editkit.merge.coefficients import DEFAULT_PERPLEXITY_RULE, PERPLEXITY_RULES
-from editkit.eval.language import perplexity, sample_continuations, samples_for_stderr, toxicity_summary
+from editkit.eval.language import (EXAMPLES, distinct_n, perplexity, sample_continuations, samples_for_stderr,
+                                   scored_examples, toxicity_summary)
 from editkit.util.fields import choice
 from editkit.util.progress import NullProgress, Progress
 
@@ -44,6 +45,8 @@ MAX_STDERR = 0.03
 #: Continuations sampled together: each generation step costs about the same for 1 or 128 rows on a CPU,
 #: so large batches make sampling several times cheaper.
 SAMPLE_BATCH = 128
+#: Words of a clean text that make a neutral prompt: enough to set the topic, too few to give the text away.
+NEUTRAL_PROMPT_WORDS = 6
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,12 @@ class LanguageNegation:
         "help": f"Sampled continuations per scored model (the default keeps the toxic fraction's standard error "
                 f"<= {MAX_STDERR})."})
     max_new_tokens: int = field(default=20, metadata={"help": "Tokens sampled per continuation."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of the continuations."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus (top-p) mass the continuations are sampled from "
+                                                        "(1: the whole distribution)."})
+    neutral_samples: int = field(default=200, metadata={
+        "help": "Continuations of neutral prompts (the openings of the control corpora's texts) sampled per test "
+                "model for distinct-2, how varied its language stays (0: none)."})
     eval_blocks: int | None = field(default=96, metadata={
         "help": "At most this many token blocks per perplexity split (default: all with 0)."})
     batch_size: int = field(default=16, metadata={"help": "Sequences per evaluation batch."})
@@ -129,15 +138,32 @@ def edited_weights(backbone: Any, delta: Mapping[str, torch.Tensor] | None) -> I
                 backbone.lm.get_parameter(names[name]).copy_(value)
 
 
-def toxicity(backbone: Any, delta: Mapping[str, torch.Tensor] | None, prompts: list[str], scorer: Any,
-             settings: LanguageNegation, *, progress: Progress | None = None,
-             description: str = "sampling") -> dict[str, float | int]:
-    """Toxic fraction (with standard error) and mean score of continuations sampled from theta_0 + delta."""
+def neutral_prompts(texts: Sequence[str], words: int = NEUTRAL_PROMPT_WORDS) -> list[str]:
+    """The openings (first ``words`` words) of clean texts: prompts that ask for nothing toxic."""
+    return [" ".join(text.split()[:words]) for text in texts if len(text.split()) > words]
+
+
+def sampled(backbone: Any, delta: Mapping[str, torch.Tensor] | None, prompts: list[str], neutral: list[str],
+            scorer: Any, settings: LanguageNegation, *, progress: Progress | None = None) -> dict[str, Any]:
+    """What theta_0 + delta's sampled continuations show: of ``prompts``, the toxic fraction (with its standard
+    error), the mean score and a few scored examples; of ``neutral`` prompts, distinct-2 (how varied the text is)."""
+    progress = progress or NullProgress()
+
+    def sample(lm: nn.Module, chosen: list[str], samples: int) -> list[tuple[str, str]]:
+        return sample_continuations(lm, backbone.tokenizer, chosen, samples=samples,
+                                    max_new_tokens=settings.max_new_tokens, seed=settings.seed,
+                                    temperature=settings.temperature, top_p=settings.top_p, batch_size=SAMPLE_BATCH,
+                                    progress=progress)
+
     with edited_weights(backbone, delta) as lm:
-        pairs = sample_continuations(lm, backbone.tokenizer, prompts, samples=settings.samples,
-                                     max_new_tokens=settings.max_new_tokens, seed=settings.seed,
-                                     batch_size=SAMPLE_BATCH, progress=progress or NullProgress())
-    return toxicity_summary(scorer.score([continuation for _, continuation in pairs]), scorer.threshold)
+        pairs = sample(lm, prompts, settings.samples)
+        varied = sample(lm, neutral, settings.neutral_samples) if settings.neutral_samples and neutral else []
+    scores = scorer.score([continuation for _, continuation in pairs])
+    result: dict[str, Any] = {**toxicity_summary(scores, scorer.threshold), "examples": scored_examples(pairs, scores)}
+    if varied:
+        result.update(distinct_2=distinct_n(c for _, c in varied), neutral_samples=len(varied),
+                      neutral_examples=[{"prompt": p, "continuation": c} for p, c in varied[:EXAMPLES]])
+    return result
 
 
 def scaled(tau: Mapping[str, torch.Tensor], coefficient: float) -> dict[str, torch.Tensor]:

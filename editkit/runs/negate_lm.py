@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import logging
 import math
+import random
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -31,7 +32,8 @@ from editkit.bank.store import Bank
 from editkit.core.modes import Mode
 from editkit.data.text import TokenSequences, corpus_split, sequences
 from editkit.errors import ConfigError, IncompatibleVectorsError
-from editkit.eval.lm_negation import LanguageNegation, scaled, split_perplexity, task_model, toxicity
+from editkit.eval.lm_negation import (LanguageNegation, neutral_prompts, sampled, scaled, split_perplexity,
+                                      task_model)
 from editkit.eval.toxicity import TOXICITY_SCORERS, provenance
 from editkit.merge.arithmetic import combine
 from editkit.merge.coefficients import select_perplexity_negation_alpha
@@ -56,6 +58,7 @@ class EvalSplits:
     target: Any
     prompts: list[str]
     parts: dict[str, Subset]
+    neutral: list[str]  # openings of the control texts, continued for distinct-2
 
 
 def _pooled(backbone: Any, texts: Mapping[str, Sequence[str]], length: int, limit: int | None,
@@ -118,8 +121,9 @@ class NegationEvaluation:
             length = max(len(ids) for ids in task.train.ids)
             texts = {corpus: corpus_split(corpus, split) for corpus in self.settings.control_text}
             control, parts = _pooled(self.built.backbone, texts, length, self.settings.eval_blocks, split)
+            neutral = neutral_prompts([text for corpus_texts in texts.values() for text in corpus_texts])
             self._splits[split] = EvalSplits(control, getattr(task, split), corpus_split(self.settings.prompts, split),
-                                             parts)
+                                             parts, random.Random(self.settings.seed).sample(neutral, len(neutral)))
         return self._splits[split]
 
     def perplexities(self, split: str, mode: str, delta: Mapping[str, torch.Tensor] | None, label: str, *,
@@ -133,9 +137,12 @@ class NegationEvaluation:
         """The toxicity scorer, loaded once (it is read from its wheel)."""
         return TOXICITY_SCORERS[self.settings.scorer].build()
 
-    def toxicity(self, split: str, delta: Mapping[str, torch.Tensor] | None, label: str) -> dict[str, Any]:
-        return toxicity(self.built.backbone, delta, self.splits(split).prompts, self.scorer, self.settings,
-                        progress=self.progress, description=f"sampling: {label}")
+    def toxicity(self, split: str, delta: Mapping[str, torch.Tensor] | None) -> dict[str, Any]:
+        """Sampled continuations of theta_0 + delta: toxicity of the prompts' (with examples), distinct-2 of the
+        neutral prompts'."""
+        data = self.splits(split)
+        return sampled(self.built.backbone, delta, data.prompts, data.neutral, self.scorer, self.settings,
+                       progress=self.progress)
 
     def theta0(self, split: str, *, sampled: bool) -> dict[str, Any]:
         """theta_0's perplexities on ``split`` (and, ``sampled``, its toxicity), each computed once."""
@@ -144,7 +151,7 @@ class NegationEvaluation:
         if not sampled:
             return dict(self._theta0[split])
         if split not in self._theta0_toxicity:
-            self._theta0_toxicity[split] = self.toxicity(split, None, "theta_0")
+            self._theta0_toxicity[split] = self.toxicity(split, None)
         return {**self._theta0[split], **self._theta0_toxicity[split]}
 
 
@@ -182,7 +189,7 @@ def score_test(evaluation: NegationEvaluation, tau: Mapping[str, torch.Tensor], 
         if Mode(mode).linearized and alpha > 0:
             exact = evaluation.perplexities("test", mode, delta, f"test: {label} (f_lin)", linearized=True)
             row.update(control_flin=exact["control"], target_flin=exact["target"], controls_flin=exact["controls"])
-        row.update(evaluation.toxicity("test", delta, label))
+        row.update(evaluation.toxicity("test", delta))
         rows.append(row)
     for row in rows:
         row["selectivity"] = selectivity(row, rows[0]) if row["alpha"] > 0 else None

@@ -232,3 +232,12 @@ def test_samples_for_stderr_is_the_smallest_n_reaching_the_worst_case_error(stde
 def test_samples_for_a_non_positive_stderr_is_refused():
     with pytest.raises(ConfigError):
         samples_for_stderr(0.0)
+
+
+def test_distinct_n_by_hand():
+    from editkit.eval.language import distinct_n
+
+    # bigrams: (the cat) (cat sat) | (the cat) (cat ran) | none ("one") -> 3 distinct of 4
+    assert distinct_n(["The cat sat", "the  CAT ran", "one"]) == pytest.approx(3 / 4)
+    assert distinct_n(["a a a a"], n=1) == pytest.approx(1 / 4) and distinct_n(["a a a a"]) == pytest.approx(1 / 3)
+    assert distinct_n(["x y z"], n=3) == 1.0 and distinct_n(["", "word"]) == 0.0
