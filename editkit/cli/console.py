@@ -88,6 +88,14 @@ def _ppl(value: float | None) -> str:
     return f"{value / 1000:.1f}k" if value >= 10_000 else f"{value:.1f}"
 
 
+def _sampled(row: Mapping) -> tuple[str, str, str]:
+    """A test row's toxic fraction, mean score and distinct-2, blank where the row was not sampled."""
+    if "toxic_fraction" not in row:
+        return "", "", ""
+    return (f"{row['toxic_fraction']:.3f}±{row['toxic_fraction_stderr']:.3f}", f"{row['mean_score']:.3f}",
+            f"{row['distinct_2']:.3f}" if "distinct_2" in row else "")
+
+
 def language_negation_table(report: Mapping) -> Table:
     """Validation grid (what alpha was chosen on) and the test rows of a language negation."""
     tuning = report.get("tuning")
@@ -115,8 +123,11 @@ def language_negation_table(report: Mapping) -> Table:
         sel = "" if row["selectivity"] is None else f"{row['selectivity']:.1f}"
         each = " / ".join(_ppl(row["controls"][c]) for c in corpora) if "controls" in row else ""
         table.add_row("test", row["model"], _ppl(row["control"]), each, _ppl(row["target"]), flin, sel,
-                      f"{row['toxic_fraction']:.3f}±{row['toxic_fraction_stderr']:.3f}", f"{row['mean_score']:.3f}",
-                      f"{row['distinct_2']:.3f}" if "distinct_2" in row else "")
+                      *_sampled(row))
+    checks = report.get("checks")
+    if checks:
+        table.caption += "\n" + "; ".join(f"{name.replace('_', ' ')}: {'yes' if ok else 'NO'}"
+                                           for name, ok in checks.items())
     return table
 
 

@@ -157,18 +157,22 @@ def test_negate_a_language_vector_writes_the_report_with_theta0_by_hand(tmp_path
     assert rows["theta_0"]["alpha"] == 0.0 and rows["+tau"]["alpha"] == -1.0 and rows["-tau"]["alpha"] == 1.0
     for row in rows.values():
         assert all(math.isfinite(row[key]) and row[key] > 1 for key in ("control", "target"))
+    # sampling (the costly part) for theta_0, +tau and the chosen negation only
+    sampled = {name: row for name, row in rows.items() if row["alpha"] in (0.0, -1.0, report["alpha"])}
+    assert all(("n" in row) == (name in sampled) for name, row in rows.items())
+    for row in sampled.values():
         assert row["n"] == 6 and 0.0 <= row["toxic_fraction"] <= 1.0
         assert row["toxic_fraction_stderr"] == pytest.approx(
             math.sqrt(row["toxic_fraction"] * (1 - row["toxic_fraction"]) / 6))
     openings = {"birds sang in the old oak", "she read a book by the", "a new bridge was opened in"}
-    for row in rows.values():  # a few scored samples to read, the same prompts (and streams) for every model
+    for row in sampled.values():  # a few scored samples to read, the same prompts (and streams) for every model
         assert [e["prompt"] for e in row["examples"]] == [PROMPTS["test"][i % 2] for i in range(5)]
         assert all(e["score"] == float("!" in e["continuation"]) for e in row["examples"])
         neutral = row["neutral_examples"]  # all 4 neutral samples: openings of the control corpora's test texts
         assert len(neutral) == row["neutral_samples"] == 4 and {e["prompt"] for e in neutral} <= openings
         assert row["distinct_2"] == pytest.approx(distinct_n(e["continuation"] for e in neutral))
     assert [e["prompt"] for e in rows["theta_0"]["neutral_examples"]] == [
-        e["prompt"] for e in rows["-tau"]["neutral_examples"]]
+        e["prompt"] for e in rows["+tau"]["neutral_examples"]]
     for row in rows.values():  # taujp vectors are linearized: the exact f_lin perplexities of negations too
         assert ("control_flin" in row) == (row["alpha"] > 0)
     assert rows["-tau"]["target"] != rows["theta_0"]["target"]  # the vector did something

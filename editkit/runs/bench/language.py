@@ -14,12 +14,12 @@ at their tuned alphas, and at alpha = 1:
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from editkit.runs.negate_lm import NegationEvaluation, ensure_vector, negate_language, negation_settings, plot_negation
+from editkit.runs.negate_lm import (NegationEvaluation, below_by_two_stderr, ensure_vector, negate_language,
+                                   negation_settings, plot_negation)
 from editkit.runs.report import write_json
 from editkit.scenario.build import build_scenario
 from editkit.scenario.options import BuildOptions
@@ -59,12 +59,6 @@ def run_language_bench(spec: ScenarioSpec, *, modes: tuple[str, ...], bank_root:
 
 def _row(report: Mapping[str, Any], alpha: float) -> Mapping[str, Any]:
     return next(r for r in report["rows"] if r["alpha"] == alpha)
-
-
-def below_by_two_stderr(row: Mapping[str, Any], base: Mapping[str, Any]) -> bool:
-    """Whether the row's toxic fraction is below theta_0's by more than two standard errors of the difference."""
-    stderr = math.hypot(row["toxic_fraction_stderr"], base["toxic_fraction_stderr"])
-    return base["toxic_fraction"] - row["toxic_fraction"] > 2 * stderr
 
 
 def compare(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
