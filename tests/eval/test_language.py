@@ -241,3 +241,31 @@ def test_distinct_n_by_hand():
     assert distinct_n(["The cat sat", "the  CAT ran", "one"]) == pytest.approx(3 / 4)
     assert distinct_n(["a a a a"], n=1) == pytest.approx(1 / 4) and distinct_n(["a a a a"]) == pytest.approx(1 / 3)
     assert distinct_n(["x y z"], n=3) == 1.0 and distinct_n(["", "word"]) == 0.0
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_repeated_prompts_share_one_prefill_and_sample_what_the_hand_loop_draws(tokenizer, family):
+    """Samples of one prompt in a batch reuse its prefilled cache (run once per distinct prompt, then repeated);
+    each sample must still be what its own Gumbel-max stream draws from the whole model, token by token."""
+    lm = getattr(models, family)(vocab_size=len(tokenizer), seed=1) if family == "llama" else models.gpt2(
+        vocab_size=len(tokenizer))
+    prompts, seed = ["hi", "a longer prompt here"], 5
+    calls = []
+    forward = lm.base_model.forward
+    lm.base_model.forward = lambda *a, **k: calls.append(tuple((a[0] if a else k["input_ids"]).shape)) or forward(*a, **k)
+    try:
+        pairs = sample(lm, tokenizer, prompts, samples=6, seed=seed, batch_size=6, max_new_tokens=4)
+    finally:
+        lm.base_model.forward = forward
+    assert calls[0] == (2, len("a longer prompt here") - 1)  # the prefill: 2 distinct prompts, not 6 samples
+    for k, (prompt, continuation) in enumerate(pairs):
+        generator = torch.Generator().manual_seed(_sample_seed(seed, k))
+        ids = tokenizer(prompt)["input_ids"]
+        with torch.no_grad():
+            for _ in range(4):
+                logits = lm(input_ids=torch.tensor([ids])).logits[0, -1]
+                ids.append(int(torch.argmax(logits - torch.empty(len(logits)).exponential_(generator=generator).log())))
+                if ids[-1] == tokenizer.eos_token_id:
+                    break
+        assert prompt == prompts[k % 2]
+        assert continuation == tokenizer.decode(ids[len(tokenizer(prompt)["input_ids"]):], skip_special_tokens=True)
