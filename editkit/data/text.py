@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import torch
 from torch.utils.data import Dataset
 
+from editkit.core.batching import IGNORE_INDEX
 from editkit.core.registry import Record
 from editkit.core.taujp import LazyUnlabeledSource
 from editkit.data import GENERIC_SOURCES, TASK_SOURCES, TEXT_CORPORA
@@ -40,7 +41,12 @@ class TokenSequences(Dataset):
 
     The label is the token ids themselves (language modelling: the next-token loss shifts
     them), or the class id of ``labels`` (text classification; also ``targets``, which
-    probes and Avalanche read). ``input(i)`` gives the states alone, so a tauJp source never
+    probes and Avalanche read). In language modelling the token after an end-of-sequence
+    token is not a target (``IGNORE_INDEX``): a block packs several texts joined by EOS
+    (:func:`pack`), and which text comes next is no skill of the model's. Scored, that guess
+    dominates the perplexity of corpora of short texts; trained on, it is learned by every
+    vector (an instruct model's EOS ends a chat turn, after which raw text is very unlikely),
+    so negating a vector would unlearn it and look like lost language ability. ``input(i)`` gives the states alone, so a tauJp source never
     reads a label. States are computed when first read, a chunk of ``PREFIX_BATCH`` texts of
     similar lengths at a time (so a chunk is little padding), and kept: a run pays for the
     prefix of the texts it reads, once (negation never reads the train split; a short run
@@ -53,6 +59,7 @@ class TokenSequences(Dataset):
             raise ValueError(f"{len(self.ids)} texts but {len(labels)} labels")
         self.targets = labels
         self._backbone = backbone
+        self._eos = getattr(getattr(backbone, "tokenizer", None), "eos_token_id", None)
         # texts by length (ties in text order): chunk c is _by_length[c * PREFIX_BATCH : (c + 1) * PREFIX_BATCH]
         self._by_length = sorted(range(len(self.ids)), key=lambda i: len(self.ids[i]))
         self._place = {index: place for place, index in enumerate(self._by_length)}
@@ -75,7 +82,16 @@ class TokenSequences(Dataset):
         return [self.state(i) for i in range(len(self))]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.state(index), self.ids[index] if self.targets is None else self.targets[index]
+        return self.state(index), self.text_targets(index) if self.targets is None else self.targets[index]
+
+    def text_targets(self, index: int) -> torch.Tensor:
+        """Block ``index``'s next-token targets: its ids, the token after each EOS ignored (the next text's first)."""
+        ids = self.ids[index]
+        if self._eos is None:
+            return ids
+        after_eos = torch.zeros_like(ids, dtype=torch.bool)
+        after_eos[1:] = ids[:-1] == self._eos
+        return ids.masked_fill(after_eos, IGNORE_INDEX)
 
     def input(self, index: int) -> torch.Tensor:
         return self.state(index)

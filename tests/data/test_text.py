@@ -69,9 +69,11 @@ def test_sequences_cache_the_backbones_prefix_states_on_first_read(backbone, mon
     data = sequences(backbone, texts, 8)
     assert isinstance(data, TokenSequences) and calls == []  # nothing computed until read
     assert len(data) == len(blocks) == 4
+    eos = backbone.tokenizer.eos_token_id
     for i, block in enumerate(blocks):
         states, labels = data[i]
-        assert torch.equal(labels, block)
+        # the targets are the ids, except the first token of each packed text (it follows an EOS): -100
+        assert labels.tolist() == [-100 if t and block[t - 1] == eos else int(v) for t, v in enumerate(block)]
         want = prefix(block[None], torch.ones(1, len(block), dtype=torch.long))[0]
         torch.testing.assert_close(states, want, rtol=1e-5, atol=1e-6)
         assert torch.equal(data.input(i), states)

@@ -37,12 +37,15 @@ def registered_corpora(corpora: Mapping[str, Corpus]) -> Iterator[None]:
 
 def hand_perplexity(lm, blocks: Sequence[torch.Tensor]) -> float:
     """exp(mean over every predicted token of -log p): each block run alone, unpadded, through the whole model,
-    position t predicting token t + 1, in float64 from the model's logits."""
+    position t predicting token t + 1, in float64 from the model's logits. The first token of a packed text
+    (after an EOS) is not predicted: which text comes next is no skill of the model's."""
+    eos = lm.config.eos_token_id
     nll, count = 0.0, 0
     with torch.no_grad():
         for block in blocks:
             log_probs = torch.log_softmax(lm(input_ids=block[None]).logits[0].double(), dim=-1)
             for t in range(len(block) - 1):
-                nll -= float(log_probs[t, block[t + 1]])
-                count += 1
+                if int(block[t]) != eos:
+                    nll -= float(log_probs[t, block[t + 1]])
+                    count += 1
     return math.exp(nll / count)
