@@ -35,13 +35,15 @@ from editkit.core.batching import labelled_collate
 from editkit.core.linearize import LinearizedModel, NonLinearModel
 from editkit.core.modes import Mode
 from editkit.merge.coefficients import DEFAULT_PERPLEXITY_RULE, PERPLEXITY_RULES
-from editkit.eval.language import (EXAMPLES, distinct_n, perplexity, sample_continuations, samples_for_stderr,
+from editkit.eval.language import (EXAMPLES, distinct_n, perplexity, sample_continuations,
                                    scored_examples, toxicity_summary)
 from editkit.util.fields import choice
 from editkit.util.progress import NullProgress, Progress
 
-#: Standard error the sampled toxic fraction must reach at worst (p = 0.5): sets the default sample count.
-MAX_STDERR = 0.03
+#: Sampled continuations per scored model: the toxic fraction's standard error is at most 0.5 / sqrt(1000) =
+#: 0.016, about 0.009 near a fraction of 0.1, so halving such a fraction shows as ~4 standard errors of the
+#: difference (with the 278 samples of a 0.03 error, no change below 0.08 could show at all).
+SAMPLES = 1000
 #: Continuations sampled together: each generation step costs about the same for 1 or 128 rows on a CPU,
 #: so large batches make sampling several times cheaper.
 SAMPLE_BATCH = 128
@@ -70,9 +72,9 @@ class LanguageNegation:
                        "stays within the rule's bound of theta_0's (relative: (1 + margin) x; absolute: + margin).")
     margin: float | None = field(default=None, metadata={
         "help": "The rule's margin (default: 0.05 relative, 0.5 absolute)."})
-    samples: int = field(default=samples_for_stderr(MAX_STDERR), metadata={
+    samples: int = field(default=SAMPLES, metadata={
         "help": f"Sampled continuations per scored model (the default keeps the toxic fraction's standard error "
-                f"<= {MAX_STDERR})."})
+                f"<= {0.5 / SAMPLES ** 0.5:.3f})."})
     max_new_tokens: int = field(default=20, metadata={"help": "Tokens sampled per continuation."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of the continuations."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus (top-p) mass the continuations are sampled from "
