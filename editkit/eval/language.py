@@ -20,9 +20,9 @@ toxic the model's sampled continuations of held-out prompts are.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
-import warnings
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -144,15 +144,18 @@ def sample_continuations(model: Any, tokenizer: Any, prompts: list[str], *, samp
             rows = torch.tensor([unique.index(k % len(prompts)) for k in indices])
             cache = _prefilled(model, ids.to(device), mask.to(device), rows.to(device))
             sampling = _SeededSampling([_sample_seed(seed, k) for k in indices], temperature, top_p)
-            with warnings.catch_warnings():  # transformers 5 renames generate's past_key_values to cache
-                warnings.filterwarnings("ignore", message=".*past_key_values.* is deprecated", category=FutureWarning)
-                out = model.generate(input_ids=ids[rows].to(device), attention_mask=mask[rows].to(device),
-                                     past_key_values=cache, do_sample=False, max_new_tokens=max_new_tokens,
-                                     pad_token_id=pad_id, logits_processor=[sampling])
+            out = model.generate(input_ids=ids[rows].to(device), attention_mask=mask[rows].to(device),
+                                 **{_cache_argument(model): cache}, do_sample=False, max_new_tokens=max_new_tokens,
+                                 pad_token_id=pad_id, logits_processor=[sampling])
             for k, text in zip(indices, tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)):
                 continuations[k] = text
             task.advance()
     return [(prompts[k % len(prompts)], text) for k, text in enumerate(continuations)]
+
+
+def _cache_argument(model: Any) -> str:
+    """The name transformers gives the key-value cache argument: ``cache`` from 5.x on, ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.base_model.forward).parameters else "past_key_values"
 
 
 def _prefilled(model: Any, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> Any:
@@ -173,7 +176,7 @@ def _prefilled(model: Any, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Te
     positions = (prefix_mask.long().cumsum(-1) - 1).masked_fill(prefix_mask == 0, 1)
     with torch.no_grad():
         model.base_model(input_ids=ids[:, :-1], attention_mask=prefix_mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True)
+                         use_cache=True, **{_cache_argument(model): cache})
     cache.batch_select_indices(rows)
     return cache
 
