@@ -23,6 +23,10 @@ class MissingResourceError(EditkitError):
     """Weights or data are not available offline; the message says how to get them."""
 
 
+class DataError(EditkitError):
+    """A user's data cannot make a task: a missing file or column, an unreadable image, too few classes."""
+
+
 class BankError(EditkitError):
     """The task-vector bank refused an operation (missing name, damaged file, ...)."""
 

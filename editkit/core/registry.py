@@ -13,6 +13,14 @@ with a default).
 Each registry lives in the layer of what it holds (the backbone families in
 ``editkit.models``, task sources in ``editkit.data``, ...), so registering never
 imports upward.
+
+Other packages register through the entry-point group ``editkit.extensions``
+(:mod:`editkit.core.extensions`): the first lookup in any registry imports them, and
+each name remembers the package that registered it, so a clash names both.
+
+A registry may also hold a **family** of names: ``register_family("file", factory)`` makes
+every ``"file:<rest>"`` a name whose record is ``factory(rest)`` (a user's text file as a
+text corpus), accepted wherever a registered name is.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, TypeVar
 
+from editkit.core import extensions
 from editkit.errors import ConfigError
 
 
@@ -42,10 +51,13 @@ class Record:
     check: Callable[..., list[str]] | None = None
     options: tuple[Option, ...] = ()
     label: str = ""  # how tables and listings name it; empty: its registered name
+    #: A task source whose ``dataset`` (in ``source = "kind:dataset"``) is a file or folder path: a scenario
+    #: file's relative path is read from the scenario file's folder, not the working directory.
+    path: bool = False
 
     @classmethod
     def of(cls, build: Callable[..., Any], *, check: Callable[..., list[str]] | None = None,
-           help: Mapping[str, str] | None = None, label: str = "") -> "Record":
+           help: Mapping[str, str] | None = None, label: str = "", path: bool = False) -> "Record":
         """A record whose options are ``build``'s parameters that have a default.
 
         Parameters without a default are what the registry's caller always supplies
@@ -57,7 +69,7 @@ class Record:
                         if p.default is not inspect.Parameter.empty)
         if help:
             raise ValueError(f"help given for {sorted(help)}, which {build.__qualname__} does not take as options")
-        return cls(build, check, options, label)
+        return cls(build, check, options, label, path)
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -75,39 +87,100 @@ class Record:
 R = TypeVar("R", bound=Record)
 
 
+#: Every registry made, so a failed extension's registrations can be taken back from all of them.
+_REGISTRIES: list["Registry"] = []
+
+
+def _forget_package(package: str) -> None:
+    for registry in _REGISTRIES:
+        registry.forget_package(package)
+
+
+def load_extensions() -> None:
+    """Import the ``editkit.extensions`` entry points (once; see :mod:`editkit.core.extensions`)."""
+    extensions.load(on_failure=_forget_package)
+
+
+def unload_extensions() -> None:
+    """Take back every extension package's registrations; the next lookup loads the extensions again."""
+    extensions.reset(on_reset=_forget_package)
+
+
+def _origin(record: Record) -> str:
+    """The package registering ``record``: the extension being loaded, else the top-level module of its builder."""
+    return extensions.current_package() or record.build.__module__.split(".")[0]
+
+
 @dataclass
 class Registry(Generic[R]):
     """Records by name; ``what`` names the kind of thing held, for messages ("backbone family")."""
 
     what: str
     _records: dict[str, R] = field(default_factory=dict, repr=False)
+    _origins: dict[str, str] = field(default_factory=dict, repr=False)
+    _families: dict[str, tuple[Callable[[str], R], str]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        _REGISTRIES.append(self)
 
     def register(self, name: str, record: R) -> R:
         """Add ``record`` under ``name``; a second registration of a name is refused, never overwrites."""
+        origin = _origin(record)
         if name in self._records:
-            raise ConfigError(f"{self.what} {name!r} is already registered ({self._records[name].build.__module__}); "
-                              "pick another name")
+            raise ConfigError(f"{self.what} {name!r} is already registered by package {self._origins[name]} "
+                              f"({self._records[name].build.__module__}); package {origin} cannot register it "
+                              "again: pick another name")
         self._records[name] = record
+        self._origins[name] = origin
         return record
+
+    def register_family(self, prefix: str, factory: Callable[[str], R], *, form: str = "...") -> None:
+        """Make every ``"<prefix>:<rest>"`` a name whose record is ``factory(rest)``; ``form`` says what
+        ``rest`` is, for listings (``"PATH"``). A registered name of that form still wins."""
+        if prefix in self._families:
+            raise ConfigError(f"{self.what} family '{prefix}:' is already registered; pick another prefix")
+        self._families[prefix] = (factory, form)
 
     def unregister(self, name: str) -> None:
         """Remove ``name`` (a plugin being unloaded, a test's temporary extension)."""
-        self[name]  # refuses an unknown name, listing the known ones
+        if name not in self._records:
+            self[name]  # refuses an unknown name, listing the known ones
         del self._records[name]
+        self._origins.pop(name, None)
+
+    def forget_package(self, package: str) -> None:
+        """Remove every name ``package`` registered (an extension that failed part-way, or is unloaded)."""
+        for name in [n for n, origin in self._origins.items() if origin == package]:
+            self.unregister(name)
+
+    def origin(self, name: str) -> str:
+        """The package that registered ``name`` (``editkit`` for the built-ins)."""
+        self[name]
+        return self._origins.get(name, "editkit")
 
     def __getitem__(self, name: str) -> R:
+        load_extensions()
         try:
             return self._records[name]
         except (KeyError, TypeError):
-            raise ConfigError(f"unknown {self.what} {name!r}; known: {', '.join(self.names()) or 'none'}") from None
+            pass
+        prefix, _, rest = name.partition(":") if isinstance(name, str) else ("", "", "")
+        if rest and prefix in self._families:
+            return self._families[prefix][0](rest)
+        forms = [f"{p}:{form}" for p, (_, form) in sorted(self._families.items())]
+        raise ConfigError(f"unknown {self.what} {name!r}; known: {', '.join(self.names() + forms) or 'none'}")
 
     def __contains__(self, name: object) -> bool:
-        return name in self._records
+        load_extensions()
+        if name in self._records:
+            return True
+        return isinstance(name, str) and name.partition(":")[0] in self._families and bool(name.partition(":")[2])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def names(self) -> list[str]:
+        load_extensions()
         return sorted(self._records)
 
     def label(self, name: str) -> str:

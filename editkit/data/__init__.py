@@ -14,8 +14,9 @@ always-available :class:`~editkit.core.taujp.UnlabeledSource` of a ``[generic]``
 
 The built-in sources (packaged offline datasets, vision8, natural-image crops, text as
 language-modelling data, the offline toxic / clean / prompt corpora, the offline text-classification
-datasets, the Hugging Face copies of Civil Comments and WikiText-103, GLUE in text-to-text form) register
-themselves in their own modules, imported below; what they read from disk or the
+datasets, the Hugging Face copies of Civil Comments and WikiText-103, GLUE in text-to-text form, a user's
+image folders, tables and text files: ``imagefolder:``, ``csv:``, ``jsonl:``, ``parquet:``, ``hf-dataset:`` and
+the corpora ``file:PATH``) register themselves in their own modules, imported below; what they read from disk or the
 network is loaded only when a builder runs.
 """
 
@@ -27,4 +28,4 @@ TEXT_CORPORA: Registry[Record] = Registry("text corpus")
 LABELLED_TEXTS: Registry[Record] = Registry("text-classification dataset")
 
 from editkit.data import (glue, hf_text, natural, offline_text, packaged, text, text_classification,  # noqa: E402,F401
-                          toxic_corpus, vision8)  # (built-in extensions register themselves)
+                          toxic_corpus, user_data, user_images, vision8)  # (built-in extensions register themselves)

@@ -2,15 +2,22 @@
 
 Split rule (the paper's): validation = 10% of the train split (at most 5000
 examples, seed 0), train = the rest; the dataset's own test split is for reporting.
+
+A user's data names its splits as it likes (``train`` / ``val`` / ``validation`` / ``test``...):
+:func:`split_roles` maps them to editkit's, and data without a test split has one held out,
+stratified and seeded (:func:`stratified_holdout`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
+
+from editkit.errors import ConfigError
 
 
 class TensorTaskDataset(TensorDataset):
@@ -62,8 +69,48 @@ def validation_indices(n: int, *, fraction: float = 0.1, max_size: int = 5000, s
     return np.sort(order[size:]), np.sort(order[:size])
 
 
-def tensor_task(name: str, classes: list[str], train_x, train_y, test_x, test_y) -> TaskData:
-    """TaskData from preprocessed tensors, carving validation out of train."""
+#: A user's split names -> editkit's split roles.
+SPLIT_ALIASES = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val",
+                 "dev": "val", "test": "test", "testing": "test"}
+
+
+def split_roles(names: Iterable[str]) -> dict[str, str]:
+    """A user's split names by the role they play: ``train``; ``test`` (the test split, else the validation
+    split); ``val`` (the validation split, only when a test split is given too: otherwise validation is
+    carved out of train). Names of no role are left out; the caller refuses data without ``train``."""
+    by_role: dict[str, str] = {}
+    for name in names:
+        role = SPLIT_ALIASES.get(str(name).strip().lower())
+        if role is not None:
+            by_role.setdefault(role, name)
+    if "test" not in by_role and "val" in by_role:
+        by_role["test"] = by_role.pop("val")
+    return by_role
+
+
+def stratified_holdout(labels: Sequence[int], fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, held), both sorted: of each class's ``n`` examples, ``round(fraction * n)`` held out (at least one
+    when the class has two or more, never all), drawn with ``seed``. Per class, so a small class keeps its
+    share on both sides; the same labels and seed always hold out the same examples."""
+    if not 0 < fraction < 1:
+        raise ConfigError(f"test_fraction must be between 0 and 1, got {fraction}")
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    held: list[np.ndarray] = []
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        count = min(len(members) - 1, max(1, round(fraction * len(members)))) if len(members) > 1 else 0
+        held.append(rng.permutation(members)[:count])
+    held_idx = np.sort(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
+    return np.setdiff1d(np.arange(len(labels)), held_idx), held_idx
+
+
+def tensor_task(name: str, classes: list[str], train_x, train_y, test_x, test_y, *, val=None) -> TaskData:
+    """TaskData from preprocessed tensors, carving validation out of train unless ``val`` = (inputs, labels)
+    gives it."""
+    if val is not None:
+        return TaskData(name, list(classes), TensorTaskDataset(train_x, train_y), TensorTaskDataset(*val),
+                        TensorTaskDataset(test_x, test_y))
     train_idx, val_idx = validation_indices(len(train_y))
     train_idx_t, val_idx_t = torch.from_numpy(train_idx), torch.from_numpy(val_idx)
     return TaskData(

@@ -205,10 +205,16 @@ def _generic_source(backbone: Any, seed: int, corpus: str = "", max_length: int 
     return LazyUnlabeledSource(corpus, data, seed=seed, collate=backbone.batching.collate)
 
 
+def generic_check(corpus: str = "", **_: Any) -> list[str]:
+    """A generic source's check: its corpus's (a user's ``file:`` corpus is read; the embedded ones say what
+    they lack)."""
+    return _corpus_check(corpus)
+
+
 _OPTIONS_HELP = {"max_length": "tokens per packed block",
                  "train_blocks": "at most this many train blocks (default: all)",
                  "eval_blocks": "at most this many validation / test blocks each (default: all)"}
 TASK_SOURCES.register("text", Record.of(_task_source, check=_task_check, help=_OPTIONS_HELP))
-GENERIC_SOURCES.register("text", Record.of(_generic_source, help={
+GENERIC_SOURCES.register("text", Record.of(_generic_source, check=generic_check, help={
     "corpus": "the text corpus whose train split is the source", "max_length": _OPTIONS_HELP["max_length"],
     "size": "at most this many blocks (default: all)"}))

@@ -17,7 +17,7 @@ Registered here:
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -25,28 +25,36 @@ from editkit.core.registry import Record
 from editkit.core.taujp import LazyUnlabeledSource
 from editkit.data import GENERIC_SOURCES, LABELLED_TEXTS, TASK_SOURCES
 from editkit.data.tasks import LabelledTexts, TaskData
-from editkit.data.text import SPLITS, TokenSequences, corpus_split, require_prefix, sentences, tokenize
+from editkit.data.text import (SPLITS, TokenSequences, corpus_split, generic_check, require_prefix, sentences,
+                               tokenize)
 from editkit.errors import ConfigError
 
 #: Sentences shorter than this many words carry little text (headings, "Yes.").
 MIN_WORDS = 4
 
 
-def stratified_subset(data: LabelledTexts, size: int | None, seed: int) -> LabelledTexts:
-    """At most ``size`` examples drawn with ``seed``, each class keeping its share (rounded, at least one
-    example of every class present); in their original order. ``None`` keeps everything."""
-    if size is None or size >= len(data.texts):
-        return data
+def stratified_choice(labels: Sequence[int], size: int | None, seed: int) -> list[int]:
+    """Indices of at most ``size`` examples drawn with ``seed``, each class keeping its share (rounded, at least
+    one example of every class present), in their original order. ``None`` keeps everything."""
+    if size is None or size >= len(labels):
+        return list(range(len(labels)))
     by_class: dict[int, list[int]] = {}
-    for index, label in enumerate(data.labels):
+    for index, label in enumerate(labels):
         by_class.setdefault(label, []).append(index)
     rng = random.Random(seed)
     chosen: list[int] = []
     for label in sorted(by_class):
         members = by_class[label]
-        quota = max(1, round(size * len(members) / len(data.texts)))
+        quota = max(1, round(size * len(members) / len(labels)))
         chosen += rng.sample(members, min(quota, len(members)))
-    chosen.sort()
+    return sorted(chosen)
+
+
+def stratified_subset(data: LabelledTexts, size: int | None, seed: int) -> LabelledTexts:
+    """:func:`stratified_choice` of a split's examples."""
+    if size is None or size >= len(data.texts):
+        return data
+    chosen = stratified_choice(data.labels, size, seed)
     return LabelledTexts([data.texts[i] for i in chosen], [data.labels[i] for i in chosen], data.classes)
 
 
@@ -56,19 +64,32 @@ def labelled_split(dataset: str, split: str, seed: int = 0) -> LabelledTexts:
     return LABELLED_TEXTS[dataset].build(split, seed=seed)
 
 
+def labelled_task(name: str, splits: Mapping[str, LabelledTexts], backbone: Any, max_length: int = 64,
+                  sizes: Mapping[str, int | None] | None = None) -> TaskData:
+    """The task of ``splits`` (``train`` / ``val`` / ``test``): each split cut to its size (classes in proportion,
+    seed 0), tokenized by the backbone's tokenizer and read by its frozen prefix when first used."""
+    require_prefix(backbone)
+    built, classes = {}, []
+    for split in SPLITS:
+        data = stratified_subset(splits[split], (sizes or {}).get(split), seed=0)
+        if not data.texts:
+            raise ConfigError(f"task {name!r}: its {split} split is empty")
+        classes = data.classes
+        ids = tokenize(backbone.tokenizer, data.texts, max_length)
+        built[split] = TokenSequences(ids, backbone, labels=torch.tensor(data.labels, dtype=torch.long))
+    return TaskData(name, list(classes), built["train"], built["val"], built["test"])
+
+
+def eval_sizes(train_size: int | None, eval_size: int | None, val_size: int | None) -> dict[str, int | None]:
+    """Each split's size limit from the ``train_size`` / ``eval_size`` / ``val_size`` options."""
+    return {"train": train_size, "val": val_size if val_size is not None else eval_size, "test": eval_size}
+
+
 def _task_source(name: str, dataset: str, backbone: Any, max_length: int = 64, train_size: int | None = None,
                  eval_size: int | None = None, val_size: int | None = None) -> TaskData:
     require_prefix(backbone)
-    sizes = {"train": train_size, "val": val_size if val_size is not None else eval_size, "test": eval_size}
-    splits, classes = {}, []
-    for split in SPLITS:
-        data = stratified_subset(labelled_split(dataset, split), sizes[split], seed=0)
-        if not data.texts:
-            raise ConfigError(f"task {name!r}: the {split} split of {dataset!r} is empty")
-        classes = data.classes
-        ids = tokenize(backbone.tokenizer, data.texts, max_length)
-        splits[split] = TokenSequences(ids, backbone, labels=torch.tensor(data.labels, dtype=torch.long))
-    return TaskData(name, list(classes), splits["train"], splits["val"], splits["test"])
+    splits = {split: labelled_split(dataset, split) for split in SPLITS}
+    return labelled_task(name, splits, backbone, max_length, eval_sizes(train_size, eval_size, val_size))
 
 
 def _task_check(name: str, dataset: str, max_length: int = 64, train_size: int | None = None,
@@ -89,13 +110,15 @@ def _generic_source(backbone: Any, seed: int, corpus: str = "", max_length: int 
     return LazyUnlabeledSource(f"{corpus} sentences", data, seed=seed, collate=backbone.batching.collate)
 
 
-TASK_SOURCES.register("labelled-text", Record.of(_task_source, check=_task_check, help={
+#: The labelled-text options' help, shared by every source of labelled texts (a user's tables too).
+SIZE_HELP = {
     "max_length": "tokens per text (special tokens included); longer texts are cut",
     "train_size": "at most this many train examples, classes in proportion (default: all)",
     "eval_size": "at most this many validation / test examples each, classes in proportion (default: all)",
     "val_size": "at most this many validation examples (default: eval_size); what the bench tunes coefficients "
-                "on, and a non-linear sweep runs the model over it once per grid point"}))
-GENERIC_SOURCES.register("text-sentences", Record.of(_generic_source, help={
+                "on, and a non-linear sweep runs the model over it once per grid point"}
+TASK_SOURCES.register("labelled-text", Record.of(_task_source, check=_task_check, help=SIZE_HELP))
+GENERIC_SOURCES.register("text-sentences", Record.of(_generic_source, check=generic_check, help={
     "corpus": "the text corpus whose train split's sentences are the source",
     "max_length": "tokens per sentence (special tokens included)",
     "size": "at most this many sentences, drawn with the seed (default: all)"}))

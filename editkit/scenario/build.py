@@ -93,8 +93,8 @@ def load_task(task: TaskSpec, backbone: Backbone, options: dict[str, Any]) -> Ta
 
 
 def check_scenario(spec: ScenarioSpec, build: BuildOptions | None = None) -> list[str]:
-    """One line per missing piece (weights, each task's data, the ``[negation]`` table's corpora and
-    scorer); empty when the scenario can be built and scored.
+    """One line per missing piece (weights, each task's data, the ``[generic]`` source's data, the
+    ``[negation]`` table's corpora and scorer); empty when the scenario can be built and scored.
 
     Uses the registered checks only: families and sources without one (packaged
     data, EfficientNet from pip) are taken as present. Downloads nothing. A piece
@@ -107,6 +107,10 @@ def check_scenario(spec: ScenarioSpec, build: BuildOptions | None = None) -> lis
     for task in spec.tasks:
         if (check := TASK_SOURCES[task.kind].check) is not None:
             problems += check(task.name, task.dataset, **task_options(spec, task, build))
+    if spec.generic:
+        generic = dict(spec.generic)
+        if (check := GENERIC_SOURCES[generic.pop("kind", None)].check) is not None:
+            problems += check(**generic)
     if spec.negation is not None:
         problems += _negation_problems(spec.negation)
     return list(dict.fromkeys(problems))

@@ -18,6 +18,11 @@ Optional parts of a scenario file:
   toxicity scorer, alpha grid and rule, samples; the fields of
   :class:`~editkit.eval.lm_negation.LanguageNegation`).
 
+A user's data is named by path: ``source = "imagefolder:photos"``, ``"csv:reviews.csv"``, and a corpus
+``file:forget.txt`` wherever a corpus name goes (``text:file:...``, ``[generic] corpus``, ``[negation]``
+``control_text`` / ``prompts``). A relative path is read from the scenario file's folder, so a
+scenario and its data move together; the parsed spec holds absolute paths.
+
 Every table is checked when the file is loaded, before anything is built: a key
 that is not a scenario key, not a recipe field, or not an option of the named
 backbone family, head kind, generic source or task source (as their registries
@@ -30,6 +35,7 @@ Building (loading what a spec names) is ``editkit.scenario.build``.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -57,6 +63,8 @@ TASK_RECIPE_KEYS = ("epochs", "steps")
 TASK_KEYS = ("name", "source", "recipe", *TASK_RECIPE_KEYS)
 CONTROL_KEYS = ("kind",)
 DEFAULT_HEAD_KIND = "probe"
+#: How a corpus name refers to a user's file (``editkit.data.user_data``).
+FILE_CORPUS = "file:"
 
 
 @dataclass(frozen=True)
@@ -130,7 +138,8 @@ def parse_scenario(data: dict[str, Any], path: Path | None = None) -> ScenarioSp
     for key in ("name", "backbone", "tasks"):
         if key not in data:
             raise ConfigError(f"{where}: missing required key {key!r}")
-    tasks = tuple(_task_spec(t, where) for t in data["tasks"])
+    base = path.parent if path is not None else None
+    tasks = tuple(_with_paths(_task_spec(t, where), base) for t in data["tasks"])
     names = [t.name for t in tasks]
     if len(set(names)) != len(names):
         raise ConfigError(f"{where}: task names must be unique, got {names}")
@@ -143,11 +152,11 @@ def parse_scenario(data: dict[str, Any], path: Path | None = None) -> ScenarioSp
         heads={"kind": DEFAULT_HEAD_KIND, **data.get("heads", {})},
         tasks=tasks,
         recipe=recipe_mod.from_mapping(data.get("recipe", {})),
-        generic=dict(data["generic"]) if "generic" in data else None,
+        generic=_generic_with_paths(data["generic"], base) if "generic" in data else None,
         path=path,
         data=dict(data.get("data", {})),
         control=dict(data["control"]) if "control" in data else None,
-        negation=_negation(data["negation"], where) if "negation" in data else None,
+        negation=_negation(data["negation"], where, base) if "negation" in data else None,
     )
     _check_options(spec, where)
     return spec
@@ -187,9 +196,46 @@ def _check_options(spec: ScenarioSpec, where: object) -> None:
         source.refuse_unknown(spec.data, f"{where}: [data], given to task {task.name!r} (source {task.kind!r})")
 
 
-def _negation(table: dict[str, Any], where: object) -> LanguageNegation:
+def _negation(table: dict[str, Any], where: object, base: Path | None = None) -> LanguageNegation:
     _refuse_unknown(table, tuple(f.name for f in dataclasses.fields(LanguageNegation)), f"{where}: [negation]")
+    table = dict(table)
+    if "prompts" in table:
+        table["prompts"] = corpus_path(table["prompts"], base)
+    if "control_text" in table:
+        listed = table["control_text"].split(",") if isinstance(table["control_text"], str) else table["control_text"]
+        table["control_text"] = [corpus_path(name, base) for name in listed]
     return LanguageNegation(**table)
+
+
+# --------------------------------------------------------------------------- paths in a scenario file
+
+
+def resolve_path(value: str, base: Path | None) -> str:
+    """A path written in a scenario file: ``~`` expanded, a relative one read from the file's folder ``base``
+    (kept relative, to the working directory, when there is no file)."""
+    path = Path(value).expanduser()
+    return str(path) if path.is_absolute() or base is None else os.path.abspath(base / path)
+
+
+def corpus_path(name: Any, base: Path | None) -> Any:
+    """A corpus name with its path resolved when it names a user's file (``file:PATH``); others unchanged."""
+    if isinstance(name, str) and name.startswith(FILE_CORPUS):
+        return FILE_CORPUS + resolve_path(name[len(FILE_CORPUS):], base)
+    return name
+
+
+def _with_paths(task: TaskSpec, base: Path | None) -> TaskSpec:
+    """The task with a path in its source resolved: the dataset of a source that reads paths (its record
+    says ``path``), or a ``file:`` corpus of any source."""
+    if task.kind in TASK_SOURCES and TASK_SOURCES[task.kind].path:
+        dataset = resolve_path(task.dataset, base)
+    else:
+        dataset = corpus_path(task.dataset, base)
+    return dataclasses.replace(task, source=f"{task.kind}:{dataset}")
+
+
+def _generic_with_paths(table: dict[str, Any], base: Path | None) -> dict[str, Any]:
+    return {key: corpus_path(value, base) if key == "corpus" else value for key, value in table.items()}
 
 
 def _task_spec(table: dict[str, Any], where: object) -> TaskSpec:
