@@ -15,107 +15,41 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from editkit.cli import app
-from editkit.core.registry import Record
 from editkit.data.text import pack
 from editkit.eval.language import distinct_n
-from editkit.eval.toxicity import TOXICITY_SCORERS
 from editkit.models.lm_weights import load_causal_lm
-from helpers import models
-from helpers.text import hand_perplexity, registered_corpora
+from helpers.cli import invoke, one_line_refusal
+from helpers.scenarios import write_language_scenario
+from helpers.text import CLEAN, RUDE, hand_perplexity, registered_bang_scorer, registered_corpora
 
-runner = CliRunner()
 MAX_LENGTH, EVAL_BLOCKS = 16, 3
 
-RUDE = {"train": ["you silly goose!", "shut it, you fool!", "what a dumb idea!", "go away, clown!"] * 3,
-        "val": ["you absolute donkey!", "stop that, fool!"], "test": ["you utter muppet!", "what a clown, honestly!"]}
-CLEAN = {"train": ["the council met on monday to discuss the budget.", "rain is expected later this week."] * 3,
-         "val": ["the museum opened a new wing.", "prices rose slightly in june."],
-         "test": ["the train arrived on time today.", "a new bridge was opened in the city."]}
 CALM = {"train": ["we walked along the river.", "the garden was quiet."], "val": ["the tea was warm and sweet."],
         "test": ["birds sang in the old oak tree.", "she read a book by the window."]}
 PROMPTS = {"train": ["so then"], "val": ["you are", "he said"], "test": ["well, you", "she told him"]}
 CORPORA = {"tiny-rude": RUDE, "tiny-clean": CLEAN, "tiny-calm": CALM, "tiny-prompts": PROMPTS}
 
 
-class BangScorer:
-    """1.0 for a text with a '!', else 0.0: a scorer whose numbers the test can predict from the texts."""
-
-    name = "bang"
-    threshold = 0.5
-
-    def score(self, texts):
-        return np.array([float("!" in text) for text in texts])
-
-
 @pytest.fixture(scope="module")
 def language_extensions():
-    TOXICITY_SCORERS.register("bang", Record.of(lambda threshold=0.5: BangScorer()))
-    try:
-        with registered_corpora(CORPORA):
-            yield
-    finally:
-        TOXICITY_SCORERS.unregister("bang")
+    with registered_bang_scorer("bang"), registered_corpora(CORPORA):
+        yield
 
 
 def scenario_file(tmp: Path, *, name: str = "tiny-rude", seed: int = 0, negation: bool = True) -> Path:
     """A two-block random Llama saved with its tokenizer, and the scenario that fine-tunes its last block
     (without its [negation] table when ``negation`` is False)."""
-    tokenizer = models.char_tokenizer()
-    lm = models.llama(vocab_size=len(tokenizer), num_hidden_layers=2, seed=seed)
-    model_dir = tmp / f"tiny-llama-{seed}"
-    lm.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    text = f"""\
-name = "{name}"
-[backbone]
-family = "causal-lm"
-model = "{model_dir}"
-trainable_blocks = 1
-[heads]
-kind = "lm"
-[data]
-max_length = {MAX_LENGTH}
-eval_blocks = {EVAL_BLOCKS}
-[generic]
-kind = "text"
-corpus = "tiny-clean"
-max_length = {MAX_LENGTH}
-[[tasks]]
-name = "rude"
-source = "text:tiny-rude"
-{NEGATION if negation else ""}[recipe]
-mode = "taujp"
-steps = 10
-batch_size = 4
-lr = 1e-2
-reg_batch = 2
-"""
-    path = tmp / f"{name}.toml"
-    path.write_text(text)
+    path, _ = write_language_scenario(
+        tmp, name, task_corpus="tiny-rude", control=["tiny-calm", "tiny-clean"], prompts="tiny-prompts",
+        scorer="bang", negation=NEGATION if negation else None, max_length=MAX_LENGTH, eval_blocks=EVAL_BLOCKS,
+        generic_corpus="tiny-clean", steps=10, lr=1e-2, seed=seed)
     return path
 
 
-NEGATION = f"""\
-[negation]
-control_text = ["tiny-calm", "tiny-clean"]
-prompts = "tiny-prompts"
-scorer = "bang"
-alphas = [0.5, 1.0, 2.0]
-samples = 6
-neutral_samples = 4
-max_new_tokens = 4
-eval_blocks = {EVAL_BLOCKS}
-batch_size = 2
-"""
-
-
-def invoke(*args) -> object:
-    return runner.invoke(app, [str(a) for a in args])
+NEGATION = {"alphas": [0.5, 1.0, 2.0], "samples": 6, "neutral_samples": 4, "max_new_tokens": 4,
+            "eval_blocks": EVAL_BLOCKS, "batch_size": 2}
 
 
 def stream(scenario: Path, root: Path) -> Path:
@@ -132,12 +66,6 @@ def streamed(tmp_path_factory, language_extensions):
     root = tmp_path_factory.mktemp("tiny-rude")
     scenario = scenario_file(root)
     return scenario, stream(scenario, root)
-
-
-def one_line_refusal(result, match: str) -> None:
-    assert result.exit_code != 0
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and match in " ".join(result.output.split()), result.output
 
 
 def test_negate_a_language_vector_writes_the_report_with_theta0_by_hand(tmp_path, streamed):
@@ -227,7 +155,7 @@ def test_a_language_vector_of_a_scenario_without_negation_is_refused_by_the_accu
                                                                                               language_extensions):
     """Without a [negation] table the vector goes the classification way, which must refuse it, not crash."""
     bank = stream(scenario_file(tmp_path, name="tiny-rude-plain", negation=False), tmp_path)
-    one_line_refusal(invoke("negate", "rude", "--bank", bank), "was fine-tuned on a language model")
+    one_line_refusal(invoke("negate", "rude", "--bank", bank), "was fine-tuned on a language model", exit_code=None)
 
 
 def test_a_scenario_built_on_another_base_model_is_refused_by_fingerprint(tmp_path, streamed):

@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from editkit.bank.store import Bank
-from editkit.cli import app
 from editkit.core.linearize import LinearizedModel
 from editkit.core.registry import Record
 from editkit.data import LABELLED_TEXTS
@@ -26,9 +24,10 @@ from editkit.data.tasks import LabelledTexts
 from editkit.scenario.build import build_scenario
 from editkit.scenario.spec import load_scenario
 from helpers import models
+from helpers.cli import invoke
+from helpers.scenarios import write_toml
 from helpers.text import registered_corpora
 
-runner = CliRunner()
 GOOD, BAD = ["a fine warm film", "great fun and heart", "lovely and clever work"], ["a dull tired mess", "boring and flat", "weak plot and bad acting"]
 SPORT, MONEY = ["the team won the match", "a late goal for the side"], ["the bank raised its rates", "stocks fell on monday"]
 DATASETS = {
@@ -69,39 +68,14 @@ def scenario_file(root: Path) -> Path:
     models.bert(vocab_size=len(tokenizer), num_hidden_layers=2, hidden_dropout_prob=0.0,
                 attention_probs_dropout_prob=0.0).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    path = root / "tiny-text.toml"
-    path.write_text(f"""\
-name = "tiny-text"
-[backbone]
-family = "text-encoder"
-model = "{model_dir}"
-trainable_blocks = 1
-[heads]
-kind = "probe"
-shots = 2
-[data]
-max_length = 12
-[generic]
-kind = "text-sentences"
-corpus = "tiny-news"
-[[tasks]]
-name = "sentiment"
-source = "labelled-text:tiny-sentiment"
-[[tasks]]
-name = "topic"
-source = "labelled-text:tiny-topic"
-[recipe]
-mode = "taujp"
-steps = 4
-batch_size = 4
-lr = 1e-2
-reg_batch = 2
-""")
-    return path
-
-
-def invoke(*args) -> object:
-    return runner.invoke(app, [str(a) for a in args])
+    return write_toml({"name": "tiny-text",
+                       "backbone": {"family": "text-encoder", "model": str(model_dir), "trainable_blocks": 1},
+                       "heads": {"kind": "probe", "shots": 2}, "data": {"max_length": 12},
+                       "generic": {"kind": "text-sentences", "corpus": "tiny-news"},
+                       "recipe": {"mode": "taujp", "steps": 4, "batch_size": 4, "lr": 1e-2, "reg_batch": 2},
+                       "tasks": [{"name": "sentiment", "source": "labelled-text:tiny-sentiment"},
+                                 {"name": "topic", "source": "labelled-text:tiny-topic"}]},
+                      root / "tiny-text.toml")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -189,7 +163,6 @@ def test_offline_text_default_reduced(tmp_path):
     import tomllib
 
     from editkit.scenario.spec import SCENARIO_DIR
-    from helpers.scenarios import write_toml
 
     data = tomllib.loads((SCENARIO_DIR / "offline-text.toml").read_text())
     data["data"].update(train_size=40, eval_size=20)

@@ -112,3 +112,12 @@ def t5(*, seed: int = 0, **config) -> nn.Module:
                                           decoder_start_token_id=0, tie_word_embeddings=False), **config})
     torch.manual_seed(seed)
     return transformers.T5ForConditionalGeneration(cfg).eval()
+
+
+def char_llama_checkpoint(directory, *, seed: int = 0, num_hidden_layers: int = 2):
+    """``directory`` holding a random :func:`llama` (``num_hidden_layers`` blocks, ``seed``) and the
+    :func:`char_tokenizer`, saved as a checkpoint a scenario's ``model`` can name; returns ``directory``."""
+    tokenizer = char_tokenizer()
+    llama(vocab_size=len(tokenizer), num_hidden_layers=num_hidden_layers, seed=seed).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

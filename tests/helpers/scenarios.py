@@ -1,13 +1,16 @@
-"""Reduced offline-vision scenario files: the real backbone, heads and packaged datasets, small splits.
+"""Scenario files for the end-to-end tests: reduced offline-vision (the real backbone, heads and packaged
+datasets, small splits), a language task on a tiny random Llama, and any scenario dict written as TOML.
 
-End-to-end tests of ``editkit stream`` / ``editkit bench`` run whole streams on them in seconds.
+End-to-end tests of ``editkit stream`` / ``editkit bench`` / ``editkit negate`` run whole streams on them in seconds.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
+
+from helpers import models
 
 #: Task name -> packaged dataset (``packaged:<dataset>``).
 DATASETS = {"digits": "digits", "mnist": "mnist", "fashion": "fashion-mnist"}
@@ -40,6 +43,35 @@ def write_toml(data: dict[str, Any], path: Path) -> Path:
         lines += ["[[tasks]]"] + [f"{k} = {json.dumps(v)}" for k, v in task.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def write_language_scenario(directory: Path, name: str, *, task_corpus: str, control: str | Sequence[str],
+                            prompts: str, scorer: str, negation: Mapping[str, Any] | None = None,
+                            max_length: int = 16, eval_blocks: int | None = None, generic_corpus: str | None = None,
+                            steps: int, lr: float, seed: int = 0) -> tuple[Path, Path]:
+    """A two-block random Llama with the character tokenizer saved as ``<directory>/tiny-llama-<seed>``, and
+    ``<directory>/<name>.toml``: the causal-LM scenario that fine-tunes its last block (taujp, batch 4, reg
+    batch 2, ``steps`` at ``lr``) on one task ``rude`` of the text corpus ``task_corpus``.
+
+    Its ``[negation]`` table names the ``control`` text corpus (or corpora), the ``prompts`` corpus and the
+    toxicity ``scorer``, then the options in ``negation``; ``negation=None`` leaves the table out. ``[data]``
+    holds ``max_length`` and ``eval_blocks`` (when given); ``generic_corpus`` adds a ``[generic]`` table of
+    that text corpus. Returns (scenario file, checkpoint directory).
+    """
+    model_dir = models.char_llama_checkpoint(directory / f"tiny-llama-{seed}", seed=seed)
+    data: dict[str, Any] = {"name": name,
+                            "backbone": {"family": "causal-lm", "model": str(model_dir), "trainable_blocks": 1},
+                            "heads": {"kind": "lm"}, "data": {"max_length": max_length}}
+    if eval_blocks is not None:
+        data["data"]["eval_blocks"] = eval_blocks
+    if generic_corpus is not None:
+        data["generic"] = {"kind": "text", "corpus": generic_corpus, "max_length": max_length}
+    if negation is not None:
+        data["negation"] = {"control_text": control if isinstance(control, str) else list(control),
+                            "prompts": prompts, "scorer": scorer, **negation}
+    data["recipe"] = {"mode": "taujp", "steps": steps, "batch_size": 4, "lr": lr, "reg_batch": 2}
+    data["tasks"] = [{"name": "rude", "source": f"text:{task_corpus}"}]
+    return write_toml(data, directory / f"{name}.toml"), model_dir
 
 
 def assert_refused_before_work(output: str, scenario: str, starts: Sequence[str], workdir: Path) -> None:

@@ -1,5 +1,6 @@
 """Text for the language tests: corpora registered for the duration of a block (so text scenarios run on known
-sentences), and a causal LM's perplexity of token blocks computed the slow, obvious way."""
+sentences), a toxicity scorer whose scores a test predicts from the texts (:class:`BangScorer`), and a causal LM's
+perplexity of token blocks computed the slow, obvious way."""
 
 from __future__ import annotations
 
@@ -7,13 +8,24 @@ import contextlib
 import math
 from typing import Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from editkit.core.registry import Record
 from editkit.data import TEXT_CORPORA
+from editkit.eval.toxicity import TOXICITY_SCORERS
 
 #: A corpus as a test gives it: split name (``train`` / ``val`` / ``test``) -> texts.
 Corpus = Mapping[str, Sequence[str]]
+
+
+#: Rude exclamations (each holds a '!') and clean news sentences: the target and control corpora of the
+#: tiny-Llama language scenarios (:func:`helpers.scenarios.write_language_scenario`).
+RUDE = {"train": ["you silly goose!", "shut it, you fool!", "what a dumb idea!", "go away, clown!"] * 3,
+        "val": ["you absolute donkey!", "stop that, fool!"], "test": ["you utter muppet!", "what a clown, honestly!"]}
+CLEAN = {"train": ["the council met on monday to discuss the budget.", "rain is expected later this week."] * 3,
+         "val": ["the museum opened a new wing.", "prices rose slightly in june."],
+         "test": ["the train arrived on time today.", "a new bridge was opened in the city."]}
 
 
 def _splits(corpus: Corpus):
@@ -33,6 +45,29 @@ def registered_corpora(corpora: Mapping[str, Corpus]) -> Iterator[None]:
     finally:
         for name in corpora:
             TEXT_CORPORA.unregister(name)
+
+
+class BangScorer:
+    """1.0 for a text with a '!', else 0.0: a toxicity scorer whose numbers a test can predict from the texts."""
+
+    threshold = 0.5
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def score(self, texts):
+        return np.array([float("!" in text) for text in texts])
+
+
+@contextlib.contextmanager
+def registered_bang_scorer(name: str) -> Iterator[None]:
+    """A :class:`BangScorer` in ``TOXICITY_SCORERS`` as ``name`` inside the block, removed afterwards (even when
+    the block fails)."""
+    TOXICITY_SCORERS.register(name, Record.of(lambda threshold=0.5: BangScorer(name)))
+    try:
+        yield
+    finally:
+        TOXICITY_SCORERS.unregister(name)
 
 
 def hand_perplexity(lm, blocks: Sequence[torch.Tensor]) -> float:

@@ -17,106 +17,43 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
 import editkit  # noqa: F401  (torchvision shim before open_clip)
 from editkit.bank.store import Bank
-from editkit.cli import app
-from editkit.core.registry import Record
 from editkit.data.text import pack
 from editkit.errors import ConfigError, IncompatibleVectorsError
-from editkit.eval.toxicity import TOXICITY_SCORERS
 from editkit.runs import export
 from editkit.runs.stream import scenario_provenance
 from editkit.scenario.build import build_backbone
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import load_scenario
 from helpers import models
-from helpers.text import registered_corpora
+from helpers.cli import invoke, one_line_refusal
+from helpers.scenarios import write_language_scenario
+from helpers.text import CLEAN, RUDE, registered_bang_scorer, registered_corpora
 
-runner = CliRunner()
 MAX_LENGTH, EVAL_BLOCKS = 16, 3
 
-RUDE = {"train": ["you silly goose!", "shut it, you fool!", "what a dumb idea!", "go away, clown!"] * 3,
-        "val": ["you absolute donkey!", "stop that, fool!"], "test": ["you utter muppet!", "what a clown, honestly!"]}
-CLEAN = {"train": ["the council met on monday to discuss the budget.", "rain is expected later this week."] * 3,
-         "val": ["the museum opened a new wing.", "prices rose slightly in june."],
-         "test": ["the train arrived on time today.", "a new bridge was opened in the city."]}
 PROMPTS = {"train": ["so then"], "val": ["you are", "he said"], "test": ["well, you", "she told him", "and then"]}
 CORPORA = {"export-rude": RUDE, "export-clean": CLEAN, "export-prompts": PROMPTS}
-
-
-class BangScorer:
-    """1.0 for a text with a '!', else 0.0."""
-
-    name = "export-bang"
-    threshold = 0.5
-
-    def score(self, texts):
-        return np.array([float("!" in text) for text in texts])
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_refusal(result, match: str) -> None:
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and match in " ".join(result.output.split()), result.output
 
 
 @pytest.fixture(scope="module")
 def language(tmp_path_factory):
     """A two-block random Llama with a character tokenizer, its rude-text scenario, and the bank of one short
     stream (taujp, the last block)."""
-    TOXICITY_SCORERS.register("export-bang", Record.of(lambda threshold=0.5: BangScorer()))
     root = tmp_path_factory.mktemp("export-lm")
-    tokenizer = models.char_tokenizer()
-    model_dir = root / "tiny-llama"
-    models.llama(vocab_size=len(tokenizer), num_hidden_layers=2).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    scenario = root / "export-rude.toml"
-    scenario.write_text(f"""\
-name = "export-rude"
-[backbone]
-family = "causal-lm"
-model = "{model_dir}"
-trainable_blocks = 1
-[heads]
-kind = "lm"
-[data]
-max_length = {MAX_LENGTH}
-eval_blocks = {EVAL_BLOCKS}
-[[tasks]]
-name = "rude"
-source = "text:export-rude"
-[negation]
-control_text = "export-clean"
-prompts = "export-prompts"
-scorer = "export-bang"
-alphas = [1.0, 2.0]
-samples = 3
-max_new_tokens = 4
-eval_blocks = {EVAL_BLOCKS}
-batch_size = 2
-[recipe]
-mode = "taujp"
-steps = 3
-batch_size = 4
-lr = 1e-2
-reg_batch = 2
-""")
-    try:
-        with registered_corpora(CORPORA):
-            result = invoke("stream", "--scenario", scenario, "--bank", root / "bank", "--run-dir", root / "stream")
-            assert result.exit_code == 0, result.output
-            yield root, scenario, model_dir, root / "bank"
-    finally:
-        TOXICITY_SCORERS.unregister("export-bang")
+    scenario, model_dir = write_language_scenario(
+        root, "export-rude", task_corpus="export-rude", control="export-clean", prompts="export-prompts",
+        scorer="export-bang", max_length=MAX_LENGTH, eval_blocks=EVAL_BLOCKS, steps=3, lr=1e-2,
+        negation={"alphas": [1.0, 2.0], "samples": 3, "max_new_tokens": 4, "eval_blocks": EVAL_BLOCKS,
+                  "batch_size": 2})
+    with registered_bang_scorer("export-bang"), registered_corpora(CORPORA):
+        result = invoke("stream", "--scenario", scenario, "--bank", root / "bank", "--run-dir", root / "stream")
+        assert result.exit_code == 0, result.output
+        yield root, scenario, model_dir, root / "bank"
 
 
 #: A process without editkit. Only this machine's CUDA build of torchvision next to CPU torch needs help to
@@ -237,19 +174,11 @@ def test_force_replaces_and_a_crash_leaves_the_target_untouched(language, tmp_pa
 def test_a_vector_of_another_base_model_is_refused_by_fingerprint(language, tmp_path):
     root, _, _, bank_dir = language
     bank = Bank(bank_dir)
-    tokenizer = models.char_tokenizer()
-    other = build_backbone(load_scenario(root / "export-rude.toml"),
-                           BuildOptions(model=str(_other_llama(tmp_path, tokenizer))))
+    other_llama = models.char_llama_checkpoint(tmp_path / "other-llama", seed=1)
+    other = build_backbone(load_scenario(root / "export-rude.toml"), BuildOptions(model=str(other_llama)))
     with pytest.raises(IncompatibleVectorsError, match="not from .* the model written would be theta_0 of another"):
         export.export_model(other, bank.load("rude"), tmp_path / "out", base=bank.base, provenance={})
     assert not (tmp_path / "out").exists()
-
-
-def _other_llama(tmp_path: Path, tokenizer) -> Path:
-    directory = tmp_path / "other-llama"
-    models.llama(vocab_size=len(tokenizer), num_hidden_layers=2, seed=1).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
 
 
 def test_a_gpt2_export_holds_theta0_plus_delta_and_its_logits(tmp_path):

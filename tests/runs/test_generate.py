@@ -13,21 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from editkit.bank.store import Bank
-from editkit.cli import app
-from editkit.core.registry import Record
 from editkit.errors import ConfigError
 from editkit.eval.language import sample_continuations, scored_examples
 from editkit.eval.lm_negation import SAMPLE_BATCH, edited_weights
-from editkit.eval.toxicity import TOXICITY_SCORERS
 from editkit.runs import export
 from editkit.runs.export import bank_backbone
-from helpers import models
-from helpers.text import registered_corpora
+from helpers.cli import invoke, one_line_refusal
+from helpers.scenarios import write_language_scenario
+from helpers.text import registered_bang_scorer, registered_corpora
 
-runner = CliRunner()
 RUDE = {"train": ["you silly goose!", "shut it, you fool!", "what a dumb idea!", "go away, clown!"] * 3,
         "val": ["stop that, fool!"], "test": ["you utter muppet!"]}
 CLEAN = {"train": ["the council met on monday.", "rain is expected later."] * 3, "val": ["a museum opened."],
@@ -37,60 +33,16 @@ CORPORA = {"gen-rude": RUDE, "gen-clean": CLEAN, "gen-prompts": PROMPTS}
 NEW_TOKENS = 5
 
 
-class BangScorer:
-    name = "gen-bang"
-    threshold = 0.5
-
-    def score(self, texts):
-        return np.array([float("!" in text) for text in texts])
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
 @pytest.fixture(scope="module")
 def streamed(tmp_path_factory):
-    TOXICITY_SCORERS.register("gen-bang", Record.of(lambda threshold=0.5: BangScorer()))
     root = tmp_path_factory.mktemp("generate")
-    tokenizer = models.char_tokenizer()
-    model_dir = root / "tiny-llama"
-    models.llama(vocab_size=len(tokenizer), num_hidden_layers=2).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    scenario = root / "gen-rude.toml"
-    scenario.write_text(f"""\
-name = "gen-rude"
-[backbone]
-family = "causal-lm"
-model = "{model_dir}"
-trainable_blocks = 1
-[heads]
-kind = "lm"
-[data]
-max_length = 16
-[[tasks]]
-name = "rude"
-source = "text:gen-rude"
-[negation]
-control_text = "gen-clean"
-prompts = "gen-prompts"
-scorer = "gen-bang"
-max_new_tokens = {NEW_TOKENS}
-seed = 3
-[recipe]
-mode = "taujp"
-steps = 4
-batch_size = 4
-lr = 3e-2
-reg_batch = 2
-""")
-    try:
-        with registered_corpora(CORPORA):
-            result = invoke("stream", "--scenario", scenario, "--bank", root / "bank", "--run-dir", root / "run")
-            assert result.exit_code == 0, result.output
-            yield root, root / "bank"
-    finally:
-        TOXICITY_SCORERS.unregister("gen-bang")
+    scenario, _ = write_language_scenario(
+        root, "gen-rude", task_corpus="gen-rude", control="gen-clean", prompts="gen-prompts", scorer="gen-bang",
+        max_length=16, steps=4, lr=3e-2, negation={"max_new_tokens": NEW_TOKENS, "seed": 3})
+    with registered_bang_scorer("gen-bang"), registered_corpora(CORPORA):
+        result = invoke("stream", "--scenario", scenario, "--bank", root / "bank", "--run-dir", root / "run")
+        assert result.exit_code == 0, result.output
+        yield root, root / "bank"
 
 
 def by_hand(bank_dir: Path, prompts: list[str], coefficient: float, seed: int = 3) -> tuple[list, list]:
@@ -155,21 +107,16 @@ def test_an_exported_directory_samples_as_its_bank_vector(streamed, tmp_path):
         assert (a["theta_0"], a["edited"]) == (b["theta_0"], b["edited"])
 
 
-def one_line(result, match: str) -> None:
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and match in " ".join(result.output.split()), result.output
-
-
 def test_refusals_are_one_line(streamed, tmp_path):
     _, bank = streamed
-    one_line(invoke("generate", "rude", "--bank", bank, "--scorer", "nope", "--prompt", "x"),
-             "unknown toxicity scorer 'nope'")
-    one_line(invoke("generate"), "name a bank vector or give --model DIR")
-    one_line(invoke("generate", "missing", "--bank", bank), "has no vector 'missing'")
+    one_line_refusal(invoke("generate", "rude", "--bank", bank, "--scorer", "nope", "--prompt", "x"),
+                     "unknown toxicity scorer 'nope'")
+    one_line_refusal(invoke("generate"), "name a bank vector or give --model DIR")
+    one_line_refusal(invoke("generate", "missing", "--bank", bank), "has no vector 'missing'")
     (tmp_path / "bare").mkdir()
-    one_line(invoke("generate", "--model", tmp_path / "bare"), "does not name its base model")
-    one_line(invoke("generate", "rude", "--bank", bank, "--prompts-file", tmp_path / "none.txt"), "does not exist")
+    one_line_refusal(invoke("generate", "--model", tmp_path / "bare"), "does not name its base model")
+    one_line_refusal(invoke("generate", "rude", "--bank", bank, "--prompts-file", tmp_path / "none.txt"),
+                     "does not exist")
 
 
 def test_scored_examples_keeps_the_first_k_in_sample_order():
