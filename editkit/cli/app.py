@@ -400,6 +400,30 @@ def _save_outputs(result, out: Optional[Path], json_path: Optional[Path]) -> Non
 
 @app.command()
 @friendly_errors
+def init(
+    data: Path = typer.Argument(..., help="Your data: an image folder (train/<class>/*), a table with text and "
+                                "label columns (.csv, .jsonl, .parquet, a save_to_disk folder), a text file (.txt, "
+                                "one document per line), or a folder of several (one task each)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Scenario file to write (default: <name>.toml here)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Scenario name (default: the data's file or folder "
+                                       "name)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Text backbones: a Hugging Face model id (local "
+                                        "cache) or checkpoint directory instead of the embedded one."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing scenario file."),
+) -> None:
+    """Write a commented scenario file for your data (backbone by modality, every option at its default);
+    run it with editkit stream --scenario FILE."""
+    from editkit.cli.console import console
+    from editkit.runs.new_scenario import TEMPLATES, new_scenario
+
+    path, tasks = new_scenario(data, out, name=name, model=model, force=force)
+    console.print(f"wrote {path}: {len(tasks)} task(s) of {tasks[0].modality} "
+                  f"({', '.join(t.name for t in tasks)}), from the scenario {TEMPLATES[tasks[0].modality]}")
+    console.print(f"check it: editkit stream --scenario {path} --check   run it: editkit stream --scenario {path}")
+
+
+@app.command()
+@friendly_errors
 def scenarios() -> None:
     """List the known scenarios."""
     from rich.table import Table

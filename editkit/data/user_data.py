@@ -176,9 +176,8 @@ def _table_source(fmt: str) -> Record:
 
     build.__doc__ = f"The {fmt} table(s) at ``dataset`` as a task (:func:`table_task`)."
     return Record.of(build, check=check, path=True, help={
-        **SIZE_HELP, **IMAGE_HELP, "text_column": "column of the texts", "label_column": "column of the labels",
-        "image_column": "column of the images (file paths or bytes), read when there is no text column",
-        "eval_size": "at most this many validation / test examples each, classes in proportion (default: all)"})
+        **IMAGE_HELP, **SIZE_HELP, "text_column": "column of the texts", "label_column": "column of the labels",
+        "image_column": "column of the images (file paths or bytes), read when there is no text column"})
 
 
 def problems_of(read: Any, prefix: str = "") -> list[str]:
