@@ -80,8 +80,9 @@ HAND_PERPLEXITY = textwrap.dedent("""
             for row in rows:
                 logp = torch.log_softmax(lm(input_ids=torch.tensor([row])).logits[0].double(), dim=-1)
                 for t in range(len(row) - 1):
-                    nll -= float(logp[t, row[t + 1]])
-                    count += 1
+                    if row[t] != lm.config.eos_token_id:  # the first token of the next packed text is no target
+                        nll -= float(logp[t, row[t + 1]])
+                        count += 1
         out[role] = math.exp(nll / count)
     out["editkit_imported"] = any(name == "editkit" or name.startswith("editkit.") for name in sys.modules)
     out["generation_config"] = lm.generation_config is not None
