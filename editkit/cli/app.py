@@ -155,8 +155,9 @@ def add(
     bank: Path = BankOption,
     out: Optional[Path] = typer.Option(None, help="Save the edited model, theta_0 + the merged vector: a Hugging "
                                        "Face model directory (causal LM, text encoder, seq2seq LM), an open_clip "
-                                       "checkpoint file (CLIP), else a safetensors state dict of the backbone module "
-                                       "(non-linear vectors only); with --tau-only: the merged vector itself."),
+                                       "checkpoint file (CLIP), a torchvision state dict (torchvision), else a "
+                                       "safetensors state dict of the backbone module (non-linear vectors only); "
+                                       "with --tau-only: the merged vector itself."),
     tau_only: bool = typer.Option(False, "--tau-only", help="--out writes the merged task vector, not a model."),
     force: bool = typer.Option(False, "--force", help="--out may replace a non-empty directory."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),

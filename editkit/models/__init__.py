@@ -16,4 +16,4 @@ from editkit.core.registry import Record, Registry
 BACKBONES: Registry[Record] = Registry("backbone family")
 HEADS: Registry[Record] = Registry("head kind")
 
-from editkit.models import causal_lm, clip, efficientnet, heads, seq2seq, text_encoder  # noqa: E402,F401  (built-in extensions register themselves)
+from editkit.models import causal_lm, clip, efficientnet, heads, seq2seq, text_encoder, torchvision_models  # noqa: E402,F401  (built-in extensions register themselves)

@@ -13,7 +13,11 @@ format its family is read with elsewhere, so nothing of editkit is needed to loa
 - **open_clip** backbones: one checkpoint file of the whole CLIP model (both towers, the image tower
   edited), which ``open_clip.create_model_and_transforms(arch, pretrained=PATH)`` loads: safetensors
   (provenance in its header) when the path ends in ``.safetensors``, else a torch file
-  ``{"state_dict": ..., "editkit": <provenance>}``.
+  ``{"state_dict": ..., "editkit": <provenance>}``;
+- **torchvision** backbones: the state dict of the whole torchvision model (the edited feature layers and
+  the classification layer as it came), which ``torchvision.models.get_model(arch).load_state_dict``
+  loads as it is: safetensors (provenance in its header) when the path ends in ``.safetensors``, else
+  a torch file of the plain state dict with the provenance beside it in ``<PATH>.editkit.json``.
 
 For vectors of **linearized** models (``linear``, ``taujp``) the written model is the ordinary
 network at the weights theta_0 + delta, the same weights ``editkit negate`` samples continuations
@@ -46,22 +50,25 @@ from editkit.errors import BankError, ConfigError, IncompatibleVectorsError
 from editkit.merge.arithmetic import TaskVector, combine, negation_coefficients
 from editkit.models.backbone import Backbone
 from editkit.models.blocks import BlockTail
+from editkit.models.torchvision_models import TorchvisionBackbone, torchvision_state
 from editkit.runs.edit import find_scenario, recorded_build
 from editkit.scenario.build import backbone_options, build_backbone
 from editkit.scenario.options import BuildOptions
-from editkit.util.atomic import atomic_dir, atomic_path
+from editkit.util.atomic import atomic_dir, atomic_path, atomic_write_text
 
 log = logging.getLogger(__name__)
 
-TRANSFORMERS, OPEN_CLIP = "transformers", "open_clip"
+TRANSFORMERS, OPEN_CLIP, TORCHVISION = "transformers", "open_clip", "torchvision"
 #: Backbone family -> export format; a family not named here has none (``add --out`` then writes the
 #: backbone module's state dict, :func:`editkit.runs.checkpoints.write_model`).
 FAMILY_FORMATS = {"causal-lm": TRANSFORMERS, "text-encoder": TRANSFORMERS, "seq2seq-lm": TRANSFORMERS,
-                  "clip": OPEN_CLIP}
+                  "clip": OPEN_CLIP, "torchvision": TORCHVISION}
 #: Backbone family -> the transformers auto class that reads its export.
 AUTO_CLASSES = {"causal-lm": "AutoModelForCausalLM", "text-encoder": "AutoModel",
                 "seq2seq-lm": "AutoModelForSeq2SeqLM"}
 PROVENANCE_FILE = "editkit.json"
+#: A torchvision torch-file export's provenance sits beside it, in ``<file><suffix>``.
+PROVENANCE_SUFFIX = ".editkit.json"
 CARD_FILE = "README.md"
 
 
@@ -169,6 +176,30 @@ def _write_open_clip(backbone: Backbone, delta: Mapping[str, torch.Tensor], out:
             torch.save({"state_dict": state, "editkit": json.loads(json.dumps(provenance, default=str))}, tmp)
 
 
+def _write_torchvision(backbone: Backbone, delta: Mapping[str, torch.Tensor], out: Path,
+                       provenance: Mapping[str, Any]) -> None:
+    with edited(backbone.module, delta):
+        state = {key: value.detach().to("cpu").clone().contiguous() for key, value in backbone.module.state_dict().items()}
+    state = torchvision_state(backbone, state)
+    text = json.dumps(provenance, default=str)
+    with atomic_path(out) as tmp:
+        if out.suffix == ".safetensors":
+            from safetensors.torch import save_file
+
+            save_file(state, str(tmp), metadata={"format": "pt", "editkit": text})
+        else:
+            torch.save(state, tmp)
+    if out.suffix != ".safetensors":
+        atomic_write_text(out.with_name(out.name + PROVENANCE_SUFFIX), text + "\n")
+
+
+def backbone_format(backbone: Backbone) -> str:
+    """The format a built backbone's edited model is written in."""
+    if hasattr(backbone, "clip_model"):
+        return OPEN_CLIP
+    return TORCHVISION if isinstance(backbone, TorchvisionBackbone) else TRANSFORMERS
+
+
 def export_model(backbone: Backbone, delta: Mapping[str, torch.Tensor], out: Path | str, *, base: str | None,
                  provenance: Mapping[str, Any], force: bool = False) -> Path:
     """Write ``backbone``'s whole model at theta_0 + ``delta`` to ``out`` (see the module docstring).
@@ -178,7 +209,7 @@ def export_model(backbone: Backbone, delta: Mapping[str, torch.Tensor], out: Pat
     force: replace what is at ``out``.
     """
     out = Path(out)
-    fmt = OPEN_CLIP if hasattr(backbone, "clip_model") else TRANSFORMERS
+    fmt = backbone_format(backbone)
     if fmt == TRANSFORMERS:
         whole_model(backbone)  # refuses a backbone without one before anything is hashed or written
     check_target(out, force=force, directory=fmt == TRANSFORMERS)
@@ -186,6 +217,8 @@ def export_model(backbone: Backbone, delta: Mapping[str, torch.Tensor], out: Pat
     provenance = {**provenance, "format": fmt}
     if fmt == TRANSFORMERS:
         _write_transformers(backbone, delta, out, provenance, force)
+    elif fmt == TORCHVISION:
+        _write_torchvision(backbone, delta, out, provenance)
     else:
         _write_open_clip(backbone, delta, out, provenance)
     log.info("wrote the edited model to %s", out)
@@ -376,7 +409,7 @@ def export_vectors(bank: Bank, coefficients: Mapping[str, float], out: Path | st
     """For scripts: theta_0 + sum alpha_i tau_i of the named bank vectors (``{name: alpha}``; negative for a
     negation), written without scoring anything (``scores``: numbers of your own for the card)."""
     out = Path(out)
-    check_target(out, force=force, directory=export_format(bank, list(coefficients)) != OPEN_CLIP)
+    check_target(out, force=force, directory=export_format(bank, list(coefficients)) == TRANSFORMERS)
     vector: TaskVector = combine(bank, dict(coefficients))
     backbone = bank_backbone(bank, next(iter(coefficients)), build)
     provenance = provenance_of(bank, coefficients, operation="add", mode=vector.mode, build=build, scores=scores)

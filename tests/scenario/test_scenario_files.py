@@ -177,7 +177,7 @@ def test_the_reported_defect_no_longer_runs_with_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (('family = "toy"', 'family = "resnet"'), "[backbone]: unknown backbone family 'resnet'; known: causal-lm, clip, efficientnet-lite0, seq2seq-lm, text-encoder, toy"),
+    (('family = "toy"', 'family = "resnet"'), "[backbone]: unknown backbone family 'resnet'; known: causal-lm, clip, efficientnet-lite0, seq2seq-lm, text-encoder, torchvision, toy"),
     (('kind = "probe"', 'kind = "knn"'), "[heads]: unknown head kind 'knn'; known: lm, probe, text-to-text, zero-shot"),
     (('kind = "natural-crops"', 'kind = "noise"'), "[generic]: unknown generic source 'noise'; known: natural-crops, text"),
     (('"blobs:ab"', '"blob:ab"'), "task 'first': unknown task source 'blob'; known: blobs, csv, glue, hf-dataset, imagefolder, jsonl, labelled-text, packaged, parquet, text, vision8"),

@@ -1,0 +1,151 @@
+"""A torchvision classification model by name as the backbone family ``torchvision``, weights from a local file.
+
+::
+
+    [backbone]
+    family = "torchvision"
+    model = "resnet18"          # any of torchvision.models.list_models(module=torchvision.models)
+    weights = "resnet18.pth"    # a state dict of the whole model (.pth / .pt torch file or .safetensors)
+    image_size = 224
+
+``weights`` is a file path (relative to the working directory), a torchvision weights name
+(``IMAGENET1K_V1``, ``DEFAULT``) read from the torch hub cache only (never downloaded), or
+``random`` (initialised from ``seed``). Features are the input of the model's last ``nn.Linear``
+(its classification layer, replaced by an identity), so a probe head sits on top as on the other
+non-CLIP backbones; the replaced layer's weights are kept aside, so ``editkit add --out`` writes a
+state dict the torchvision model loads whole (:mod:`editkit.runs.export`). Images are resized to
+``image_size`` and ImageNet-normalized, as the EfficientNet family does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from editkit.core.registry import Record
+from editkit.errors import ConfigError, MissingResourceError
+from editkit.models import BACKBONES
+from editkit.models.backbone import Backbone
+from editkit.models.efficientnet import image_batch_to_tensor
+
+RANDOM = "random"
+
+
+@dataclass
+class TorchvisionBackbone(Backbone):
+    """A torchvision model without its classification layer; ``classifier`` holds that layer's state under
+    the model's own names, ``arch`` the model's torchvision name."""
+
+    arch: str = ""
+    classifier: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+
+def _known_models() -> list[str]:
+    import torchvision
+
+    return torchvision.models.list_models(module=torchvision.models)
+
+
+def _hub_weights_path(model: str, weights: str) -> Path:
+    """Where torchvision caches the weights ``weights`` of ``model`` (the torch hub checkpoints folder)."""
+    import torchvision
+
+    try:
+        enum = torchvision.models.get_model_weights(model)
+        value = enum[weights] if weights != "DEFAULT" else enum.DEFAULT
+    except (KeyError, ValueError):
+        raise ConfigError(f"torchvision's {model} has no weights {weights!r}") from None
+    return Path(torch.hub.get_dir()) / "checkpoints" / Path(value.url).name
+
+
+def _is_name(weights: str) -> bool:
+    """Whether ``weights`` is a torchvision weights name (``IMAGENET1K_V1``) rather than a file path."""
+    return not (Path(weights).suffix or "/" in weights or Path(weights).expanduser().exists())
+
+
+def weights_path(model: str, weights: str) -> Path | None:
+    """The file ``weights`` names (None: random weights)."""
+    if weights.lower() == RANDOM:
+        return None
+    return _hub_weights_path(model, weights) if _is_name(weights) else Path(weights).expanduser()
+
+
+def check(model: str = "resnet18", weights: str = RANDOM, image_size: int = 224, seed: int = 0) -> list[str]:
+    """One line per missing piece: an unknown model name, a weights file that is not there."""
+    if model not in _known_models():
+        return [f"torchvision has no classification model {model!r} (e.g. resnet18, mobilenet_v3_small, "
+                "efficientnet_b0, vit_b_16; torchvision.models.list_models() lists them)"]
+    try:
+        path = weights_path(model, weights)
+    except ConfigError as exc:
+        return [str(exc)]
+    if path is None or path.is_file():
+        return []
+    if _is_name(weights):
+        return [f"torchvision's {model} weights {weights} are not in the torch hub cache ({path}): on a machine "
+                f"with internet run torchvision.models.{model}(weights={weights!r}) and copy that file there, or "
+                "give weights = a local state dict file"]
+    return [f"the {model} weights file {path} does not exist: give weights = a state dict file of the whole model"]
+
+
+def _load_state(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    return state.get("state_dict", state) if isinstance(state, dict) else state
+
+
+def _last_linear(net: nn.Module) -> str:
+    names = [name for name, module in net.named_modules() if isinstance(module, nn.Linear)]
+    if not names:
+        raise ConfigError(f"{type(net).__name__} has no linear classification layer to take features before")
+    return names[-1]
+
+
+def build(model: str = "resnet18", weights: str = RANDOM, image_size: int = 224, seed: int = 0) -> TorchvisionBackbone:
+    """The torchvision ``model`` at ``weights``, its classification layer taken off (see the module docstring)."""
+    if problems := check(model, weights, image_size, seed):
+        raise MissingResourceError("\n".join(problems))
+    import torchvision
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = torchvision.models.get_model(model, weights=None)
+    path = weights_path(model, weights)
+    if path is not None:
+        try:
+            net.load_state_dict(_load_state(path))
+        except RuntimeError as exc:
+            raise ConfigError(f"the weights {path} do not fit torchvision's {model}: "
+                              f"{str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else exc}") from None
+    name = _last_linear(net)
+    layer = net.get_submodule(name)
+    classifier = {f"{name}.{key}": value.detach().clone() for key, value in layer.state_dict().items()}
+    net.set_submodule(name, nn.Identity())
+    return TorchvisionBackbone(
+        name=f"torchvision:{model}@{image_size}" + (f"/{path.name}" if path is not None else f"/random{seed}"),
+        module=net, feature_dim=layer.in_features,
+        preprocess=lambda image: image_batch_to_tensor(np.asarray(image.convert("RGB"))[None], image_size)[0],
+        batch_preprocess=lambda images: image_batch_to_tensor(images, image_size),
+        arch=model, classifier=classifier)
+
+
+def torchvision_state(backbone: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (the backbone module's) with the classification layer put back: what the torchvision model
+    loads whole."""
+    return {**state, **backbone.classifier}
+
+
+BACKBONES.register("torchvision", Record.of(build, check=check, help={
+    "model": "torchvision classification model name (resnet18, mobilenet_v3_small, vit_b_16, ...)",
+    "weights": "state dict file of the whole model, a torchvision weights name in the torch hub cache "
+               "(IMAGENET1K_V1, DEFAULT), or 'random'",
+    "image_size": "input side in pixels (images are resized to it)",
+    "seed": "seed of random weights"}))

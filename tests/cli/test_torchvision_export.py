@@ -1,0 +1,66 @@
+"""A user's torchvision model on a user's image folder, and ``editkit add --out``: the state dict written is
+theta_0 (the weights file) plus the banked vector, with the classification layer as it came, and torchvision's
+own model loads it whole."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import torchvision
+from typer.testing import CliRunner
+
+from editkit.bank.store import Bank
+from editkit.cli import app
+from helpers.vision import make_image
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_stream_then_add_out_writes_a_torchvision_state_dict(offline, tmp_path):
+    torch.manual_seed(0)
+    net = torchvision.models.resnet18().eval()
+    torch.save(net.state_dict(), tmp_path / "resnet18.pth")
+    for label, name in enumerate(["ant", "bee"]):
+        (tmp_path / "bugs" / name).mkdir(parents=True)
+        for i in range(8):
+            make_image(label, i, size=16).save(tmp_path / "bugs" / name / f"{i}.png")
+    (tmp_path / "bugs.toml").write_text(f"""\
+name = "bugs"
+[backbone]
+family = "torchvision"
+model = "resnet18"
+weights = "{tmp_path / 'resnet18.pth'}"
+image_size = 32
+[heads]
+kind = "probe"
+shots = 2
+[[tasks]]
+name = "bugs"
+source = "imagefolder:bugs"
+[recipe]
+mode = "nonlinear"
+batch_size = 4
+""")
+    invoke("stream", "--scenario", "bugs.toml", "--steps", 2, "--bank", "bank", "--run-dir", "run")
+    invoke("add", "bugs", "--alpha", "0.5", "--bank", "bank", "--out", "edited.pth")
+    tau = Bank(tmp_path / "bank").load("bugs")
+    written = torch.load(tmp_path / "edited.pth", weights_only=True)
+    theta0 = net.state_dict()
+    assert set(written) == set(theta0)
+    changed = [k for k in tau if tau[k].abs().sum() > 0]
+    assert changed and all(k in theta0 for k in tau)
+    for key, value in written.items():
+        expected = theta0[key] + 0.5 * tau[key] if key in tau else theta0[key]
+        torch.testing.assert_close(value, expected, rtol=0, atol=1e-6)
+    torchvision.models.resnet18().load_state_dict(written)  # loads whole, strict
+    provenance = json.loads((tmp_path / "edited.pth.editkit.json").read_text())
+    assert provenance["format"] == "torchvision" and provenance["family"] == "torchvision"
+    assert provenance["vectors"]["bugs"]["coefficient"] == 0.5
+    assert provenance["base_model"]["fingerprint"] == Bank(tmp_path / "bank").base
