@@ -70,16 +70,30 @@ class Table:
                      self.base)
 
 
-def fingerprint(path: Path) -> str:
-    """Identity of a file or directory as it is now: every file's relative name, size and modification time
-    (not its content: reading a 10k-image folder to hash it would cost what caching saves)."""
+def file_states(path: Path) -> list[tuple[str, int, int]]:
+    """(name relative to ``path``, size, modification time in ns) of every file under ``path`` (the file
+    itself for a file), sorted by name; one ``os.walk`` and one ``stat`` per file."""
     path = Path(path)
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    digest = hashlib.sha256(str(path.resolve()).encode())
-    for file in files:
-        stat = file.stat()
-        digest.update(f"{file.relative_to(path) if path.is_dir() else file.name}|{stat.st_size}|"
-                      f"{stat.st_mtime_ns}\n".encode())
+    if path.is_file():
+        stat = path.stat()
+        return [(path.name, stat.st_size, stat.st_mtime_ns)]
+    found = []
+    prefix = len(os.path.join(str(path), ""))
+    for directory, _, names in os.walk(path):
+        for name in names:
+            full = os.path.join(directory, name)
+            stat = os.stat(full)
+            found.append((full[prefix:], stat.st_size, stat.st_mtime_ns))
+    return sorted(found)
+
+
+def fingerprint(path: Path, states: list[tuple[str, int, int]] | None = None) -> str:
+    """Identity of a file or folder as it is now: every file's relative name, size and modification time
+    (:func:`file_states`, or ``states`` when the caller has them), not its content: reading a 10k-image folder
+    to hash it would cost what caching saves."""
+    digest = hashlib.sha256(str(Path(path).resolve()).encode())
+    for name, size, mtime in file_states(path) if states is None else states:
+        digest.update(f"{name}|{size}|{mtime}\n".encode())
     return digest.hexdigest()[:32]
 
 

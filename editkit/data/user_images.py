@@ -28,6 +28,8 @@ from __future__ import annotations
 import functools
 import io
 import logging
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -37,7 +39,7 @@ import torch
 from editkit.core.registry import Record
 from editkit.data import TASK_SOURCES
 from editkit.data.sources import TEST_DIR_NAMES
-from editkit.data.tables import fingerprint
+from editkit.data.tables import file_states, fingerprint
 from editkit.data.tasks import TaskData, split_roles, stratified_holdout, tensor_task
 from editkit.data.text_classification import stratified_choice
 from editkit.errors import DataError
@@ -47,7 +49,9 @@ from editkit.util.atomic import atomic_path
 log = logging.getLogger(__name__)
 
 TEST_FRACTION = 0.2
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
+#: Decoded images: one uint8 ``(N, H, W, 3)`` array when they share a shape, else a list of ``(H, W, 3)`` arrays.
+Pixels = np.ndarray | list
 
 
 @functools.lru_cache(maxsize=1)
@@ -58,19 +62,13 @@ def image_suffixes() -> frozenset[str]:
     return frozenset(Image.registered_extensions())
 
 
-def _visible(path: Path) -> bool:
-    return not path.name.startswith(".")
+def _visible(name: str) -> bool:
+    return not name.startswith(".")
 
 
 def class_dirs(directory: Path) -> list[Path]:
     """The class folders of a split folder, sorted by name."""
-    return sorted(p for p in directory.iterdir() if p.is_dir() and _visible(p))
-
-
-def image_files(directory: Path) -> list[Path]:
-    """The image files of a class folder (any depth), sorted."""
-    return sorted(p for p in directory.rglob("*") if p.is_file() and _visible(p)
-                  and p.suffix.lower() in image_suffixes())
+    return sorted(p for p in directory.iterdir() if p.is_dir() and _visible(p.name))
 
 
 def split_dirs(root: Path) -> dict[str, Path]:
@@ -81,10 +79,49 @@ def split_dirs(root: Path) -> dict[str, Path]:
     return {"train": root / "train", **{name: root / name for name in TEST_DIR_NAMES if (root / name).is_dir()}}
 
 
+@dataclass
+class FolderScan:
+    """An image folder as one walk of it finds it: ``files[(split, class)]`` are the image files of a class
+    folder (any depth below it, sorted), ``others`` its other visible files; ``key`` identifies the folder's
+    state (the pixel cache's name)."""
+
+    root: Path
+    key: str
+    splits: dict[str, Path]
+    classes: dict[str, list[str]]
+    files: dict[tuple[str, str], list[str]]
+    others: dict[tuple[str, str], list[str]]
+
+    @property
+    def roles(self) -> dict[str, str]:
+        return {"train": ""} if "" in self.splits else split_roles(self.splits)
+
+
+def scan_folder(root: Path) -> FolderScan:
+    """Walk ``root`` once (names, sizes, times: no file is opened)."""
+    states = file_states(root)
+    splits = split_dirs(root)
+    classes = {name: [d.name for d in class_dirs(folder)] for name, folder in splits.items()}
+    files: dict[tuple[str, str], list[str]] = {(s, c): [] for s, names in classes.items() for c in names}
+    others: dict[tuple[str, str], list[str]] = {key: [] for key in files}
+    depth = 0 if "" in splits else 1  # where the class folder sits in a relative name
+    suffixes, base = image_suffixes(), str(root)
+    for name, _, _ in states:  # names as strings: a Path per file costs more than the rest of the walk
+        parts = name.split(os.sep)
+        key = (parts[0] if depth else "", parts[depth])
+        if len(parts) < depth + 2 or key not in files or not all(_visible(part) for part in parts):
+            continue
+        if os.path.splitext(name)[1].lower() in suffixes:
+            files[key].append(os.path.join(base, name))
+        else:
+            others[key].append(parts[-1])
+    return FolderScan(root, fingerprint(root, states), splits, classes, files, others)
+
+
 # --------------------------------------------------------------------------- checks
 
 
-def _unreadable(files: Sequence[Path]) -> list[tuple[Path, str]]:
+def _unreadable(files: Sequence[str]) -> list[tuple[str, str]]:
     """(file, reason) of every file PIL cannot identify (headers only: nothing is decoded)."""
     from PIL import Image
 
@@ -98,10 +135,9 @@ def _unreadable(files: Sequence[Path]) -> list[tuple[Path, str]]:
     return bad
 
 
-def _class_problems(directory: Path, files: list[Path], *, headers: bool) -> list[str]:
+def _class_problems(directory: Path, files: list[str], others: list[str], *, headers: bool) -> list[str]:
     if not files:
-        others = sorted(p.name for p in directory.iterdir() if _visible(p))[:5]
-        return [f"class folder {directory} holds no image file (it holds: {', '.join(others) or 'nothing'})"]
+        return [f"class folder {directory} holds no image file (it holds: {', '.join(sorted(others)[:5]) or 'nothing'})"]
     bad = _unreadable(files) if headers else []
     if not bad:
         return []
@@ -109,29 +145,26 @@ def _class_problems(directory: Path, files: list[Path], *, headers: bool) -> lis
     return [f"{bad[0][0]} is not a readable image ({bad[0][1]}){more}"]
 
 
-def folder_problems(root: str | Path) -> list[str]:
+def folder_problems(root: str | Path, scan: FolderScan | None = None) -> list[str]:
     """One line per problem of the image folder ``root`` (see the module docstring); empty when it makes a
     task. Image headers are read unless the folder's pixels are cached already (decoded before)."""
     root = Path(root)
     if not root.is_dir():
         return [f"image folder {root} does not exist" if not root.exists() else f"{root} is not a folder"]
-    headers = not _cache_path(fingerprint(root)).is_file()
-    problems: list[str] = []
-    classes: dict[str, list[str]] = {}
-    for name, directory in split_dirs(root).items():
-        found = class_dirs(directory)
-        classes[name] = [d.name for d in found]
-        for folder in found:
-            problems += _class_problems(folder, image_files(folder), headers=headers)
-    roles = split_roles(classes) if "" not in classes else {"train": ""}
-    train = classes[roles["train"]]
+    scan = scan or scan_folder(root)
+    headers = not _cache_path(scan.key).is_file()
+    problems = [line for (split, name), files in scan.files.items()
+                for line in _class_problems(scan.splits[split] / name, files, scan.others[(split, name)],
+                                            headers=headers)]
+    roles = scan.roles
+    train = scan.classes[roles["train"]]
     if len(train) < 2:
-        problems.append(f"image folder {split_dirs(root)[roles['train']]} has {len(train)} class folder(s) "
+        problems.append(f"image folder {scan.splits[roles['train']]} has {len(train)} class folder(s) "
                         f"({', '.join(train) or 'none'}): a task needs two or more")
     for role in ("val", "test"):
         if role in roles:
-            problems += [f"class {c!r} of {split_dirs(root)[roles[role]]} is not a class of train "
-                         f"(train's classes: {', '.join(train)})" for c in classes[roles[role]] if c not in train]
+            problems += [f"class {c!r} of {scan.splits[roles[role]]} is not a class of train "
+                         f"(train's classes: {', '.join(train)})" for c in scan.classes[roles[role]] if c not in train]
     return problems
 
 
@@ -160,51 +193,65 @@ def _cache_path(key: str) -> Path:
     return cache_dir() / "arrays" / "user" / f"{key}.npz"
 
 
-def _save_pixels(path: Path, pixels: Sequence[np.ndarray]) -> None:
-    shapes = np.array([p.shape for p in pixels], dtype=np.int64).reshape(-1, 3)
-    flat = np.concatenate([p.reshape(-1) for p in pixels]) if pixels else np.zeros(0, np.uint8)
+def _as_pixels(decoded: list[np.ndarray]) -> Pixels:
+    """One ``(N, H, W, 3)`` array when every image has one shape (the common case), else the list."""
+    return np.stack(decoded) if decoded and len({image.shape for image in decoded}) == 1 else decoded
+
+
+def _save_pixels(path: Path, pixels: Pixels) -> None:
+    """The array as it is; a list flattened end to end, with each image's shape."""
+    arrays = ({"images": pixels} if isinstance(pixels, np.ndarray) else
+              {"shapes": np.array([p.shape for p in pixels], dtype=np.int64).reshape(-1, 3),
+               "pixels": np.concatenate([p.reshape(-1) for p in pixels])})
     with atomic_path(path, durable=False) as tmp, open(tmp, "wb") as handle:
-        np.savez(handle, format=np.int64(_CACHE_FORMAT), shapes=shapes, pixels=flat)
+        np.savez(handle, format=np.int64(_CACHE_FORMAT), **arrays)
 
 
-def _load_pixels(path: Path, count: int) -> list[np.ndarray] | None:
+def _load_pixels(path: Path, count: int) -> Pixels | None:
     try:
         with np.load(path, allow_pickle=False) as cached:
-            if int(cached["format"]) != _CACHE_FORMAT or len(cached["shapes"]) != count:
+            if int(cached["format"]) != _CACHE_FORMAT:
                 return None
+            if "images" in cached:
+                images = cached["images"]
+                return images if len(images) == count else None
             shapes, flat = cached["shapes"], cached["pixels"]
     except Exception as exc:  # a damaged cache file is decoded again, never fatal
         log.warning("ignoring unreadable cache file %s (%s)", path, exc)
+        return None
+    if len(shapes) != count:
         return None
     ends = np.cumsum([int(np.prod(s)) for s in shapes])
     return [flat[end - int(np.prod(s)):end].reshape(s) for s, end in zip(shapes, ends)]
 
 
-def cached_pixels(key: str, images: Sequence[Any], base: Path | None = None) -> list[np.ndarray]:
+def cached_pixels(key: str, images: Sequence[Any], base: Path | None = None) -> Pixels:
     """Every image of ``images`` decoded (:func:`decode`), read from the cache file of ``key`` when it holds
-    them, else decoded once and cached."""
+    them, else decoded once and cached: one array when the images share a shape, else a list."""
     path = _cache_path(key)
     if path.is_file() and (pixels := _load_pixels(path, len(images))) is not None:
         log.debug("read %d decoded images from %s", len(pixels), path)
         return pixels
     log.info("decoding %d images (once; cached as %s)", len(images), path)
-    pixels = [decode(image, base) for image in images]
+    pixels = _as_pixels([decode(image, base) for image in images])
     _save_pixels(path, pixels)
     return pixels
 
 
-def preprocess(backbone: Any, pixels: Sequence[np.ndarray]) -> torch.Tensor:
-    """The backbone's inputs for decoded images: images of one size go through its batch preprocessing
-    together (``Backbone.preprocess_arrays``), so mixed sizes cost no per-image pass."""
+def preprocess(backbone: Any, pixels: Pixels, indices: Sequence[int]) -> torch.Tensor:
+    """The backbone's inputs for images ``indices`` of ``pixels``: images of one size go through its batch
+    preprocessing together (``Backbone.preprocess_arrays``), so mixed sizes cost no per-image pass."""
+    if isinstance(pixels, np.ndarray):
+        return backbone.preprocess_arrays(pixels[np.asarray(indices, dtype=np.int64)])
     groups: dict[tuple[int, ...], list[int]] = {}
-    for index, image in enumerate(pixels):
-        groups.setdefault(image.shape, []).append(index)
+    for place, index in enumerate(indices):
+        groups.setdefault(pixels[index].shape, []).append(place)
     out: torch.Tensor | None = None
-    for members in groups.values():
-        inputs = backbone.preprocess_arrays(np.stack([pixels[i] for i in members]))
+    for places in groups.values():
+        inputs = backbone.preprocess_arrays(np.stack([pixels[indices[p]] for p in places]))
         if out is None:
-            out = inputs.new_empty((len(pixels), *inputs.shape[1:]))
-        out[torch.tensor(members)] = inputs
+            out = inputs.new_empty((len(indices), *inputs.shape[1:]))
+        out[torch.tensor(places)] = inputs
     if out is None:
         raise DataError("no images to preprocess")
     return out
@@ -224,7 +271,7 @@ def image_task(name: str, backbone: Any, images: Sequence[Any], labels: Sequence
     splits = {}
     for role, members in roles.items():
         kept = [members[i] for i in stratified_choice([labels[m] for m in members], sizes[role], seed)]
-        splits[role] = (preprocess(backbone, [pixels[i] for i in kept]),
+        splits[role] = (preprocess(backbone, pixels, kept),
                         torch.tensor([labels[i] for i in kept], dtype=torch.long))
     log.info("%s: %s images, %d classes", name, " / ".join(f"{len(y)} {r}" for r, (_, y) in splits.items()),
              len(classes))
@@ -241,19 +288,17 @@ def held_out_roles(roles: Mapping[str, list[int]], labels: Sequence[int], test_f
     return {"train": [train[i] for i in kept], "test": [train[i] for i in held]}
 
 
-def folder_listing(root: Path) -> tuple[list[Path], list[int], dict[str, list[int]], list[str]]:
+def folder_listing(scan: FolderScan) -> tuple[list[str], list[int], dict[str, list[int]], list[str]]:
     """(files, labels, indices by role, classes) of an image folder that :func:`folder_problems` accepts."""
-    dirs = split_dirs(root)
-    roles = split_roles(dirs) if "" not in dirs else {"train": ""}
-    classes = [d.name for d in class_dirs(dirs[roles["train"]])]
-    files: list[Path] = []
+    roles = scan.roles
+    classes = scan.classes[roles["train"]]
+    files: list[str] = []
     labels: list[int] = []
     by_role: dict[str, list[int]] = {}
-    for role, name in roles.items():
+    for role, split in roles.items():
         by_role[role] = []
         for label, class_name in enumerate(classes):
-            folder = dirs[name] / class_name
-            found = image_files(folder) if folder.is_dir() else []
+            found = scan.files.get((split, class_name), [])
             by_role[role] += range(len(files), len(files) + len(found))
             files += found
             labels += [label] * len(found)
@@ -269,10 +314,11 @@ def _folder_task(name: str, dataset: str, backbone: Any, test_fraction: float = 
                  train_size: int | None = None, eval_size: int | None = None) -> TaskData:
     """The image folder ``dataset`` as the task ``name``, decoded once and preprocessed up front."""
     root = Path(dataset)
-    _refuse_problems(folder_problems(root))
-    files, labels, roles, classes = folder_listing(root)
+    scan = scan_folder(root) if root.is_dir() else None
+    _refuse_problems(folder_problems(root, scan))
+    files, labels, roles, classes = folder_listing(scan)
     return image_task(name, backbone, files, labels, held_out_roles(roles, labels, test_fraction, seed), classes,
-                      key=fingerprint(root), train_size=train_size, eval_size=eval_size, seed=seed)
+                      key=scan.key, train_size=train_size, eval_size=eval_size, seed=seed)
 
 
 def _folder_check(name: str, dataset: str, test_fraction: float = TEST_FRACTION, seed: int = 0,
