@@ -80,9 +80,10 @@ def test_unregister_and_labels():
 
 
 @pytest.mark.parametrize("registry, names", [
-    (BACKBONES, ["causal-lm", "clip", "efficientnet-lite0", "seq2seq-lm", "text-encoder"]),
+    (BACKBONES, ["causal-lm", "clip", "efficientnet-lite0", "seq2seq-lm", "text-encoder", "torchvision"]),
     (HEADS, ["lm", "probe", "text-to-text", "zero-shot"]),
-    (TASK_SOURCES, ["glue", "labelled-text", "packaged", "text", "vision8"]),
+    (TASK_SOURCES, ["csv", "glue", "hf-dataset", "imagefolder", "jsonl", "labelled-text", "packaged", "parquet", "text",
+                    "vision8"]),
     (GENERIC_SOURCES, ["natural-crops", "text", "text-sentences"]),
     (LABELLED_TEXTS, ["harm", "party", "rt-sentiment", "rt-subjectivity"]),
     (TEXT_CORPORA, ["civil-comments-prompts", "civil-comments-toxic", "clean-news", "clean-reviews", "clean-speeches",
@@ -91,8 +92,23 @@ def test_unregister_and_labels():
 ])
 def test_built_in_extensions_register_themselves_once(registry, names):
     assert registry.names() == names
-    with pytest.raises(ConfigError, match="already registered"):
+    assert {registry.origin(name) for name in names} == {"editkit"}
+    with pytest.raises(ConfigError, match="already registered by package editkit"):
         registry.register(names[0], Record.of(builder))
+
+
+def test_a_family_of_names_resolves_each_through_its_factory():
+    registry: Registry[Record] = Registry("corpus")
+    registry.register("news", Record.of(builder))
+    made = []
+    registry.register_family("file", lambda rest: made.append(rest) or Record.of(builder, label=rest), form="PATH")
+    assert registry["file:/data/a.txt"].label == "/data/a.txt" and made == ["/data/a.txt"]
+    assert "file:x" in registry and "file:" not in registry and "other:x" not in registry
+    assert registry.names() == ["news"]  # a family's names are not listed one by one
+    with pytest.raises(ConfigError, match=r"unknown corpus 'other:x'; known: news, file:PATH"):
+        registry["other:x"]
+    with pytest.raises(ConfigError, match="family 'file:' is already registered"):
+        registry.register_family("file", lambda rest: None)
 
 
 def test_built_in_records_declare_the_options_scenario_files_use():

@@ -98,7 +98,7 @@ def test_class_folders_at_the_root_and_any_image_pil_reads(tmp_path):
     expected = {}
     for label, name in enumerate(["a", "b"]):
         for file in sorted((root / name).glob("[0-9].*")):
-            pixels = np.asarray(Image.open(file).convert("RGB"))
+            pixels = np.array(Image.open(file).convert("RGB"))
             expected[(label, pixels[0, 1, 0])] = image_batch_to_tensor(pixels[None], 8)[0]
     for split in (task.train, task.val, task.test):
         for x, y in (split[i] for i in range(len(split))):
