@@ -29,7 +29,7 @@ from typing import Any, Iterable
 
 from editkit.core.registry import Option, Record
 from editkit.data import TASK_SOURCES
-from editkit.data.tables import DATASET_DICT_FILE, DATASET_STATE_FILE, TEXT_COLUMN, format_of, read_splits
+from editkit.data.tables import TEXT_COLUMN, format_of, read_splits
 from editkit.data.user_data import IMAGE_COLUMN, LABEL_COLUMN
 from editkit.data.user_images import class_dirs, image_suffixes, split_dirs
 from editkit.errors import ConfigError
@@ -87,10 +87,6 @@ def _task(path: Path) -> FoundTask | None:
     if modality is None:
         return None
     return FoundTask(name, modality, "text" if modality == PLAIN_TEXT else fmt, path)
-
-
-def _is_saved_dataset(path: Path) -> bool:
-    return (path / DATASET_DICT_FILE).is_file() or (path / DATASET_STATE_FILE).is_file()
 
 
 def find_tasks(data: str | os.PathLike) -> list[FoundTask]:

@@ -14,7 +14,6 @@ import json
 import tomllib
 from pathlib import Path
 
-import pytest
 import torch
 from typer.testing import CliRunner
 

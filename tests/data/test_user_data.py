@@ -17,7 +17,7 @@ import torch
 from editkit.data import TASK_SOURCES, TEXT_CORPORA
 from editkit.data.tasks import stratified_holdout
 from editkit.data.user_data import labelled_rows, text_splits
-from editkit.errors import DataError, MissingResourceError
+from editkit.errors import DataError
 from editkit.models.backbone import Backbone
 from editkit.scenario.build import check_scenario
 from editkit.scenario.spec import load_scenario
