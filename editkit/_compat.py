@@ -11,17 +11,25 @@ ourselves; only if that fails, declare the schemas of the two operators that
 torchvision's Python code registers fake kernels for (``nms`` and ``qnms``).
 Transforms, datasets and models then import; calling ``nms`` itself would still
 fail (it has no kernel), which editkit never does.
+
+Loading that extension needs torch, which ``import editkit`` must not import (the
+command line answers ``--help`` without it). So ``import editkit`` only puts
+:class:`TorchvisionShim` on ``sys.meta_path``: the fix runs when torchvision is
+first looked up, by whichever library asks first, and never when nothing does.
 """
 
 from __future__ import annotations
 
 import glob
+import importlib.abc
 import importlib.util
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +41,8 @@ _library: torch.library.Library | None = None  # kept alive: dropping it unregis
 
 
 def _extension_loads(package_dir: str) -> bool:
+    import torch
+
     libs = glob.glob(os.path.join(package_dir, "_C*.so")) + glob.glob(os.path.join(package_dir, "_C*.pyd"))
     if not libs:
         return False
@@ -59,6 +69,8 @@ def ensure_torchvision_importable() -> bool:
         return False
     if _op_exists("torchvision::nms"):  # someone declared the schemas already
         return False
+    import torch
+
     _library = torch.library.Library("torchvision", "DEF")
     for schema in _SCHEMAS:
         _library.define(schema)
@@ -67,8 +79,36 @@ def ensure_torchvision_importable() -> bool:
 
 
 def _op_exists(qualname: str) -> bool:
+    import torch
+
     try:
         torch._C._get_schema(qualname, "")
     except RuntimeError:
         return False
     return True
+
+
+class TorchvisionShim(importlib.abc.MetaPathFinder):
+    """Runs :func:`ensure_torchvision_importable` when torchvision is first looked up, then steps aside.
+
+    It finds nothing itself (``None``: the ordinary finders import torchvision) and leaves
+    ``sys.meta_path`` before running the fix, whose own ``find_spec("torchvision")`` would
+    otherwise come back to it.
+    """
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "torchvision" and self in sys.meta_path:
+            sys.meta_path.remove(self)
+            ensure_torchvision_importable()
+        return None
+
+
+def install_torchvision_shim() -> None:
+    """Arrange for :func:`ensure_torchvision_importable` to run before torchvision's first import.
+
+    Nothing is imported now; once torchvision is imported (or the fix ran), this does nothing.
+    """
+    if "torchvision" in sys.modules or _library is not None:
+        return
+    if not any(isinstance(finder, TorchvisionShim) for finder in sys.meta_path):
+        sys.meta_path.insert(0, TorchvisionShim())

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 COMPAT_FILE = REPO / "editkit" / "_compat.py"
 
 # Loads _compat.py as a standalone module: ``import editkit._compat`` would run
-# editkit/__init__.py, which installs the shim before we can look.
+# editkit/__init__.py, whose import hook runs the shim at the first look-up of torchvision.
 LOAD_STANDALONE = f"""
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("compat_standalone", {str(COMPAT_FILE)!r})
@@ -43,16 +43,19 @@ def test_import_editkit_then_heavy_libraries():
         import json, sys
         import editkit
         import editkit._compat as compat
-        calls = [compat.ensure_torchvision_importable(), compat.ensure_torchvision_importable()]
+        before = [m in sys.modules for m in ("torch", "torchvision")]
         import torchvision, torchvision.transforms, open_clip, avalanche.benchmarks
-        calls.append(compat.ensure_torchvision_importable())
+        calls = [compat.ensure_torchvision_importable(), compat.ensure_torchvision_importable()]
         t = torchvision.transforms.Compose([torchvision.transforms.ToTensor()])
-        print(json.dumps({"calls": calls, "modules": [m in sys.modules for m in
-              ("torchvision", "torchvision.transforms", "open_clip", "avalanche.benchmarks")]}))
+        print(json.dumps({"before": before, "calls": calls, "modules": [m in sys.modules for m in
+              ("torchvision", "torchvision.transforms", "open_clip", "avalanche.benchmarks")],
+              "hook_left": any(isinstance(f, compat.TorchvisionShim) for f in sys.meta_path)}))
     """)
-    # the shim was installed (or not needed) by `import editkit`; later calls are no-ops
-    assert out["calls"] == [False, False, False]
+    # `import editkit` imports neither; the first torchvision import ran the shim (or found it not needed)
+    assert out["before"] == [False, False]
+    assert out["calls"] == [False, False]
     assert all(out["modules"])
+    assert not out["hook_left"]
 
 
 def test_plain_torchvision_import_matches_extension_status():
@@ -91,7 +94,8 @@ print(json.dumps({"loads": loads, "calls": [first, second, third], "same_library
 
 
 def test_in_process_call_is_a_no_op():
-    import editkit  # noqa: F401  (the shim ran at import)
+    import editkit  # noqa: F401  (installs the import hook)
+    import torchvision  # noqa: F401  (runs the shim, if this process had not imported torchvision yet)
     from editkit import _compat
 
     assert _compat.ensure_torchvision_importable() is False
