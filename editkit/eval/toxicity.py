@@ -1,12 +1,6 @@
 """Toxicity scorers: the probability that a text is toxic, for scoring sampled continuations.
 
-``TOXICITY_SCORERS``: scorer name -> record whose ``build(**options)`` returns a
-:class:`ToxicityScorer` and whose ``check(**options)`` lists what is missing, loading
-nothing large. Every scorer takes the option ``threshold`` (a text counts as toxic when
-its score is above that); a scorer adds its own options beside it, such as the path
-of a classifier's checkpoint.
-
-Registered here:
+The registry ``TOXICITY_SCORERS`` holds them. Registered here:
 
 - ``toxblock`` (the default of the ``toxic`` scenario): tox-block's bidirectional LSTM trained
   on the Jigsaw toxic comments, ported to PyTorch (:mod:`editkit.eval.toxblock`), read from its
@@ -51,6 +45,10 @@ from editkit.settings import cache_dir
 from editkit.util.hub import hf_hub_cache
 
 TOXICITY_SCORERS: Registry[Record] = Registry("toxicity scorer")
+"""Scorer name -> record whose ``build(**options)`` returns a :class:`ToxicityScorer` and whose
+``check(**options)`` lists what is missing, loading nothing large. Every scorer takes the option
+``threshold`` (a text counts as toxic when its score is above that); a scorer adds its own options beside
+it, such as the path of a classifier's checkpoint."""
 
 THRESHOLD = 0.5
 THRESHOLD_HELP = "a text counts as toxic when its score is above this"

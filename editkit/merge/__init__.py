@@ -1,11 +1,7 @@
 """Combining task vectors: task arithmetic, TIES-merging, DARE, MagMax, OPCM and the coefficient rules.
 
-``MERGE_METHODS``: method name -> record whose ``build(vectors, **options)`` takes the
-task vectors by name (a mapping that may load each one only when it is read, such as
-:class:`LazyVectors`) and returns the vectors whose sum, scaled by one coefficient
-alpha, is added to theta_0: task arithmetic returns its input unchanged, the other
-methods one merged vector. The built-in methods register themselves in their own
-modules, imported below.
+The registry ``MERGE_METHODS`` holds the methods; the built-in ones register themselves in
+their own modules, imported below.
 
 What the methods share lives here: the lazy mapping, the layout check every merge
 makes before combining vectors, and the parsing of ``key=value`` options
@@ -24,6 +20,10 @@ from editkit.core.registry import Record, Registry
 from editkit.errors import ConfigError, IncompatibleVectorsError
 
 MERGE_METHODS: Registry[Record] = Registry("merge method")
+"""Method name -> record whose ``build(vectors, **options)`` takes the task vectors by name (a mapping that
+may load each one only when it is read, such as :class:`LazyVectors`) and returns the vectors whose sum,
+scaled by one coefficient alpha, is added to theta_0: task arithmetic returns its input unchanged, the other
+methods one merged vector."""
 
 Vector = Mapping[str, torch.Tensor]
 

@@ -30,8 +30,9 @@ from typing import IO, Any, Iterator, Mapping, Protocol, Sequence
 from editkit.core.registry import Record, Registry
 from editkit.runs.records import StepRecord
 
-#: Every logger a run can be given by name (``--log tensorboard,csv``).
 LOGGERS: Registry[Record] = Registry("logger")
+"""Every logger a run can be given by name (``--log tensorboard,csv``): name -> record whose
+``build(directory, tasks)`` returns a :class:`RunLogger`."""
 
 
 class RunLogger(Protocol):
