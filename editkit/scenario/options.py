@@ -48,7 +48,7 @@ class BuildOptions:
         "help": "Cache directory for CLIP weights (unset: $EDITKIT_CLIP_CACHE, else open_clip's / Hugging Face's)."})
     data_root: str | None = field(default=None, metadata={
         "sets": ("tasks", "data_root"), "path": True,
-        "help": "Directory holding the datasets (unset: $EDITKIT_DATA); see docs/vision8.md for the layouts."})
+        "help": "Directory holding the datasets (unset: $EDITKIT_DATA); see docs/scenarios/vision8.md for the layouts."})
     hub_cache: str | None = field(default=None, metadata={
         "sets": ("tasks", "hub_cache_dir"), "path": True,
         "help": "Hugging Face hub cache to look for dataset copies in (unset: the hub's default)."})

@@ -1,5 +1,5 @@
 """``editkit init`` on a user's data in the real on-disk formats (PNG folders, a CSV), then ``editkit stream``
-on the file it wrote, as the README's "Your own data" section runs it.
+on the file it wrote, as docs/your-data.md runs it.
 
 The image scenario keeps its embedded EfficientNet-Lite0 (pip weights, 32 px: seconds); the text scenario
 gets a tiny random BERT through ``--model`` and a file of the test's own as its tauJp corpus, so nothing is

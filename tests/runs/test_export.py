@@ -57,7 +57,7 @@ def language(tmp_path_factory):
 
 
 #: A process without editkit. Only this machine's CUDA build of torchvision next to CPU torch needs help to
-#: import (what ``editkit._compat`` does, README "Notes on this environment"): its two op schemas, plain torch.
+#: import (what ``editkit._compat`` does, docs/troubleshooting.md, "Notes on this environment"): its two op schemas, plain torch.
 HAND_PERPLEXITY = textwrap.dedent("""
     import json, math, sys
     import torch
