@@ -544,7 +544,7 @@ def bench(
     import time
 
     from editkit.runs.bench.run import run_bench
-    from editkit.runs.bench.tables import addition_table, claim_line, cost_table, negation_table, taujp_table, xi_table
+    from editkit.runs.bench.tables import addition_table, claims_table, cost_table, negation_table, taujp_table, xi_table
     from editkit.cli.console import RichProgress, console
     from editkit.runs.stream import process_runtime
 
@@ -576,9 +576,9 @@ def bench(
     console.print(f"[bold]τJp ↔ normalized accuracy:[/bold] pearson r = "
                   f"{'n/a' if corr['pearson'] is None else format(corr['pearson'], '.3f')}, spearman ρ = "
                   f"{'n/a' if corr['spearman'] is None else format(corr['spearman'], '.3f')} over {corr['n']} task pairs × modes")
-    line = claim_line(report)
-    if line:
-        console.print(line, style="bold", markup=False)
+    claims = claims_table(report)
+    if claims is not None:
+        console.print(claims)
     trained = {m: len(c["trained_now"]) for m, c in report["cost"].items()}
     console.print(f"vectors trained now: {', '.join(f'{m} {n}' for m, n in trained.items())}  "
                   f"(others reused from {config.bank_root})   {time.perf_counter() - start:.0f} s")

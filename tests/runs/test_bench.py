@@ -25,7 +25,7 @@ from editkit.cli import app
 from editkit.scenario import build as scenario_mod, spec as scenario_spec
 from editkit.models.backbone import state_fingerprint
 from editkit.bank.store import Bank
-from editkit.runs.bench.run import BenchConfig, parse_names
+from editkit.runs.bench.run import BenchConfig, parse_names, verdict
 from editkit.merge.coefficients import alpha_grid, search_alpha, select_alpha, select_negation_alpha
 from editkit.eval.diagnostics import taujp_matrix
 from editkit.errors import ConfigError
@@ -328,7 +328,13 @@ def test_diagnostics_negation_and_cost(bench_run):
         assert cost["trained_now"] == TASKS
         assert cost["total_seconds"] == pytest.approx(cost["finetune_seconds"] + cost["merge_seconds"])
         assert set(cost["method_seconds"]) == set(report["methods"]) and cost["ties_seconds"] is not None
-    assert report["claims"] is not None
+    claims = report["claims"]  # taujp at alpha = 1 against nonlinear and linear, apart from taujp's other rows
+    assert claims["margin"] == BenchConfig.claim_margin
+    assert {r["mode"] for r in claims["baselines"]} == {None, "nonlinear", "linear"}
+    assert {r["mode"] for r in claims["variants"]} == {"taujp"}
+    for comparison in (*claims["vs_baselines"].values(), *claims["vs_variants"].values()):
+        assert comparison["verdict"] == verdict(comparison["difference"], claims["margin"])
+    assert "a difference within ±0.50 points is a tie" in " ".join(output.split())
     assert "pearson r" in output
 
 

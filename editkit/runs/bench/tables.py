@@ -126,17 +126,29 @@ def cost_table(report: Mapping[str, Any]):
     return table
 
 
-def claim_line(report: Mapping[str, Any]) -> str | None:
+def claims_table(report: Mapping[str, Any]):
+    """Each claim's two numbers, their difference and its verdict, in points, with the margin that makes a tie;
+    None when the report has no tauJp row to judge."""
     claims = report.get("claims")
     if not claims:
         return None
-    ours, best = claims["taujp_alpha1"], claims["best_baseline_absolute"]
-    verdict = "beats" if claims["beats_absolute"] else "does not beat"
-    where = f"{METHOD_LABELS[best['method']]}" + (f" ({best['mode']}, α={_num(best['alpha'])})" if best["mode"] else "")
-    line = (f"τJp at α=1.0 {verdict} every baseline at its tuned coefficient: absolute {pct(ours['absolute'])} vs "
-            f"best baseline {pct(best['absolute'])} [{where}]")
-    norm = claims.get("best_baseline_normalized")
-    if norm is not None:
-        line += (f"; normalized {pct(ours['normalized'])} vs {pct(norm['normalized'])} "
-                 f"[{METHOD_LABELS[norm['method']]} ({norm['mode']}, α={_num(norm['alpha'])})]")
-    return line
+    margin = 100 * claims["margin"]
+    table = Table(title=f"claims: τJp task arithmetic at α=1 vs the best at its tuned coefficient (test accuracy %; "
+                        f"a difference within ±{margin:.2f} points is a tie)", title_justify="left")
+    for column in ("against", "accuracy", "τJp α=1", "best", "which", "difference", "verdict"):
+        table.add_column(column, justify="right" if column in ("τJp α=1", "best", "difference") else "left")
+    ours = claims["taujp_alpha1"]
+    for against, comparisons in (("baseline", claims["vs_baselines"]), ("τJp variant", claims["vs_variants"])):
+        for key, comparison in comparisons.items():
+            if comparison is None:
+                continue
+            best = comparison["against"]
+            table.add_row(against, key, pct(ours[key]), pct(best[key]), _which(best),
+                          f"{100 * comparison['difference']:+.2f}", comparison["verdict"])
+    return table
+
+
+def _which(row: Mapping[str, Any]) -> str:
+    """A report row's method, with its mode and coefficient when it has them."""
+    label = METHOD_LABELS[row["method"]]
+    return label + (f" ({row['mode']}, α={_num(row['alpha'])})" if row["mode"] else "")

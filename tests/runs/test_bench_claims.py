@@ -1,0 +1,93 @@
+"""The bench's claims, judged on hand-written report rows: a difference within the margin is a tie, a larger
+one is ahead or behind, and a tauJp variant is compared apart from the baselines, never counted as one."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from editkit.errors import ConfigError
+from editkit.runs.bench.run import METHOD_LABELS, BenchConfig, claims, verdict
+from editkit.runs.bench.tables import claims_table
+
+MARGIN = 0.005  # 0.5 points
+
+
+def row(method: str, mode: str | None, coefficient: str | None, absolute: float, normalized: float | None,
+        alpha: float | None = 1.0) -> dict:
+    return {"method": method, "label": METHOD_LABELS[method], "mode": mode, "coefficient": coefficient,
+            "alpha": alpha, "absolute": absolute, "normalized": normalized}
+
+
+def rows(*, baseline: tuple[float, float], variant: tuple[float, float]) -> list[dict]:
+    """tauJp at alpha = 1 scores 0.7940 / 0.9624; the best baseline and the taujp-nonlinear variant as given."""
+    return [
+        row("pretrained", None, None, 0.40, None, alpha=None),
+        row("task-arithmetic", "nonlinear", "1.0", 0.60, 0.70),
+        row("task-arithmetic", "nonlinear", "tuned", 0.65, 0.75, alpha=0.3),
+        row("ties", "linear", "tuned", *baseline, alpha=0.8),
+        row("task-arithmetic", "taujp", "1.0", 0.7940, 0.9624),
+        row("task-arithmetic", "taujp", "tuned", 0.7900, 0.9600, alpha=0.9),
+        row("task-arithmetic", "taujp-nonlinear", "tuned", *variant, alpha=0.55),
+    ]
+
+
+def test_a_difference_within_the_margin_is_a_tie_and_a_larger_one_is_not():
+    assert verdict(0.9624 - 0.9615, MARGIN) == "tie"  # the 0.09-point difference once reported as a loss
+    assert verdict(-0.0009, MARGIN) == "tie"
+    assert verdict(MARGIN, MARGIN) == verdict(-MARGIN, MARGIN) == "tie"  # the margin's ends included
+    assert verdict(0.01, MARGIN) == "ahead" and verdict(-0.01, MARGIN) == "behind"
+    assert verdict(0.0009, 0.0) == "ahead"  # no margin: any difference counts
+
+
+def test_one_point_over_the_best_baseline_is_ahead_and_a_0_09_point_variant_gap_a_tie():
+    judged = claims(rows(baseline=(0.7840, 0.9524), variant=(0.7940, 0.9633)), MARGIN)
+    assert judged["margin"] == MARGIN
+    for key in ("absolute", "normalized"):
+        against_baseline = judged["vs_baselines"][key]
+        assert against_baseline["verdict"] == "ahead" and against_baseline["margin"] == MARGIN
+        assert against_baseline["difference"] == pytest.approx(0.01)
+        assert against_baseline["against"]["method"] == "ties" and against_baseline["against"]["mode"] == "linear"
+    variant = judged["vs_variants"]["normalized"]
+    assert variant["verdict"] == "tie" and variant["difference"] == pytest.approx(-0.0009)
+    assert variant["against"]["mode"] == "taujp-nonlinear"
+
+
+def test_a_variant_one_point_above_is_behind_among_variants_and_no_baseline():
+    judged = claims(rows(baseline=(0.7000, 0.9000), variant=(0.8040, 0.9724)), MARGIN)
+    assert {r["mode"] for r in judged["baselines"]} == {None, "nonlinear", "linear"}
+    assert {r["mode"] for r in judged["variants"]} == {"taujp", "taujp-nonlinear"}
+    assert all(c["verdict"] == "ahead" for c in judged["vs_baselines"].values())
+    assert all(c["verdict"] == "behind" for c in judged["vs_variants"].values())
+
+
+def test_one_point_under_the_best_baseline_is_behind_and_pretrained_has_no_normalized_claim():
+    judged = claims([row("pretrained", None, None, 0.8040, None, alpha=None),
+                     row("task-arithmetic", "taujp", "1.0", 0.7940, 0.9624)], MARGIN)
+    assert judged["vs_baselines"]["absolute"]["verdict"] == "behind"
+    assert judged["vs_baselines"]["normalized"] is None  # pretrained has no normalized accuracy
+    assert judged["vs_variants"] == {"absolute": None, "normalized": None}
+
+
+def test_no_taujp_row_no_claims():
+    assert claims([r for r in rows(baseline=(0.7, 0.9), variant=(0.7, 0.9)) if r["mode"] != "taujp"], MARGIN) is None
+
+
+def test_the_table_shows_each_verdict_with_its_difference_and_the_margin():
+    report = {"claims": claims(rows(baseline=(0.7840, 0.9524), variant=(0.7940, 0.9633)), MARGIN)}
+    console = Console(width=300, record=True)
+    console.print(claims_table(report))
+    text = console.export_text()
+    assert "a difference within ±0.50 points is a tie" in " ".join(text.split())  # the title, wrapped
+    lines = {tuple(c.strip() for c in line.strip().strip("│").split("│")) for line in text.splitlines()
+             if line.count("│") >= 2}
+    assert ("baseline", "absolute", "79.4", "78.4", "TIES-merging (linear, α=0.80)", "+1.00", "ahead") in lines
+    assert ("τJp variant", "normalized", "96.2", "96.3", "task arithmetic (taujp-nonlinear, α=0.55)", "-0.09",
+            "tie") in lines
+    assert claims_table({"claims": None}) is None
+
+
+@pytest.mark.parametrize("margin", [-0.001, 1.0, float("nan")])
+def test_a_margin_outside_0_1_is_refused(margin):
+    with pytest.raises(ConfigError, match="claim margin"):
+        BenchConfig(claim_margin=margin).validated()
