@@ -564,14 +564,7 @@ def bench(
         result = run_bench(config, runtime=runtime, progress=RichProgress())
     report = result.report
     for build in (addition_table, negation_table, taujp_table, xi_table, cost_table):
-        table = build(report)
-        width = console.measure(table, options=console.options.update(max_width=1000)).maximum
-        if console.is_terminal or width <= console.width:
-            console.print(table)
-        else:  # a pipe or a file: keep every row on one line (a terminal wraps tables itself)
-            from rich.console import Console
-
-            Console(file=console.file, width=width, color_system=console.color_system).print(table)
+        console.print(build(report))
     corr = report["taujp"]["correlation"]
     console.print(f"[bold]τJp ↔ normalized accuracy:[/bold] pearson r = "
                   f"{'n/a' if corr['pearson'] is None else format(corr['pearson'], '.3f')}, spearman ρ = "

@@ -1,22 +1,62 @@
 """Terminal rendering with rich: progress bars and result tables.
 
 Used by the CLI and available to scripts; library modules never print.
+
+Output reads the same in a terminal and in a log. Written to a pipe or a file, rich lays everything out
+at 80 columns and cuts wide table cells ("ctrl p…"), and a live progress bar forced onto a log (as
+``FORCE_COLOR`` does in CI) lands as thousands of carriage-return frames. So off a terminal, editkit's
+consoles lay tables out at their full width (``COLUMNS``, when set, still wins), and progress is one
+plain line per finished task.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Mapping
+import os
+import time
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.console import Console, ConsoleDimensions
 from rich.table import Table
 
-from editkit.runs.records import StepRecord
 from editkit.runs.report import pct
 
-console = Console(stderr=False)
-err_console = Console(stderr=True)
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from editkit.runs.records import StepRecord
+    from editkit.util.progress import ProgressTask
+
+#: The width editkit's consoles lay out at off a terminal without ``COLUMNS``: wider than any table, so each
+#: takes its natural width and no line is wrapped.
+UNWRAPPED_WIDTH = 10_000
+
+
+class LogConsole(Console):
+    """A rich console that, off a terminal and without ``COLUMNS``, is :data:`UNWRAPPED_WIDTH` wide instead
+    of rich's 80 columns (a terminal's own width is kept: there the terminal wraps what is wider)."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self.is_terminal or os.environ.get("COLUMNS", "").isdigit():
+            return size
+        return ConsoleDimensions(UNWRAPPED_WIDTH, size.height)
+
+
+console = LogConsole(stderr=False)
+err_console = LogConsole(stderr=True)
+
+
+def redraws(target: Console) -> bool:
+    """Whether a bar can be redrawn in place on ``target``: a notebook, or an interactive terminal that is
+    one (rich takes a forced-colour log for a terminal; ``TTY_INTERACTIVE=0`` turns redrawing off anywhere)."""
+    return target.is_jupyter or (target.is_interactive and target.file.isatty())
+
+
+def _info(fields: Mapping[str, float]) -> str:
+    """The training losses a task reports as it advances, as they are shown beside its progress."""
+    return "  ".join(f"{k} {fields[k]:.4f}" for k in ("ce", "penalty") if k in fields)
 
 
 class _RichTask:
@@ -24,23 +64,48 @@ class _RichTask:
         self.progress, self.task_id = progress, task_id
 
     def advance(self, n: int = 1, **fields: float) -> None:
-        shown = {k: fields[k] for k in ("ce", "penalty") if k in fields}
-        info = "  ".join(f"{k} {v:.4f}" for k, v in shown.items())
-        self.progress.update(self.task_id, advance=n, info=info)
+        self.progress.update(self.task_id, advance=n, info=_info(fields))
+
+
+class _CountedTask:
+    """A task's progress kept for the one line printed when it finishes."""
+
+    def __init__(self) -> None:
+        self.done, self.info = 0, ""
+
+    def advance(self, n: int = 1, **fields: float) -> None:
+        self.done += n
+        self.info = _info(fields)
 
 
 class RichProgress:
-    """``editkit.util.progress.Progress`` drawn as rich bars (one per training or evaluation pass)."""
+    """``editkit.util.progress.Progress`` drawn as rich bars (one per training or evaluation pass) where they
+    can be redrawn (:func:`redraws`), else as one line per finished pass."""
 
     def __init__(self, target: Console | None = None) -> None:
         self.console = target or console
 
     @contextlib.contextmanager
-    def task(self, description: str, total: int) -> Iterator[_RichTask]:
+    def task(self, description: str, total: int) -> Iterator[ProgressTask]:
+        if not redraws(self.console):
+            with self._line(description, total) as counted:
+                yield counted
+            return
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
         with Progress(*columns, console=self.console, transient=True) as progress:
             yield _RichTask(progress, progress.add_task(description, total=total, info=""))
+
+    @contextlib.contextmanager
+    def _line(self, description: str, total: int) -> Iterator[_CountedTask]:
+        counted, start = _CountedTask(), time.perf_counter()
+        yield counted
+        info = f"  {counted.info}" if counted.info else ""
+        self.console.print(f"{description}: {counted.done}/{total} in {time.perf_counter() - start:.1f} s{info}",
+                           markup=False, highlight=False)
 
 
 def step_table(step: StepRecord, single: Mapping[str, float], *, perplexity: bool = False) -> Table:
