@@ -31,6 +31,8 @@ EVAL_CACHE_MB = 2048
 
 BANKS_DIR = Path("banks")
 RUNS_DIR = Path("runs")
+#: The scenario ``editkit stream`` and ``editkit bench`` run when none is named.
+DEFAULT_SCENARIO = "offline-vision"
 
 
 def _path(variable: str) -> Path | None:

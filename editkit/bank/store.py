@@ -44,16 +44,16 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import filelock
-import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from editkit.util.atomic import TMP_MARKER, atomic_path, atomic_write_bytes, fsync_dir
 from editkit.core.modes import Family, Mode, families_help
 from editkit.errors import BankError, CorruptVectorError, IncompatibleVectorsError
+
+if TYPE_CHECKING:  # torch is imported where tensors are written or summed: reading the manifest needs none
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +197,8 @@ def _cpu_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
     safetensors refuses tensors sharing storage (e.g. tied weights passed under two
     names); only those are cloned, so memory stays near one copy.
     """
+    import torch
+
     out: dict[str, torch.Tensor] = {}
     seen: set[tuple[int, int]] = set()
     for key, value in tensors.items():
@@ -242,6 +244,8 @@ class Bank:
     @contextlib.contextmanager
     def _locked(self, *, create: bool = False) -> Iterator[None]:
         """Hold the writer lock. Only appends may create the bank directory."""
+        import filelock  # writers only: readers take no lock, and bank list should not pay for it
+
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
         elif not self.root.is_dir():
@@ -389,6 +393,8 @@ class Bank:
 
     def _write_vector(self, file_name: str, tensors: dict[str, torch.Tensor], **meta: str) -> str:
         """Write ``tensors`` durably under ``file_name``; returns the checksum of the bytes written."""
+        from safetensors.torch import save_file
+
         with atomic_path(self.root / file_name) as tmp:
             save_file(tensors, str(tmp), metadata={k: str(v) for k, v in meta.items()})
             checksum = _sha256_file(tmp)
@@ -547,6 +553,15 @@ class Bank:
             raise CorruptVectorError(f"vector file {path} is truncated or unreadable ({exc})") from exc
 
 
+def open_bank(path: str | Path) -> Bank:
+    """The bank at ``path``, refused (BankError) when it holds no vector: what every command that reads one
+    starts with."""
+    bank = Bank(path)
+    if not bank.exists() or not len(bank):
+        raise BankError(f"no task vectors in {Path(path)}: run `editkit stream` first or pass --bank DIR")
+    return bank
+
+
 # --------------------------------------------------------------------------- helpers
 
 
@@ -620,6 +635,8 @@ def _check_layouts(entries: list[VectorEntry], handles: list[Any]) -> list[str]:
 
 def _merge_key(key: str, handles: list[Any], alphas: list[float]) -> torch.Tensor:
     """alpha-weighted sum of one parameter, holding one input tensor at a time."""
+    import torch
+
     acc: torch.Tensor | None = None
     out_dtype: torch.dtype | None = None
     for handle, alpha in zip(handles, alphas):
@@ -637,6 +654,8 @@ def _merge_key(key: str, handles: list[Any], alphas: list[float]) -> torch.Tenso
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    import torch
+
     if dtype == torch.float64 or not dtype.is_floating_point:
         return torch.float64
     return torch.float32

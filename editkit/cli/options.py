@@ -9,6 +9,8 @@ choices from the field. A command takes a group of generated options with
 :func:`with_options`: its Python function declares one parameter per group (say
 ``recipe``), which receives ``{field name: value}``, and the signature Typer reads lists
 the generated options in its place.
+
+The ``--bank`` option the bank commands share is here too, with the bank it defaults to.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
 import typer
+
+from editkit.settings import DEFAULT_SCENARIO, default_bank_dir
+from editkit.train.recipe import Recipe
 
 
 @dataclass(frozen=True)
@@ -122,3 +127,8 @@ def _option_type(hint: Any) -> type:
         return str
     raise TypeError(f"no command-line form for a field of type {hint!r}")
 
+
+#: The bank the bank commands and add / negate / generate read when none is given: the default scenario's,
+#: fine-tuned in the recipe's default mode.
+DEFAULT_BANK = default_bank_dir(DEFAULT_SCENARIO, Recipe.mode)
+BankOption = typer.Option(DEFAULT_BANK, "--bank", help="Bank directory.")

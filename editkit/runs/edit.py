@@ -62,13 +62,6 @@ class EditResult:
     backbone: Any = None
 
 
-def open_bank(path: str | Path) -> Bank:
-    bank = Bank(path)
-    if not bank.exists() or not len(bank):
-        raise BankError(f"no task vectors in {Path(path)}: run `editkit stream` first or pass --bank DIR")
-    return bank
-
-
 def recorded_build(bank: Bank, name: str, given: BuildOptions | None = None) -> BuildOptions:
     """The build options vector ``name``'s stream recorded, with the ``given`` ones laid over them."""
     recorded = BuildOptions.from_json(bank.get(name).provenance.get("build"))

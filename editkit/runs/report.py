@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Mapping
 
 from editkit.util.atomic import atomic_write_text
-from editkit.runs.records import StreamResult
+
+if TYPE_CHECKING:  # a stream's records import torch; the CLI's tables read pct from here without it
+    from editkit.runs.records import StreamResult
 
 
 def write_json(path: Path, data: dict[str, Any]) -> Path:
@@ -27,6 +27,8 @@ def write_json(path: Path, data: dict[str, Any]) -> Path:
 def jsonable(value: Any) -> Any:
     """``value`` in plain JSON types (numpy scalars unwrapped, paths as strings); NaN and inf
     become None, because JSON has no spelling for them and readers should see "no number"."""
+    import numpy as np  # here, not above: the CLI's tables read pct from this module, and need no numpy
+
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

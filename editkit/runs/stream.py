@@ -61,9 +61,6 @@ if TYPE_CHECKING:  # annotations only
 
 log = logging.getLogger(__name__)
 
-#: The scenario ``editkit stream`` and ``editkit bench`` run when none is named.
-DEFAULT_SCENARIO = "offline-vision"
-
 
 class StreamRunner:
     """State of one stream run: experiences, heads, sources, bank."""

@@ -36,9 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +45,10 @@ from editkit.data import GENERIC_SOURCES, TASK_SOURCES
 from editkit.errors import ConfigError
 from editkit.eval.lm_negation import LanguageNegation
 from editkit.models import BACKBONES, HEADS
-from editkit.settings import extra_scenario_dirs
+# SCENARIO_DIR and known_scenarios are this module's names too: where the files are is the catalog's
+from editkit.scenario.catalog import SCENARIO_DIR, known_scenarios, read_scenario, scenario_file  # noqa: F401
 from editkit.train import recipe as recipe_mod
 from editkit.train.recipe import Recipe
-
-#: The built-in scenario files: the top-level ``scenarios/`` folder, installed as the package ``editkit.scenarios``.
-SCENARIO_DIR = Path(str(resources.files("editkit.scenarios")))
-
 
 #: The tables and values a scenario file may hold at its top level.
 SCENARIO_KEYS = ("name", "description", "backbone", "heads", "generic", "data", "control", "negation", "tasks",
@@ -104,32 +99,10 @@ class ScenarioSpec:
         return [t.name for t in self.tasks]
 
 
-def scenario_dirs() -> list[Path]:
-    return extra_scenario_dirs() + [SCENARIO_DIR]
-
-
-def known_scenarios() -> dict[str, Path]:
-    """Scenario name -> file, from ``$EDITKIT_SCENARIOS`` first, then the built-in directory."""
-    found: dict[str, Path] = {}
-    for directory in scenario_dirs():
-        for path in sorted(directory.glob("*.toml")):
-            found.setdefault(path.stem, path)
-    return found
-
-
 def load_scenario(name_or_path: str | Path) -> ScenarioSpec:
-    """Parse a scenario by name (see ``known_scenarios``) or by file path."""
-    path = Path(name_or_path)
-    if not (path.suffix == ".toml" and path.is_file()):
-        known = known_scenarios()
-        if str(name_or_path) not in known:
-            raise ConfigError(f"unknown scenario {str(name_or_path)!r}; known scenarios: {', '.join(sorted(known)) or 'none'}")
-        path = known[str(name_or_path)]
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"scenario file {path} is not valid TOML: {exc}") from exc
-    return parse_scenario(data, path)
+    """Parse and check a scenario by name (see ``known_scenarios``) or by file path."""
+    path = scenario_file(name_or_path)
+    return parse_scenario(read_scenario(path), path)
 
 
 def parse_scenario(data: dict[str, Any], path: Path | None = None) -> ScenarioSpec:

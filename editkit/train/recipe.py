@@ -16,12 +16,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from editkit.core.modes import Mode
-from editkit.core.taujp import Regularizer, Shard, UnlabeledSource
 from editkit.errors import ConfigError, check_choices
 from editkit.util.fields import choice
+
+if TYPE_CHECKING:  # the penalty runs on torch; the recipe is read by commands that need none (editkit --help)
+    from editkit.core.taujp import Regularizer, Shard, UnlabeledSource
 
 SCHEDULES = ("cyclic", "strict")
 SCOPES = ("seen", "all")
@@ -104,6 +106,8 @@ class Recipe:
     def regularizer(self, sources: Sequence[UnlabeledSource], *, shard: Shard | None = None) -> Regularizer:
         """The penalty this recipe asks for over ``sources``: the one place a recipe becomes a regularizer,
         so editkit's stream and the Avalanche plugin penalise alike (they promise the same vectors)."""
+        from editkit.core.taujp import Regularizer
+
         return Regularizer(sources, lam=self.lam, schedule=self.schedule, batch_size=self.reg_batch_size,
                            squared=self.squared, shard=shard, on_logits=self.penalty_on == "logits")
 

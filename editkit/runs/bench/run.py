@@ -67,13 +67,12 @@ from editkit.bank.store import Bank, _short
 from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha_grid, search_alpha, select_negation_alpha
 from editkit.eval.accuracy import AdditionSummary, addition_summary
 from editkit.eval.diagnostics import correlation, disentanglement_error, off_diagonal, pair_interference
-from editkit.settings import default_bank_dir, default_run_dir, torchrun_world, BANKS_DIR
+from editkit.settings import default_bank_dir, default_run_dir, torchrun_world, BANKS_DIR, DEFAULT_SCENARIO
 from editkit.train.runtime import Runtime, setup
 from editkit.runs.edit import CONTROLS
 from editkit.runs.loggers import LOGGERS, parse_loggers
 from editkit.runs.records import StepRecord, StreamResult
 from editkit.runs.report import jsonable, write_json
-from editkit.runs.stream import DEFAULT_SCENARIO
 from editkit.scenario.options import BuildOptions
 from editkit.errors import BankError, ConfigError, check_choices, IncompatibleVectorsError, MissingResourceError
 from editkit.util.fields import choice
