@@ -134,7 +134,7 @@ def _datasets_module(path: Path) -> Any:
         import datasets
     except ImportError:
         raise MissingResourceError(f"reading the Hugging Face dataset saved at {path} needs the datasets "
-                                   "package: pip install datasets") from None
+                                   "package: pip install \"editkit[data]\" (or: pip install datasets)") from None
     return datasets
 
 

@@ -9,7 +9,7 @@ finds them: a ``split`` column, split files in a folder, or a test split held ou
     ``labelled-text`` datasets are (same ``max_length`` / size options). A table without that text
     column but with an image column (``image_column``, default ``image``) is an image task: a cell is
     a file path (relative to the table's folder) or image bytes as Hugging Face stores them.
-    ``hf-dataset`` reads a folder written by ``save_to_disk`` (needs ``pip install datasets``).
+    ``hf-dataset`` reads a folder written by ``save_to_disk`` (needs the ``data`` extra: ``pip install "editkit[data]"``).
     Class names are the labels' values, sorted (numbers in numeric order), or a ClassLabel's names.
 
 Text corpora (``TEXT_CORPORA``): ``file:PATH``, accepted wherever a corpus name is: the text of a

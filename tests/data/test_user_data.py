@@ -222,7 +222,7 @@ def test_bad_tables_are_refused_one_line_each(tmp_path):
 
 
 def test_saved_hugging_face_datasets_text_and_images(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    import datasets  # the `data` extra, installed by `test`
     features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["no", "yes"])})
     splits = {s: datasets.Dataset.from_dict({"text": [f"{c} {s} {i}" for c in ("no", "yes") for i in range(n)],
                                              "label": [c for c in (0, 1) for _ in range(n)]}, features=features)
@@ -246,7 +246,7 @@ def test_without_the_datasets_package_one_line_says_how_to_get_it(tmp_path, monk
     monkeypatch.setitem(sys.modules, "datasets", None)
     assert TASK_SOURCES["hf-dataset"].check("d", str(tmp_path / "ds")) == [
         f"task 'd': reading the Hugging Face dataset saved at {tmp_path}/ds needs the datasets package: "
-        "pip install datasets"]
+        'pip install "editkit[data]" (or: pip install datasets)']
 
 
 def test_a_table_of_image_paths(tmp_path):
