@@ -28,6 +28,8 @@ from editkit.train.runtime import RuntimeOptions
 ScenarioOption = option_for(BenchConfig, "scenario")
 ControlOption = option_for(BenchConfig, "control")
 ControlDataOption = option_for(BenchConfig, "control_data")
+#: ``--force`` of the commands whose ``--out`` writes an edited model.
+ForceOption = typer.Option(False, "--force", help="--out may replace an existing file or a non-empty directory.")
 
 #: Option groups: recipe fields (the commands that run streams) and build options, unset keeps the value below;
 #: the runtime options every computing command takes.
@@ -37,6 +39,8 @@ RECIPE = Fields(Recipe, keep=True, keep_help=KEEP_SCENARIO)
 BUILD = Fields(BuildOptions, keep=True, keep_help=KEEP_SCENARIO)
 REBUILD = Fields(BuildOptions, keep=True, keep_help="(default: what the stream was given, else the scenario's)")
 LANGUAGE = Fields(LanguageNegation, keep=True, keep_help="(language vectors; default: the scenario's [negation])")
+#: Title of the scores of the ordinary model at a linearized vector's weights: the model ``--out`` writes.
+WEIGHTS_TITLE = "the same, as the ordinary model at these weights (what --out writes)"
 
 
 @with_options(recipe=RECIPE, build=BUILD, runtime_options=RUNTIME)
@@ -116,7 +120,7 @@ def add(
                                        "safetensors state dict of the backbone module (non-linear vectors only); "
                                        "with --tau-only: the merged vector itself."),
     tau_only: bool = typer.Option(False, "--tau-only", help="--out writes the merged task vector, not a model."),
-    force: bool = typer.Option(False, "--force", help="--out may replace a non-empty directory."),
+    force: bool = ForceOption,
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
 ) -> None:
     from editkit.cli.console import RichProgress, accuracy_table, console
@@ -125,7 +129,7 @@ def add(
     from editkit.runs.checkpoints import refuse_linearized, write_model
     from editkit.runs.edit import add as add_vectors
     from editkit.bank.store import open_bank
-    from editkit.runs.export import TRANSFORMERS, check_target, export_addition, export_format
+    from editkit.runs.export import TRANSFORMERS, check_target, export_edit, export_format
     from editkit.runs.stream import process_runtime
     from editkit.errors import ConfigError
 
@@ -156,11 +160,10 @@ def add(
                                  single=r["single_task"], summary={"absolute": r["absolute"], "normalized": r["normalized"]}))
     if "weights" in r:  # linearized vectors: what the written weights score, beside f_lin's
         w = r["weights"]
-        console.print(accuracy_table("the same, as the ordinary model at these weights (what --out writes)",
-                                     w["per_task"], single=r["single_task"],
+        console.print(accuracy_table(WEIGHTS_TITLE, w["per_task"], single=r["single_task"],
                                      summary={"absolute": w["absolute"], "normalized": w["normalized"]}))
     if writes_model and fmt is not None:
-        export_addition(result, store, out, method=method, force=force, build=BuildOptions(**build))
+        export_edit(result, store, out, method=method, force=force, build=BuildOptions(**build))
         console.print(f"model (theta_0 + merged vector, {fmt} format, model card inside) written to {out}")
     elif writes_model:
         write_model(out, result.module, result.vector, {"base": str(store.base), "method": method,
@@ -193,13 +196,16 @@ def negate(
                                         "fine-tuned first (default: the scenario's)."),
     run_dir: Optional[Path] = typer.Option(None, help="Language vectors: directory of report.json and the plot "
                                            "(default runs/negate-<name>-<mode>)."),
-    out: Optional[Path] = typer.Option(None, help="Vision: save the negated task vector as safetensors. Language "
-                                       "vectors: write the edited model theta_0 - alpha tau as a Hugging Face model "
-                                       "directory (with a model card)."),
-    force: bool = typer.Option(False, "--force", help="--out may replace a non-empty directory."),
+    out: Optional[Path] = typer.Option(None, help="Write the negated model theta_0 - alpha tau in the format the "
+                                       "model came in: a Hugging Face model directory with a model card (causal LM, "
+                                       "text encoder, seq2seq LM), an open_clip checkpoint file (CLIP), a torchvision "
+                                       "state dict (torchvision); for other backbones (EfficientNet), the negated "
+                                       "task vector as safetensors."),
+    force: bool = ForceOption,
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
 ) -> None:
     from editkit.bank.store import Bank
+    from editkit.runs.export import TRANSFORMERS, check_target, export_format
     from editkit.runs.negate_lm import is_language_vector, language_scenario
 
     spec = language_scenario(name)  # with or without --bank: a bank lacking the vector gets it fine-tuned first
@@ -208,15 +214,16 @@ def negate(
         bank = default_bank_dir(spec.name, mode) if spec is not None else DEFAULT_BANK
     if spec is not None or is_language_vector(Bank(bank), name):
         if out is not None:  # refused before anything is fine-tuned or scored
-            from editkit.runs.export import check_target
-
             check_target(out, force=force)
         _negate_language(name, spec, bank, alpha=None if tune_alpha else alpha, mode=mode, steps=steps,
                          run_dir=run_dir, json_path=json_path, language=language, build=BuildOptions(**build),
                          runtime_options=runtime_options, out=out, force=force)
         return
+    fmt = export_format(Bank(bank), [name]) if out is not None else None  # reads the scenario file only
+    if fmt is not None:  # refused before anything is scored
+        check_target(out, force=force, directory=fmt == TRANSFORMERS)
     _negate_vision(name, bank, 1.0 if alpha is None else alpha, tune_alpha=tune_alpha, min_control=min_control,
-                   control=control, control_data=control_data, out=out, json_path=json_path,
+                   control=control, control_data=control_data, out=out, fmt=fmt, force=force, json_path=json_path,
                    build=BuildOptions(**build), runtime_options=runtime_options)
 
 
@@ -272,25 +279,37 @@ def generate(
 
 
 def _negate_vision(name: str, bank: Path, alpha: float, *, tune_alpha: bool, min_control: float, control: str,
-                   control_data: Optional[Path], out: Optional[Path], json_path: Optional[Path], build: BuildOptions,
-                   runtime_options: dict) -> None:
+                   control_data: Optional[Path], out: Optional[Path], fmt: Optional[str], force: bool,
+                   json_path: Optional[Path], build: BuildOptions, runtime_options: dict) -> None:
+    """A vector scored by accuracy; ``--out`` writes the negated model in format ``fmt`` (the family's), else
+    (a family without one) the negated vector."""
     from editkit.cli.console import RichProgress, accuracy_table, console
     from editkit.runs.edit import negate as negate_vector
     from editkit.bank.store import open_bank
+    from editkit.runs.export import export_edit
     from editkit.runs.stream import process_runtime
 
     store = open_bank(bank)
     with process_runtime(**runtime_options) as runtime:
         result = negate_vector(store, name, alpha, progress=RichProgress(), control=control, control_data=control_data,
-                               tune_alpha=tune_alpha, min_control=min_control, build=build, runtime=runtime)
+                               tune_alpha=tune_alpha, min_control=min_control, build=build, runtime=runtime,
+                               weights_scores=fmt is not None)
     r = result.report
-    summary = {k: r[k] for k in ("target", "control", "control_pretrained") if k in r}
+    summary_keys = ("target", "control", "control_pretrained")
     used = r.get("alpha", alpha)
     title = f"negate {name} (alpha {used:g}{', tuned on validation' if tune_alpha else ''}, {r['mode']})"
-    console.print(accuracy_table(title, r["per_task"], pretrained=r["pretrained"], summary=summary))
+    console.print(accuracy_table(title, r["per_task"], pretrained=r["pretrained"],
+                                 summary={k: r[k] for k in summary_keys if k in r}))
+    if "weights" in r:  # linearized vectors: what the written weights score, beside f_lin's
+        w = r["weights"]
+        console.print(accuracy_table(WEIGHTS_TITLE, w["per_task"], pretrained=r["pretrained"],
+                                     summary={k: w[k] for k in summary_keys if k in w}))
     if "control_set" in r:
         console.print(f"control set: {r['control_set']}")
-    _save_outputs(result, out, json_path)
+    if fmt is not None:
+        export_edit(result, store, out, force=force, build=build)
+        console.print(f"model theta_0 - {used:g} tau ({fmt} format) written to {out}")
+    _save_outputs(result, None if fmt is not None else out, json_path)
 
 
 def _negate_language(name: str, spec, bank: Path, *, alpha: Optional[float], mode: Optional[str],

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from editkit.core.modes import Mode, combined_mode
+from editkit.core.modes import Mode
 from editkit.merge import method_options
 from editkit.merge.arithmetic import TaskVector, addition_coefficients, combine, merged_vector, negation_coefficients
 from editkit.bank.store import Bank
@@ -50,9 +50,9 @@ IMAGENET = "ImageNet"
 
 @dataclass
 class EditResult:
-    """What an edit scored: the vector added to theta_0, its numbers, and (``add``) the backbone and its module
-    holding theta_0, for writing the edited model (``editkit.runs.checkpoints.write_model``,
-    ``editkit.runs.export.export_model``)."""
+    """What an edit scored: the vector added to theta_0, its numbers, and the backbone and its module holding
+    theta_0, for writing the edited model (``editkit.runs.checkpoints.write_model``,
+    ``editkit.runs.export.export_edit``)."""
 
     coefficients: dict[str, float]
     mode: str
@@ -106,6 +106,18 @@ def _evaluate(built: BuiltScenario, vector: TaskVector | None, mode: str, tasks:
                            description=description, runtime=runtime)
 
 
+def _weights_scores(built: BuiltScenario, vector: TaskVector, tasks: Sequence[str], progress: Progress,
+                    description: str, *, runtime: Runtime,
+                    extra: Mapping[str, ClassificationScorer] | None = None) -> dict[str, float] | None:
+    """Each task's score of the ordinary model at the weights theta_0 + ``vector`` (what a written model holds)
+    when the vector is linearized, its own scores being f_lin's; None for a non-linear vector, whose scores
+    are already the weights'."""
+    if not Mode(vector.mode).linearized:
+        return None
+    return _evaluate(built, vector, "nonlinear", tasks, progress, f"{description} (weights)", runtime=runtime,
+                     extra=extra)
+
+
 def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, *, method: str = "task-arithmetic",
         params: Mapping[str, Any] | Sequence[str] | None = None, progress: Progress | None = None,
         build: BuildOptions | None = None, runtime: Runtime | None = None, weights_scores: bool = False) -> EditResult:
@@ -135,9 +147,8 @@ def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, 
     report = {"operation": "add", "scenario": built.spec.name, "mode": vector.mode, "method": method,
               "options": options, "coefficients": coefficients, "per_task": per_task, "single_task": single,
               **addition_summary(per_task, known)}
-    if weights_scores and Mode(vector.mode).linearized:
-        weights = _evaluate(built, vector, "nonlinear", tasks, progress, f"evaluating {method} (weights)",
-                            runtime=runtime)
+    if weights_scores and (weights := _weights_scores(built, vector, tasks, progress, f"evaluating {method}",
+                                                      runtime=runtime)) is not None:
         report["weights"] = {"per_task": weights, **addition_summary(weights, known)}
     return EditResult(coefficients, vector.mode, vector, report, built.backbone.module, built.backbone)
 
@@ -155,6 +166,7 @@ def negate(
     min_control: float = NEGATION_RETAIN,
     build: BuildOptions | None = None,
     runtime: Runtime | None = None,
+    weights_scores: bool = False,
 ) -> EditResult:
     """theta_0 - alpha tau: target accuracy (forgetting) and control accuracy.
 
@@ -170,6 +182,9 @@ def negate(
         for tuning and the rest for reporting.
     build: options laid over what the stream recorded; runtime: where to evaluate (default: one
         process on the CPU, fp32).
+    weights_scores: for linearized vectors, also score the ordinary model at the weights theta_0 - alpha tau
+        (what a written model holds: ``editkit negate --out``), as ``report["weights"]`` (``per_task``,
+        ``target``, ``control``...) beside the linearized model's scores.
     """
     progress = progress or NullProgress()
     runtime = runtime or default_runtime()
@@ -208,7 +223,10 @@ def negate(
         report.update(alpha=alpha, control_set="imagenet" if imagenet is not None else "tasks")
     if tuning is not None:
         report["tuning"] = tuning
-    return EditResult(coefficients, vector.mode, vector, report)
+    if weights_scores and (weights := _weights_scores(built, vector, tasks, progress, "evaluating negation",
+                                                      runtime=runtime, extra=report_extra)) is not None:
+        report["weights"] = {"per_task": weights, **negation_summary(target, weights, pretrained)}
+    return EditResult(coefficients, vector.mode, vector, report, built.backbone.module, built.backbone)
 
 
 def _tune_negation(built: BuiltScenario, unit: TaskVector, target: str, tasks: Sequence[str],

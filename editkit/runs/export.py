@@ -1,4 +1,4 @@
-"""Edited models to take away: what ``--out`` writes for ``editkit add`` and ``editkit negate`` (language vectors).
+"""Edited models to take away: what ``--out`` writes for ``editkit add`` and ``editkit negate``.
 
 The edited model is theta_0 + delta, delta being the vectors as the command combined them
 (``sum alpha_i tau_i``, merged by a method, or ``-alpha tau`` for a negation), written in the
@@ -22,12 +22,13 @@ format its family is read with elsewhere, so nothing of editkit is needed to loa
 For vectors of **linearized** models (``linear``, ``taujp``) the written model is the ordinary
 network at the weights theta_0 + delta, the same weights ``editkit negate`` samples continuations
 from; it is not the linearized model f_lin the vectors were trained and scored as. The caller puts
-the weights' own scores beside f_lin's (``editkit add``: ``report["weights"]``; a language negation's
-rows: ``control`` / ``target`` beside ``control_flin`` / ``target_flin``) and the card states both.
+the weights' own scores beside f_lin's (``editkit add`` and the accuracy-scored ``editkit negate``:
+``report["weights"]``; a language negation's rows: ``control`` / ``target`` beside ``control_flin`` /
+``target_flin``) and the card states both.
 
 Before anything is written (and the CLI checks before any heavy work): a target that is a non-empty
-directory (or a file, for a directory export) is refused unless ``force``; a model whose fingerprint
-is not the vectors' base is refused. The files are written into a hidden temporary sibling and
+directory or an existing file is refused unless ``force``; a model whose fingerprint is not the
+vectors' base is refused. The files are written into a hidden temporary sibling and
 renamed into place in one step (:func:`editkit.util.atomic.atomic_dir` / ``atomic_path``), so a
 crash leaves nothing half-written and, with ``force``, the old content stays until the new is whole.
 """
@@ -67,6 +68,11 @@ FAMILY_FORMATS = {"causal-lm": TRANSFORMERS, "text-encoder": TRANSFORMERS, "seq2
 AUTO_CLASSES = {"causal-lm": "AutoModelForCausalLM", "text-encoder": "AutoModel",
                 "seq2seq-lm": "AutoModelForSeq2SeqLM"}
 PROVENANCE_FILE = "editkit.json"
+#: The numbers of an addition's or an accuracy-scored negation's report its export records.
+SCORE_KEYS = ("per_task", "pretrained", "absolute", "normalized", "target", "target_pretrained", "control",
+              "control_pretrained", "weights")
+#: Those its model card sums up in one line (an addition's, or a negation's).
+SUMMARY_KEYS = ("absolute", "normalized", "target", "control")
 #: A torchvision torch-file export's provenance sits beside it, in ``<file><suffix>``.
 PROVENANCE_SUFFIX = ".editkit.json"
 CARD_FILE = "README.md"
@@ -76,17 +82,18 @@ CARD_FILE = "README.md"
 
 
 def check_target(out: Path | str, *, force: bool = False, directory: bool = True) -> Path:
-    """Refuse ``out`` before any work: a non-empty directory (or, for a ``directory`` export, an existing
-    file) unless ``force``; a directory where a file is to be written, always."""
+    """Refuse ``out`` before any work: a non-empty directory or an existing file unless ``force``; a directory
+    where a file is to be written, always."""
     out = Path(out)
     if out.is_dir() and not directory:
         raise ConfigError(f"--out {out} is a directory: name the checkpoint file to write")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ConfigError(f"--out {out} is a directory that is not empty: pass --force to replace it, or name a "
                           "new directory")
-    if directory and out.exists() and not out.is_dir() and not force:
-        raise ConfigError(f"--out {out} is a file: pass --force to replace it by the model directory, or name a "
-                          "new directory")
+    if out.exists() and not out.is_dir() and not force:
+        raise ConfigError(f"--out {out} is a file: pass --force to replace it"
+                          + (" by the model directory, or name a new directory" if directory else
+                             ", or name a new file"))
     return out
 
 
@@ -292,22 +299,32 @@ def _score_lines(provenance: Mapping[str, Any]) -> list[str]:
                       "model); the f_lin columns are the linearized model's, which the vector was trained as and "
                       "which no set of weights reproduces: their gap is what the export loses."]
         return lines
-    if "per_task" in scores:  # an addition
-        weights = scores.get("weights")
-        head = "| task | " + ("linearized model (f_lin) | these weights |" if weights else "score |")
-        lines += ["Test accuracy per task, as `editkit add` measured it:", "", head,
-                  "|---|---|---|" if weights else "|---|---|"]
-        for task, value in scores["per_task"].items():
-            extra = f" {_number(weights['per_task'].get(task))} |" if weights else ""
-            lines.append(f"| {task} | {_number(value)} |{extra}")
-        lines += ["", f"absolute {_number(scores.get('absolute'))}, normalized {_number(scores.get('normalized'))}"
-                  + (f" (f_lin); these weights: absolute {_number(weights.get('absolute'))}, normalized "
-                     f"{_number(weights.get('normalized'))}" if weights else "")]
-        if weights:
-            lines += ["", "The vectors are of a linearized model: these weights are the ordinary network at "
-                      "theta_0 + the merged vector, not the f_lin the scores above it were measured on."]
-        return lines
+    if "per_task" in scores:  # an addition, or a negation scored by accuracy
+        return _accuracy_lines(provenance, scores)
     return ["No scores were recorded with this export."]
+
+
+def _accuracy_lines(provenance: Mapping[str, Any], scores: Mapping[str, Any]) -> list[str]:
+    """Per-task accuracies of an addition or a negation (theta_0's beside them where measured), its summary, and
+    for a linearized vector the weights' own beside f_lin's."""
+    weights, pretrained = scores.get("weights"), scores.get("pretrained")
+    columns = (["theta_0"] if pretrained else []) + (["linearized model (f_lin)", "these weights"] if weights
+                                                     else ["score"])
+    lines = [f"Test accuracy per task, as `editkit {provenance['operation']}` measured it:", "",
+             "| task | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for task, value in scores["per_task"].items():
+        cells = ([pretrained.get(task)] if pretrained else []) + [value] + (
+            [weights["per_task"].get(task)] if weights else [])
+        lines.append(f"| {task} | " + " | ".join(map(_number, cells)) + " |")
+    summary = [key for key in SUMMARY_KEYS if key in scores]
+    line = ", ".join(f"{key} {_number(scores[key])}" for key in summary)
+    if weights:
+        line += " (f_lin); these weights: " + ", ".join(f"{key} {_number(weights.get(key))}" for key in summary)
+    lines += ["", line]
+    if weights:
+        lines += ["", f"The vectors are of a linearized model: these weights are the ordinary network at "
+                  f"{provenance['weights']}, not the f_lin the scores above it were measured on."]
+    return lines
 
 
 def _load_lines(provenance: Mapping[str, Any]) -> list[str]:
@@ -392,14 +409,17 @@ def export_negation(bank: Bank, name: str, out: Path | str, *, alpha: float, rep
     return export_model(backbone, vector.tensors, out, base=bank.base, provenance=provenance, force=force)
 
 
-def export_addition(result: Any, bank: Bank, out: Path | str, *, method: str = "task-arithmetic",
-                    force: bool = False, build: BuildOptions | None = None) -> Path:
-    """Write the model ``editkit add`` scored (an ``editkit.runs.edit.EditResult`` of :func:`editkit.runs.edit.add`,
-    whose backbone holds theta_0), with its report's numbers (``weights`` beside f_lin's) in the card."""
+def export_edit(result: Any, bank: Bank, out: Path | str, *, method: str = "task-arithmetic",
+                force: bool = False, build: BuildOptions | None = None) -> Path:
+    """Write the model ``editkit add`` or ``editkit negate`` scored (an ``editkit.runs.edit.EditResult`` of
+    :func:`editkit.runs.edit.add` / :func:`~editkit.runs.edit.negate`, whose backbone holds theta_0), with its
+    report's numbers (``weights`` beside f_lin's) in the provenance and card."""
     report = result.report
-    scores = {k: report[k] for k in ("per_task", "absolute", "normalized", "weights") if k in report}
-    provenance = provenance_of(bank, result.coefficients, operation="add", mode=result.mode, build=build,
-                               method=method, options=report.get("options"), scores=scores)
+    operation = report["operation"]
+    alpha = -next(iter(result.coefficients.values())) if operation == "negate" else None  # theta_0 - alpha tau
+    provenance = provenance_of(bank, result.coefficients, operation=operation, mode=result.mode, build=build,
+                               method=method, options=report.get("options"), alpha=alpha,
+                               scores={k: report[k] for k in SCORE_KEYS if k in report})
     return export_model(result.backbone, result.vector.tensors, out, base=bank.base, provenance=provenance,
                         force=force)
 

@@ -1,17 +1,19 @@
-"""A user's torchvision model on a user's image folder, and ``editkit add --out``: the state dict written is
-theta_0 (the weights file) plus the banked vector, with the classification layer as it came, and torchvision's
-own model loads it whole."""
+"""A user's torchvision model on a user's image folder, and ``editkit add --out`` / ``editkit negate --out``: the
+state dict written is theta_0 (the weights file) plus or minus the banked vector, with the classification layer
+as it came, and torchvision's own model loads it whole."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 import torchvision
 from typer.testing import CliRunner
 
 from editkit.bank.store import Bank
 from editkit.cli import app
+from helpers.cli import one_line_refusal
 from helpers.vision import make_image
 
 runner = CliRunner()
@@ -23,7 +25,9 @@ def invoke(*args):
     return result
 
 
-def test_stream_then_add_out_writes_a_torchvision_state_dict(offline, tmp_path):
+def streamed(tmp_path, mode: str) -> torch.nn.Module:
+    """A random ResNet-18 saved as ``resnet18.pth``, an image folder ``bugs``, the scenario ``bugs.toml`` on
+    them, streamed in ``mode`` into ``bank``; returns the network (theta_0 and its classification layer)."""
     torch.manual_seed(0)
     net = torchvision.models.resnet18().eval()
     torch.save(net.state_dict(), tmp_path / "resnet18.pth")
@@ -36,7 +40,7 @@ name = "bugs"
 [backbone]
 family = "torchvision"
 model = "resnet18"
-weights = "{tmp_path / 'resnet18.pth'}"
+weights = "resnet18.pth"
 image_size = 32
 [heads]
 kind = "probe"
@@ -45,10 +49,15 @@ shots = 2
 name = "bugs"
 source = "imagefolder:bugs"
 [recipe]
-mode = "nonlinear"
+mode = "{mode}"
 batch_size = 4
 """)
     invoke("stream", "--scenario", "bugs.toml", "--steps", 2, "--bank", "bank", "--run-dir", "run")
+    return net
+
+
+def test_stream_then_add_out_writes_a_torchvision_state_dict(offline, tmp_path):
+    net = streamed(tmp_path, "nonlinear")
     invoke("add", "bugs", "--alpha", "0.5", "--bank", "bank", "--out", "edited.pth")
     tau = Bank(tmp_path / "bank").load("bugs")
     written = torch.load(tmp_path / "edited.pth", weights_only=True)
@@ -64,3 +73,33 @@ batch_size = 4
     assert provenance["format"] == "torchvision" and provenance["family"] == "torchvision"
     assert provenance["vectors"]["bugs"]["coefficient"] == 0.5
     assert provenance["base_model"]["fingerprint"] == Bank(tmp_path / "bank").base
+
+
+def test_negate_out_writes_theta0_minus_alpha_tau_as_a_torchvision_state_dict(offline, tmp_path, monkeypatch):
+    net = streamed(tmp_path, "linear")  # a linearized vector: the weights are scored beside f_lin
+    (tmp_path / "negated.pth").write_bytes(b"an older file")
+    from editkit.runs import edit
+
+    with monkeypatch.context() as patched:  # an existing file: refused before anything is built
+        patched.setattr(edit, "scenario_of", lambda *a, **k: pytest.fail("work started"))
+        result = runner.invoke(app, ["negate", "bugs", "--bank", "bank", "--out", "negated.pth"])
+    one_line_refusal(result, "error: --out negated.pth is a file: pass --force to replace it, or name a new file")
+    assert (tmp_path / "negated.pth").read_bytes() == b"an older file"
+
+    invoke("negate", "bugs", "--alpha", "0.5", "--bank", "bank", "--out", "negated.pth", "--force",
+           "--json", "negated.json")
+    tau = Bank(tmp_path / "bank").load("bugs")
+    theta0 = net.state_dict()
+    assert [k for k in tau if tau[k].abs().sum() > 0] and all(k in theta0 for k in tau)
+    written = torch.load(tmp_path / "negated.pth", weights_only=True)
+    assert set(written) == set(theta0)
+    for key, value in written.items():
+        expected = theta0[key] - 0.5 * tau[key] if key in tau else theta0[key]
+        torch.testing.assert_close(value, expected, rtol=0, atol=1e-6)
+    torchvision.models.resnet18().load_state_dict(written)  # loads whole, strict
+    provenance = json.loads((tmp_path / "negated.pth.editkit.json").read_text())
+    assert provenance["operation"] == "negate" and provenance["alpha"] == 0.5
+    assert provenance["vectors"]["bugs"]["coefficient"] == -0.5 and provenance["weights"] == "theta_0 - 0.5 * tau[bugs]"
+    report = json.loads((tmp_path / "negated.json").read_text())
+    assert provenance["scores"]["per_task"] == report["per_task"]
+    assert set(report["weights"]["per_task"]) == {"bugs"}  # what the written weights score, beside f_lin's

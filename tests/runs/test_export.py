@@ -348,7 +348,9 @@ def test_check_target_refusals():
     with pytest.raises(ConfigError, match="is a file: pass --force"):
         export.check_target(Path(__file__))
     assert export.check_target(Path(__file__), force=True) == Path(__file__)
-    assert export.check_target(Path(__file__), directory=False) == Path(__file__)  # a file export overwrites
+    with pytest.raises(ConfigError, match="is a file: pass --force to replace it, or name a new file$"):
+        export.check_target(Path(__file__), directory=False)  # a file export replaces a file only when told to
+    assert export.check_target(Path(__file__), directory=False, force=True) == Path(__file__)
 
 
 def _write(path: Path, text: str) -> Path:
