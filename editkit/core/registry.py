@@ -31,6 +31,7 @@ from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, TypeVar
 
 from editkit.core import extensions
 from editkit.errors import ConfigError
+from editkit.util.paths import PathRule
 
 
 @dataclass(frozen=True)
@@ -51,25 +52,29 @@ class Record:
     check: Callable[..., list[str]] | None = None
     options: tuple[Option, ...] = ()
     label: str = ""  # how tables and listings name it; empty: its registered name
-    #: A task source whose ``dataset`` (in ``source = "kind:dataset"``) is a file or folder path: a scenario
+    #: ``build``'s parameters that may name a file or folder (a task source's ``dataset``, in ``source =
+    #: "kind:dataset"``; a backbone's ``weights``), each with the rule that tells a path from a name: a scenario
     #: file's relative path is read from the scenario file's folder, not the working directory.
-    path: bool = False
+    paths: Mapping[str, PathRule] = field(default_factory=dict)
 
     @classmethod
     def of(cls, build: Callable[..., Any], *, check: Callable[..., list[str]] | None = None,
-           help: Mapping[str, str] | None = None, label: str = "", path: bool = False) -> "Record":
+           help: Mapping[str, str] | None = None, label: str = "",
+           paths: Mapping[str, PathRule] | None = None) -> "Record":
         """A record whose options are ``build``'s parameters that have a default.
 
         Parameters without a default are what the registry's caller always supplies
         (a task's name, the backbone, the seed...), so they are not options a user sets.
         """
-        help = dict(help or {})
-        options = tuple(Option(p.name, p.default, help.pop(p.name, ""))
-                        for p in inspect.signature(build).parameters.values()
+        help, paths = dict(help or {}), dict(paths or {})
+        parameters = inspect.signature(build).parameters
+        options = tuple(Option(p.name, p.default, help.pop(p.name, "")) for p in parameters.values()
                         if p.default is not inspect.Parameter.empty)
         if help:
             raise ValueError(f"help given for {sorted(help)}, which {build.__qualname__} does not take as options")
-        return cls(build, check, options, label, path)
+        if unknown := sorted(set(paths) - set(parameters)):
+            raise ValueError(f"path rules given for {unknown}, which {build.__qualname__} does not take")
+        return cls(build, check, options, label, paths)
 
     @property
     def option_names(self) -> tuple[str, ...]:

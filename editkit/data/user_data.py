@@ -42,6 +42,7 @@ from editkit.data.text import SPLITS
 from editkit.data.text_classification import SIZE_HELP, eval_sizes, labelled_task
 from editkit.data.user_images import IMAGE_HELP, TEST_FRACTION, held_out_roles, image_task
 from editkit.errors import DataError, EditkitError
+from editkit.util.paths import always_a_path
 
 LABEL_COLUMN, IMAGE_COLUMN = "label", "image"
 #: A corpus without splits of its own: the shares of its documents held out as val and test.
@@ -175,7 +176,7 @@ def _table_source(fmt: str) -> Record:
                            f"task {name!r}: ")
 
     build.__doc__ = f"The {fmt} table(s) at ``dataset`` as a task (:func:`table_task`)."
-    return Record.of(build, check=check, path=True, help={
+    return Record.of(build, check=check, paths={"dataset": always_a_path}, help={
         **IMAGE_HELP, **SIZE_HELP, "text_column": "column of the texts", "label_column": "column of the labels",
         "image_column": "column of the images (file paths or bytes), read when there is no text column"})
 

@@ -45,6 +45,7 @@ from editkit.data.text_classification import stratified_choice
 from editkit.errors import DataError
 from editkit.settings import cache_dir
 from editkit.util.atomic import atomic_path
+from editkit.util.paths import always_a_path
 
 log = logging.getLogger(__name__)
 
@@ -331,4 +332,5 @@ IMAGE_HELP = {"test_fraction": "share of each class held out as the test split w
               "seed": "seed of that held-out split and of the size limits' draws",
               "train_size": "at most this many train images, classes in proportion (default: all)",
               "eval_size": "at most this many validation / test images each, classes in proportion (default: all)"}
-TASK_SOURCES.register("imagefolder", Record.of(_folder_task, check=_folder_check, help=IMAGE_HELP, path=True))
+TASK_SOURCES.register("imagefolder", Record.of(_folder_task, check=_folder_check, help=IMAGE_HELP,
+                                               paths={"dataset": always_a_path}))

@@ -35,7 +35,7 @@ from editkit.errors import ConfigError
 from editkit.models import BACKBONES, HEADS
 from editkit.models.backbone import Backbone, state_fingerprint
 from editkit.models.blocks import BlockTail, TailBackbone, resolve_blocks
-from editkit.models.lm_weights import load_causal_lm, weights_check
+from editkit.models.lm_weights import MODEL_PATHS, load_causal_lm, weights_check
 
 _FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
 
@@ -132,5 +132,5 @@ BACKBONES.register("causal-lm", Record.of(_family, check=weights_check("smollm2-
     "model": "a packaged model name (smollm2-135m-instruct), a local directory or .gguf file, or a hub id "
              "found in the local Hugging Face cache",
     "trainable_blocks": "the last K decoder blocks (plus the final norm) are fine-tuned; 'all' for every block",
-    "hub_cache": "Hugging Face hub cache directory to look hub ids up in (default: HF_HOME's)"}))
+    "hub_cache": "Hugging Face hub cache directory to look hub ids up in (default: HF_HOME's)"}, paths=MODEL_PATHS))
 HEADS.register("lm", Record.of(_lm_head))

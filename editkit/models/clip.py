@@ -49,6 +49,7 @@ from editkit.util.atomic import atomic_path
 from editkit.errors import ConfigError, MissingResourceError
 from editkit.settings import CLIP_CACHE_ENV, cache_dir, clip_cache_dir, offline_mode
 from editkit.util.hub import hf_endpoint, hf_hub_cache, host_reachable
+from editkit.util.paths import always_a_path
 from editkit.models import BACKBONES
 from editkit.models.heads import ZeroShotHead
 from editkit.models.backbone import Backbone, state_fingerprint
@@ -206,6 +207,17 @@ def _how_to_provide(model_name: str) -> str:
 
 def _looks_like_path(value: str) -> bool:
     return os.sep in value or value.startswith((".", "~")) or value.lower().endswith(CHECKPOINT_SUFFIXES)
+
+
+def pretrained_is_path(pretrained: str, exists: bool) -> bool:
+    """Whether ``pretrained`` names a checkpoint file or directory (:data:`~editkit.util.paths.PathRule`): one that
+    exists, or a name that looks like a path; a random tag and an open_clip tag (``openai``) do not."""
+    return pretrained.strip().lower() not in RANDOM_TAGS and (exists or _looks_like_path(pretrained))
+
+
+def config_is_path(model: str, exists: bool) -> bool:
+    """Whether the model name ``model`` is an open_clip config file (``*.json``) rather than a model name."""
+    return model.endswith(".json")
 
 
 def is_torchscript_archive(path: Path) -> bool:
@@ -706,4 +718,5 @@ BACKBONES.register("clip", Record.of(_family, check=_family_check, help={
     "cache_dir": "where tag weights are cached (default: settings' CLIP cache)",
     "quick_gelu": "force QuickGELU on/off (default: decided from the tag or file name)",
     "device": "device the model is moved to after building on the CPU",
-    "seed": "seed of random weights when pretrained = 'random'"}))
+    "seed": "seed of random weights when pretrained = 'random'"},
+    paths={"model": config_is_path, "pretrained": pretrained_is_path, "cache_dir": always_a_path}))

@@ -43,6 +43,7 @@ from editkit.errors import ConfigError, MissingResourceError
 from editkit.settings import cache_dir, offline_mode
 from editkit.util.atomic import atomic_dir, atomic_path
 from editkit.util.hub import hf_hub_cache
+from editkit.util.paths import always_a_path, written_as_path
 from editkit.util.progress import NullProgress, Progress
 
 log = logging.getLogger(__name__)
@@ -92,20 +93,27 @@ Kind = Literal["packaged", "gguf", "directory", "hub"]
 # --------------------------------------------------------------------------- what a name means
 
 
+def model_is_path(model: str, exists: bool) -> bool:
+    """Whether ``model`` names a file or folder (:data:`~editkit.util.paths.PathRule`): a GGUF file, an existing
+    directory, or a name written as a path; a packaged name and a hub id (``gpt2``, ``org/name``) are not."""
+    return model not in PACKAGED_MODELS and (model.endswith(".gguf") or exists or written_as_path(model))
+
+
+#: The ``[backbone]`` options of the transformers families that name files or folders.
+MODEL_PATHS = {"model": model_is_path, "hub_cache": always_a_path}
+
+
 def kind_of(model: str) -> Kind:
     """How ``model`` is read: a packaged name, a GGUF path, a local directory or a hub id.
 
     A name that is neither packaged nor an existing directory counts as a directory when it is written
-    as a path (absolute, ``./``, ``../``, ``~``), otherwise as a hub id.
+    as a path (absolute, ``./``, ``../``, ``~``), otherwise as a hub id (:func:`model_is_path`).
     """
     if model in PACKAGED_MODELS:
         return "packaged"
     if model.endswith(".gguf"):
         return "gguf"
-    path = Path(model).expanduser()
-    if path.is_dir() or path.is_absolute() or model.startswith(("./", "../", "~")):
-        return "directory"
-    return "hub"
+    return "directory" if model_is_path(model, Path(model).expanduser().is_dir()) else "hub"
 
 
 def describe(model: str) -> str:

@@ -48,7 +48,7 @@ from editkit.errors import ConfigError
 from editkit.models import BACKBONES, HEADS
 from editkit.models.backbone import Backbone, state_fingerprint
 from editkit.models.blocks import ALL_BLOCKS, resolve_blocks
-from editkit.models.lm_weights import load_pretrained, weights_check
+from editkit.models.lm_weights import MODEL_PATHS, load_pretrained, weights_check
 from editkit.models.causal_lm import final_norm
 
 #: The objective a text-to-text head declares: ``editkit.eval.scorers.task_scorer`` scores it by
@@ -192,5 +192,5 @@ BACKBONES.register("seq2seq-lm", Record.of(_family, check=weights_check("google/
     "trainable_blocks": "'all': every parameter is fine-tuned; K: only the last K decoder blocks (and the decoder's "
                         "final norm)",
     "hub_cache": "Hugging Face hub cache directory to look hub ids up in (default: HF_HOME's)",
-    "device": "device the model is moved to after loading on the CPU"}))
+    "device": "device the model is moved to after loading on the CPU"}, paths=MODEL_PATHS))
 HEADS.register(TEXT_TO_TEXT, Record.of(_text_to_text_head))

@@ -33,7 +33,7 @@ from editkit.core.registry import Record
 from editkit.errors import ConfigError
 from editkit.models import BACKBONES
 from editkit.models.blocks import ALL_BLOCKS, BlockTail, TailBackbone, resolve_blocks
-from editkit.models.lm_weights import load_pretrained, weights_check
+from editkit.models.lm_weights import MODEL_PATHS, load_pretrained, weights_check
 
 POOLINGS = ("mean", "cls")
 
@@ -91,4 +91,4 @@ BACKBONES.register("text-encoder", Record.of(_family, check=weights_check("all-m
              "Hugging Face cache",
     "pooling": "features: 'mean' of the last hidden states over real tokens, or the first ('cls') token's",
     "trainable_blocks": "the last K encoder blocks are fine-tuned; 'all' for every block (embeddings stay frozen)",
-    "hub_cache": "Hugging Face hub cache directory to look hub ids up in (default: HF_HOME's)"}))
+    "hub_cache": "Hugging Face hub cache directory to look hub ids up in (default: HF_HOME's)"}, paths=MODEL_PATHS))

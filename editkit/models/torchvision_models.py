@@ -8,13 +8,14 @@
     weights = "resnet18.pth"    # a state dict of the whole model (.pth / .pt torch file or .safetensors)
     image_size = 224
 
-``weights`` is a file path (relative to the working directory), a torchvision weights name
-(``IMAGENET1K_V1``, ``DEFAULT``) read from the torch hub cache only (never downloaded), or
-``random`` (initialised from ``seed``). Features are the input of the model's last ``nn.Linear``
-(its classification layer, replaced by an identity), so a probe head sits on top as on the other
-non-CLIP backbones; the replaced layer's weights are kept aside, so ``editkit add --out`` writes a
-state dict the torchvision model loads whole (:mod:`editkit.runs.export`). Images are resized to
-``image_size`` and ImageNet-normalized, as the EfficientNet family does.
+``weights`` is a file path (in a scenario file, relative to the file's folder), a torchvision weights
+name (``IMAGENET1K_V1``, ``DEFAULT``) read from the torch hub cache only (never downloaded), or
+``random`` (initialised from ``seed``): :func:`weights_is_path` tells them apart. Features are the
+input of the model's last ``nn.Linear`` (its classification layer, replaced by an identity), so a probe
+head sits on top as on the other non-CLIP backbones; the replaced layer's weights are kept aside, so
+``editkit add --out`` and ``editkit negate --out`` write a state dict the torchvision model loads whole
+(:mod:`editkit.runs.export`). Images are resized to ``image_size`` and ImageNet-normalized, as the
+EfficientNet family does.
 """
 
 from __future__ import annotations
@@ -63,9 +64,15 @@ def _hub_weights_path(model: str, weights: str) -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / Path(value.url).name
 
 
+def weights_is_path(weights: str, exists: bool) -> bool:
+    """Whether ``weights`` names a file (:data:`~editkit.util.paths.PathRule`): one that exists, or a name with a
+    file suffix or a folder in it; ``random`` and torchvision weights names (``IMAGENET1K_V1``) do not."""
+    return weights.lower() != RANDOM and (exists or bool(Path(weights).suffix) or "/" in weights)
+
+
 def _is_name(weights: str) -> bool:
     """Whether ``weights`` is a torchvision weights name (``IMAGENET1K_V1``) rather than a file path."""
-    return not (Path(weights).suffix or "/" in weights or Path(weights).expanduser().exists())
+    return not weights_is_path(weights, Path(weights).expanduser().exists())
 
 
 def weights_path(model: str, weights: str) -> Path | None:
@@ -148,4 +155,4 @@ BACKBONES.register("torchvision", Record.of(build, check=check, help={
     "weights": "state dict file of the whole model, a torchvision weights name in the torch hub cache "
                "(IMAGENET1K_V1, DEFAULT), or 'random'",
     "image_size": "input side in pixels (images are resized to it)",
-    "seed": "seed of random weights"}))
+    "seed": "seed of random weights"}, paths={"weights": weights_is_path}))

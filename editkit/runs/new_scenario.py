@@ -14,8 +14,9 @@ generic source and recipe the new file starts from (:data:`TEMPLATES`):
 
 The file is written with every recipe field at its value (the template's, else the default) and
 every option of the task source commented at its default, each with its help line, so a user edits
-values rather than looking keys up. Data paths are written relative to the scenario file, which
-reads them from its own folder. Nothing is loaded: the file is checked by parsing it back.
+values rather than looking keys up. Data paths, and a ``--model`` given as a path, are written relative
+to the scenario file, which reads them from its own folder. Nothing is loaded: the file is checked by
+parsing it back.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from editkit.data.tables import TEXT_COLUMN, format_of, read_splits
 from editkit.data.user_data import IMAGE_COLUMN, LABEL_COLUMN
 from editkit.data.user_images import class_dirs, image_suffixes, split_dirs
 from editkit.errors import ConfigError
+from editkit.models import BACKBONES
 from editkit.scenario.spec import known_scenarios, load_scenario
 from editkit.train.recipe import Recipe
 from editkit.util.atomic import atomic_write_text
@@ -154,6 +156,14 @@ def _relative(path: Path, out: Path) -> str:
     return os.path.relpath(path, out.resolve().parent)
 
 
+def _model_value(model: str, family: str, out: Path) -> str:
+    """``--model`` as the scenario file at ``out`` is to hold it: relative to the file's folder where the family
+    reads it as a path (a checkpoint directory here), as given where it is a name (a hub id)."""
+    path = Path(model).expanduser()
+    rule = BACKBONES[family].paths.get("model")
+    return _relative(path.resolve(), out) if rule is not None and rule(model, path.exists()) else model
+
+
 def _task_lines(task: FoundTask, out: Path) -> list[str]:
     record: Record = TASK_SOURCES[task.kind]
     dataset = _relative(task.path, out)
@@ -167,7 +177,9 @@ def scenario_text(tasks: list[FoundTask], out: Path, *, name: str, model: str | 
     modality = tasks[0].modality
     template_name = TEMPLATES[modality]
     template = tomllib.loads(known_scenarios()[template_name].read_text())
-    backbone = dict(template["backbone"], **({"model": model} if model else {}))
+    backbone = dict(template["backbone"])
+    if model:
+        backbone["model"] = _model_value(model, backbone["family"], out)
     lines = [f"# Scenario for {modality}, written by `editkit init` from the embedded scenario {template_name!r}.",
              "# Run it with: editkit stream --scenario " + out.name,
              "# Paths are read from this file's folder. Keys commented out show their default.", "",

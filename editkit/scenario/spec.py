@@ -21,7 +21,11 @@ Optional parts of a scenario file:
 A user's data is named by path: ``source = "imagefolder:photos"``, ``"csv:reviews.csv"``, and a corpus
 ``file:forget.txt`` wherever a corpus name goes (``text:file:...``, ``[generic] corpus``, ``[negation]``
 ``control_text`` / ``prompts``). A relative path is read from the scenario file's folder, so a
-scenario and its data move together; the parsed spec holds absolute paths.
+scenario and its data move together; the parsed spec holds absolute paths. So is a ``[backbone]`` value
+its family reads as a path (``weights = "resnet18.pth"``, ``pretrained = "ckpt.pt"``, ``model =
+"my-model"``, a folder beside the file): each family declares which of its options may be paths and how
+a path is told from a name (``resnet18``, ``openai``, a hub id stay as written; see
+:attr:`~editkit.core.registry.Record.paths`).
 
 Every table is checked when the file is loaded, before anything is built: a key
 that is not a scenario key, not a recipe field, or not an option of the named
@@ -38,7 +42,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from editkit.core.registry import Registry
 from editkit.data import GENERIC_SOURCES, TASK_SOURCES
@@ -49,6 +53,7 @@ from editkit.models import BACKBONES, HEADS
 from editkit.scenario.catalog import SCENARIO_DIR, known_scenarios, read_scenario, scenario_file  # noqa: F401
 from editkit.train import recipe as recipe_mod
 from editkit.train.recipe import Recipe
+from editkit.util.paths import PathRule
 
 #: The tables and values a scenario file may hold at its top level.
 SCENARIO_KEYS = ("name", "description", "backbone", "heads", "generic", "data", "control", "negation", "tasks",
@@ -121,7 +126,7 @@ def parse_scenario(data: dict[str, Any], path: Path | None = None) -> ScenarioSp
     spec = ScenarioSpec(
         name=data["name"],
         description=data.get("description", ""),
-        backbone=dict(data["backbone"]),
+        backbone=_backbone_with_paths(data["backbone"], base),
         heads={"kind": DEFAULT_HEAD_KIND, **data.get("heads", {})},
         tasks=tasks,
         recipe=recipe_mod.from_mapping(data.get("recipe", {})),
@@ -197,14 +202,33 @@ def corpus_path(name: Any, base: Path | None) -> Any:
     return name
 
 
+def _read_from(value: Any, rule: PathRule, base: Path | None) -> Any:
+    """``value`` resolved against the scenario's folder ``base`` when ``rule`` (its reader's) takes it for a path,
+    told whether it names something there; a name (a tag, a hub id) or a value that is no text as it is."""
+    if not isinstance(value, str):
+        return value
+    exists = ((base or Path()) / Path(value).expanduser()).exists()
+    return resolve_path(value, base) if rule(value, exists) else value
+
+
+def _path_rules(registry: Registry, name: Any) -> Mapping[str, PathRule]:
+    """The path rules of the record ``name`` (none for a name the registry lacks, refused by the option check)."""
+    return registry[name].paths if isinstance(name, str) and name in registry else {}
+
+
 def _with_paths(task: TaskSpec, base: Path | None) -> TaskSpec:
-    """The task with a path in its source resolved: the dataset of a source that reads paths (its record
-    says ``path``), or a ``file:`` corpus of any source."""
-    if task.kind in TASK_SOURCES and TASK_SOURCES[task.kind].path:
-        dataset = resolve_path(task.dataset, base)
-    else:
-        dataset = corpus_path(task.dataset, base)
+    """The task with a path in its source resolved: the dataset of a source that reads paths (its record's
+    ``paths`` name ``dataset``), or a ``file:`` corpus of any source."""
+    rules = _path_rules(TASK_SOURCES, task.kind)
+    dataset = (_read_from(task.dataset, rules["dataset"], base) if "dataset" in rules
+               else corpus_path(task.dataset, base))
     return dataclasses.replace(task, source=f"{task.kind}:{dataset}")
+
+
+def _backbone_with_paths(table: dict[str, Any], base: Path | None) -> dict[str, Any]:
+    """The ``[backbone]`` table with each value its family reads as a path resolved against the scenario's folder."""
+    rules = _path_rules(BACKBONES, table.get("family"))
+    return {key: _read_from(value, rules[key], base) if key in rules else value for key, value in table.items()}
 
 
 def _generic_with_paths(table: dict[str, Any], base: Path | None) -> dict[str, Any]:

@@ -105,7 +105,8 @@ def test_init_on_a_csv_with_a_local_model_then_stream(offline, tmp_path):
     assert result.exit_code == 0, result.output
     text = (tmp_path / "reviews.toml").read_text()
     written = tomllib.loads(text)
-    assert written["backbone"]["family"] == "text-encoder" and written["backbone"]["model"] == str(model_dir)
+    assert written["backbone"]["family"] == "text-encoder"
+    assert written["backbone"]["model"] == "tiny-bert"  # given absolute, written relative to the scenario file
     assert written["tasks"] == [{"name": "reviews", "source": "csv:reviews.csv"}]
     (tmp_path / "reviews.toml").write_text(text.replace('corpus = "clean-news"', 'corpus = "file:news.txt"'))
     result = invoke("stream", "--scenario", "reviews.toml", "--steps", 2, "--bank", "bank", "--run-dir", "run")
