@@ -1,4 +1,5 @@
-"""A user's tables: CSV, JSON Lines, parquet files and Hugging Face datasets saved with ``save_to_disk``.
+"""A user's tables: CSV, JSON Lines, parquet files and Hugging Face datasets (saved with ``save_to_disk``, or a
+dataset repository's files, or a dataset id found in the local hub cache).
 
 A table is read whole into columns (:class:`Table`); a user's labelled texts, image lists and text
 corpora are small enough, and a whole read lets every problem (a missing column, a label of no
@@ -8,6 +9,11 @@ build that follows read a file once.
 Where the splits come from (:func:`read_splits`), first that applies:
 
 - PATH is a directory written by ``DatasetDict.save_to_disk`` (``dataset_dict.json``): its splits;
+- for the ``hf-dataset`` format, PATH is a dataset repository as the hub lays it out
+  (``data/train-00000-of-00001.parquet``...; a snapshot of the local hub cache is one): each split's
+  parquet shards; a PATH that is no folder and not written as a path is a dataset id (``user/name``),
+  whose snapshot is looked up in the local Hugging Face hub cache (``HF_HOME`` / ``HF_HUB_CACHE``),
+  never online;
 - PATH is a directory holding ``<split>.<ext>`` files of the format (``train.csv`` and ``test.csv``;
   ``val`` / ``validation`` / ``dev`` count too, see :data:`~editkit.data.tasks.SPLIT_ALIASES`);
 - PATH is a file, or a ``Dataset.save_to_disk`` directory, whose table has a ``split`` column: its rows
@@ -16,7 +22,7 @@ Where the splits come from (:func:`read_splits`), first that applies:
 
 A plain ``.txt`` file is a table too: one document per non-blank line, as the column ``text``.
 The ``datasets`` package is needed only for ``save_to_disk`` directories (it is not a dependency);
-parquet is read with pyarrow, CSV, JSON Lines and text with the standard library.
+parquet (a hub copy's too) is read with pyarrow, CSV, JSON Lines and text with the standard library.
 """
 
 from __future__ import annotations
@@ -30,13 +36,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from editkit.data.sources import _hf_label_names
+from editkit.data.sources import _hf_label_names, hub_snapshot, parquet_files
 from editkit.data.tasks import SPLIT_ALIASES
 from editkit.errors import DataError, MissingResourceError
+from editkit.util.hub import hf_hub_cache
+from editkit.util.paths import written_as_path
 
-#: Table format -> the file suffixes it reads (``hf-dataset``: a ``save_to_disk`` directory).
+#: The format of a Hugging Face ``datasets`` dataset: a folder, or a dataset id in the local hub cache.
+HF_DATASET = "hf-dataset"
+#: Table format -> the file suffixes it reads (``hf-dataset``: folders only).
 SUFFIXES: dict[str, tuple[str, ...]] = {"csv": (".csv", ".tsv"), "jsonl": (".jsonl", ".json"),
-                                        "parquet": (".parquet",), "hf-dataset": (), "text": (".txt",)}
+                                        "parquet": (".parquet",), HF_DATASET: (), "text": (".txt",)}
 SPLIT_COLUMN = "split"
 #: The column of a plain text file's documents, and the default text column of every table.
 TEXT_COLUMN = "text"
@@ -166,10 +176,38 @@ def format_of(path: str | os.PathLike) -> str | None:
         return next((fmt for fmt, suffixes in SUFFIXES.items() if path.suffix.lower() in suffixes), None)
     if not path.is_dir():
         return None
-    if (path / DATASET_DICT_FILE).is_file() or (path / DATASET_STATE_FILE).is_file():
-        return "hf-dataset"
+    if _is_saved_dataset(path):
+        return HF_DATASET
     stems = {p.suffix.lower() for p in path.iterdir() if p.stem.lower() in SPLIT_ALIASES}
-    return next((fmt for fmt, suffixes in SUFFIXES.items() if stems & set(suffixes)), None)
+    found = next((fmt for fmt, suffixes in SUFFIXES.items() if stems & set(suffixes)), None)
+    return found or (HF_DATASET if parquet_files(path, "train") else None)
+
+
+# --------------------------------------------------------------------------- where the data is
+
+
+def dataset_is_path(value: str, exists: bool) -> bool:
+    """The path rule of the ``hf-dataset`` format (:mod:`editkit.util.paths`): a folder when one exists or the
+    value is written as a path; any other value is a dataset id, looked up in the local hub cache."""
+    return exists or written_as_path(value)
+
+
+def locate(path: str | os.PathLike, fmt: str) -> Path:
+    """The file or folder that holds the data ``path`` names in format ``fmt``: ``path`` itself, or, for a
+    dataset id of the ``hf-dataset`` format, its snapshot in the local hub cache. Refuses data that is not
+    there in one line (for a dataset id, naming both ways to provide it)."""
+    given = Path(path).expanduser()
+    if fmt != HF_DATASET or dataset_is_path(str(path), given.exists()):
+        if not given.exists():
+            raise DataError(f"{given} does not exist")
+        return given
+    snapshot = hub_snapshot(str(path))
+    if snapshot is None:
+        raise DataError(f"{path} is no folder, and no dataset {str(path)!r} is in the Hugging Face hub cache "
+                        f"{hf_hub_cache()}: name a folder written by save_to_disk, or fetch the dataset into the hub "
+                        f"cache where there is internet (datasets.load_dataset({str(path)!r}), or huggingface-cli "
+                        f"download --repo-type dataset {path}) and point HF_HOME or HF_HUB_CACHE at that cache")
+    return snapshot
 
 
 # --------------------------------------------------------------------------- splits
@@ -177,18 +215,16 @@ def format_of(path: str | os.PathLike) -> str | None:
 
 def read_splits(path: str | os.PathLike, fmt: str) -> dict[str, Table]:
     """The tables of ``path`` in format ``fmt`` (a key of :data:`SUFFIXES`) by the user's split names (see the
-    module docstring); ``""`` names the one table of data without splits. Refuses a missing path, a file
-    of another format and a directory with nothing to read."""
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path} does not exist")
+    module docstring); ``""`` names the one table of data without splits. Refuses a missing path (a dataset id
+    the hub cache lacks: :func:`locate`), a file of another format and a directory with nothing to read."""
+    path = locate(path, fmt)
     return _read_splits(path.resolve(), fmt, fingerprint(path))
 
 
 @functools.lru_cache(maxsize=16)
 def _read_splits(path: Path, fmt: str, state: str) -> dict[str, Table]:
-    if fmt == "hf-dataset":
-        return _saved_dataset_splits(path)
+    if fmt == HF_DATASET:
+        return _hf_dataset_splits(path)
     if path.is_file():
         if path.suffix.lower() not in SUFFIXES[fmt]:
             raise DataError(f"{path} is not a {fmt} file (expected {' or '.join(SUFFIXES[fmt])})")
@@ -211,10 +247,38 @@ def _by_split_column(table: Table) -> dict[str, Table]:
     return {name: table.rows(rows) for name, rows in groups.items()}
 
 
+def _is_saved_dataset(path: Path) -> bool:
+    return (path / DATASET_DICT_FILE).is_file() or (path / DATASET_STATE_FILE).is_file()
+
+
+def _hf_dataset_splits(path: Path) -> dict[str, Table]:
+    """A ``save_to_disk`` folder's splits, else a dataset repository's parquet shards by split."""
+    if _is_saved_dataset(path):
+        return _saved_dataset_splits(path)
+    if shards := _parquet_shards(path):
+        return shards
+    raise DataError(f"{path} is not a Hugging Face dataset saved with save_to_disk (no {DATASET_DICT_FILE} or "
+                    f"{DATASET_STATE_FILE}) nor a dataset repository's parquet files (data/train-*.parquet...)")
+
+
+def _parquet_shards(root: Path) -> dict[str, Table]:
+    """The splits of a dataset repository in the hub's layout (``data/train-00000-of-00002.parquet``...; see
+    :func:`~editkit.data.sources.parquet_files`), each split's shards read as one table."""
+    splits = {}
+    for split in SPLIT_ALIASES:
+        if files := parquet_files(root, split):
+            splits[split] = _joined([_read_parquet(file) for file in files], f"{root} [{split}]")
+    return splits
+
+
+def _joined(tables: list[Table], where: str) -> Table:
+    """Shards of one split as one table, with the first shard's columns and class names."""
+    first = tables[0]
+    return Table({name: [value for table in tables for value in table.column(name)] for name in first.columns},
+                 where, first.classes, first.base)
+
+
 def _saved_dataset_splits(path: Path) -> dict[str, Table]:
-    if not (path / DATASET_DICT_FILE).is_file() and not (path / DATASET_STATE_FILE).is_file():
-        raise DataError(f"{path} is not a Hugging Face dataset saved with save_to_disk (no {DATASET_DICT_FILE} "
-                        f"or {DATASET_STATE_FILE})")
     loaded = _datasets_module(path).load_from_disk(str(path))
     if hasattr(loaded, "keys"):  # a DatasetDict
         return {name: _dataset_table(loaded[name], f"{path} [{name}]") for name in loaded.keys()}

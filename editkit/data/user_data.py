@@ -9,7 +9,9 @@ finds them: a ``split`` column, split files in a folder, or a test split held ou
     ``labelled-text`` datasets are (same ``max_length`` / size options). A table without that text
     column but with an image column (``image_column``, default ``image``) is an image task: a cell is
     a file path (relative to the table's folder) or image bytes as Hugging Face stores them.
-    ``hf-dataset`` reads a folder written by ``save_to_disk`` (needs the ``data`` extra: ``pip install "editkit[data]"``).
+    ``hf-dataset`` reads a folder written by ``save_to_disk`` (needs the ``data`` extra: ``pip install
+    "editkit[data]"``), a dataset repository's parquet files, or a dataset id (``user/name``, no folder of that
+    name) from the local Hugging Face hub cache, never online (:func:`~editkit.data.tables.locate`).
     Class names are the labels' values, sorted (numbers in numeric order), or a ClassLabel's names.
 
 Text corpora (``TEXT_CORPORA``): ``file:PATH``, accepted wherever a corpus name is: the text of a
@@ -36,7 +38,8 @@ import numpy as np
 
 from editkit.core.registry import Record
 from editkit.data import TASK_SOURCES, TEXT_CORPORA
-from editkit.data.tables import TEXT_COLUMN, Table, fingerprint, format_of, read_splits
+from editkit.data.tables import (HF_DATASET, TEXT_COLUMN, Table, dataset_is_path, fingerprint, format_of, locate,
+                                  read_splits)
 from editkit.data.tasks import LabelledTexts, TaskData, split_roles, validation_indices
 from editkit.data.text import SPLITS
 from editkit.data.text_classification import SIZE_HELP, eval_sizes, labelled_task
@@ -154,7 +157,7 @@ def table_task(name: str, dataset: str, backbone: Any, fmt: str, *, text_column:
     rows.roles = held_out_roles(rows.roles, rows.labels, test_fraction, seed)
     if rows.image:
         return image_task(name, backbone, rows.values, rows.labels, rows.roles, rows.classes,
-                          key=f"{fingerprint(Path(dataset))}-{image_column}", base=rows.base,
+                          key=f"{fingerprint(locate(dataset, fmt))}-{image_column}", base=rows.base,
                           train_size=train_size, eval_size=eval_size, seed=seed)
     return labelled_task(name, text_splits(rows), backbone, max_length, eval_sizes(train_size, eval_size, val_size))
 
@@ -176,7 +179,8 @@ def _table_source(fmt: str) -> Record:
                            f"task {name!r}: ")
 
     build.__doc__ = f"The {fmt} table(s) at ``dataset`` as a task (:func:`table_task`)."
-    return Record.of(build, check=check, paths={"dataset": always_a_path}, help={
+    rule = dataset_is_path if fmt == HF_DATASET else always_a_path
+    return Record.of(build, check=check, paths={"dataset": rule}, help={
         **IMAGE_HELP, **SIZE_HELP, "text_column": "column of the texts", "label_column": "column of the labels",
         "image_column": "column of the images (file paths or bytes), read when there is no text column"})
 
@@ -258,6 +262,6 @@ def file_corpus(reference: str) -> Record:
                      check=functools.partial(corpus_problems, reference))
 
 
-for _fmt in ("csv", "jsonl", "parquet", "hf-dataset"):
+for _fmt in ("csv", "jsonl", "parquet", HF_DATASET):
     TASK_SOURCES.register(_fmt, _table_source(_fmt))
 TEXT_CORPORA.register_family("file", file_corpus, form="PATH[#column]")

@@ -15,12 +15,14 @@ import pytest
 import torch
 
 from editkit.data import TASK_SOURCES, TEXT_CORPORA
+from editkit.data.tables import format_of
 from editkit.data.tasks import stratified_holdout
 from editkit.data.user_data import labelled_rows, text_splits
 from editkit.errors import DataError
 from editkit.models.backbone import Backbone
 from editkit.scenario.build import check_scenario
 from editkit.scenario.spec import load_scenario
+from helpers.hub import empty_caches, hub_repo
 from helpers.vision import make_image
 
 CLASSES = ["cat", "dog", "emu"]
@@ -247,6 +249,46 @@ def test_without_the_datasets_package_one_line_says_how_to_get_it(tmp_path, monk
     assert TASK_SOURCES["hf-dataset"].check("d", str(tmp_path / "ds")) == [
         f"task 'd': reading the Hugging Face dataset saved at {tmp_path}/ds needs the datasets package: "
         'pip install "editkit[data]" (or: pip install datasets)']
+
+
+def test_a_dataset_id_is_read_from_the_local_hub_cache(tmp_path, monkeypatch):
+    """No folder of that name: the snapshot the hub cache holds (its real layout: blobs, refs/main, parquet
+    shards linked from snapshots/<commit>/data/), read offline, the shards of a split in order."""
+    import datasets
+
+    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["no", "yes"])})
+    shards = {"train-00000-of-00002": [("no a", 0), ("yes b", 1)], "train-00001-of-00002": [("no c", 0), ("yes d", 1)],
+              "test-00000-of-00001": [("yes e", 1), ("no f", 0)]}
+
+    def fill(directory: Path) -> None:
+        (directory / "data").mkdir()
+        for shard, rows in shards.items():
+            columns = {"text": [t for t, _ in rows], "label": [label for _, label in rows]}
+            dataset = datasets.Dataset.from_dict(columns, features=features)
+            dataset.to_parquet(str(directory / "data" / f"{shard}.parquet"))
+
+    hub = empty_caches(tmp_path, monkeypatch)
+    snapshot = hub_repo(hub, "user/tiny", fill, kind="datasets")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "tiny.toml").write_text('name = "tiny"\n[backbone]\nfamily = "text-encoder"\n'
+                                                 '[[tasks]]\nname = "yesno"\nsource = "hf-dataset:user/tiny"\n')
+    monkeypatch.chdir(tmp_path)
+    task = load_scenario(tmp_path / "mine" / "tiny.toml").tasks[0]
+    assert task.dataset == "user/tiny"  # a dataset id, not a path beside the scenario file
+    assert TASK_SOURCES["hf-dataset"].check("yesno", task.dataset) == []
+    data = text_splits(labelled_rows(task.dataset, "hf-dataset"))
+    assert data["test"].classes == ["no", "yes"]  # the ClassLabel's names, from the parquet schema
+    assert (data["test"].texts, data["test"].labels) == (["yes e", "no f"], [1, 0])
+    assert sorted(zip(data["train"].texts + data["val"].texts, data["train"].labels + data["val"].labels)) == [
+        ("no a", 0), ("no c", 0), ("yes b", 1), ("yes d", 1)]
+    assert format_of(snapshot) == "hf-dataset"  # a repository's files in a folder of one's own read the same
+    assert text_splits(labelled_rows(str(snapshot), "hf-dataset"))["test"].texts == ["yes e", "no f"]
+
+    assert TASK_SOURCES["hf-dataset"].check("gone", "user/gone") == [
+        f"task 'gone': user/gone is no folder, and no dataset 'user/gone' is in the Hugging Face hub cache {hub}: "
+        "name a folder written by save_to_disk, or fetch the dataset into the hub cache where there is internet "
+        "(datasets.load_dataset('user/gone'), or huggingface-cli download --repo-type dataset user/gone) and point "
+        "HF_HOME or HF_HUB_CACHE at that cache"]
 
 
 def test_a_table_of_image_paths(tmp_path):
