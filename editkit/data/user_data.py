@@ -20,7 +20,8 @@ language task (``source = "text:file:forget.txt"``), a ``[generic]`` table's ``c
 non-blank line; a CSV / JSON Lines / parquet file or a ``save_to_disk`` folder gives its ``text``
 column (``file:PATH#column`` names another). Splits: the data's own (a folder of ``train.txt``,
 ``val.txt``, ``test.txt``...; a ``split`` column), else the documents shuffled with the corpus seed
-and cut 80 / 10 / 10.
+and cut 80 / 10 / 10. Text that is only scored (``control_text``, ``prompts``) may come as val and test
+alone: its train split is then empty, and none of its documents is held back for training.
 
 Every source's check reads the data (nothing else is loaded, nothing is written) and returns one
 line per problem: a missing path, a missing column (with the columns there are), fewer than two
@@ -215,9 +216,12 @@ def corpus_documents(path: str, column: str = TEXT_COLUMN) -> dict[str, list[str
 def _corpus_splits(path: str, column: str, seed: int, state: str) -> dict[str, list[str]]:
     documents = corpus_documents(path, column)
     roles = {"train": ""} if "" in documents else split_roles(documents)
-    if "train" not in roles:
-        raise DataError(f"the corpus {path} has no train split (its splits: {', '.join(documents)})")
     splits = {role: documents[name] for role, name in roles.items()}
+    if "train" not in splits and {"val", "test"} <= set(splits):
+        return {"train": [], **splits}  # text that is only scored (control text, prompts): every document kept
+    if "train" not in splits:
+        raise DataError(f"the corpus {path} has no train split (its splits: {', '.join(documents)}): name one "
+                        "'train', or give val and test splits for text that is only scored (control text, prompts)")
     if "test" not in splits or "val" not in splits:
         held = ["val", "test"] if "test" not in splits else ["val"]
         splits.update(_held_out_documents(splits, held, seed, path))

@@ -14,15 +14,19 @@ import json
 import tomllib
 from pathlib import Path
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
 from editkit.bank.store import Bank
 from editkit.cli import app
+from editkit.data.text import pack
+from editkit.models.lm_weights import load_causal_lm
 from editkit.scenario.build import build_scenario
 from editkit.scenario.spec import load_scenario
 from editkit.train.recipe import Recipe
 from helpers import models
+from helpers.text import hand_perplexity, registered_bang_scorer
 from helpers.vision import make_image
 
 runner = CliRunner()
@@ -124,6 +128,53 @@ def test_init_on_a_text_file_writes_a_negation_scenario(offline, tmp_path):
     assert written["backbone"]["family"] == "causal-lm" and written["heads"] == {"kind": "lm"}
     assert written["tasks"] == [{"name": "forget", "source": "text:file:forget.txt"}]
     assert "negation" in written
+
+
+def test_init_on_a_text_file_then_stream_and_negate_with_a_local_model(offline, tmp_path):
+    """The "forget this" path end to end: ``init`` on one document per line, then, as the file's comments say,
+    the user's own files as the tauJp source, the control text and the prompts; the scorer is the test's."""
+    forget = [f"you silly clown number {i}, go away!" for i in range(10)]
+    (tmp_path / "forget.txt").write_text("\n".join(forget) + "\n")
+    keep = {"train": ["the council met on monday.", "rain is expected later."] * 4,
+            "val": ["the museum opened a new wing."], "test": ["the train arrived on time today.",
+                                                               "a new bridge was opened in the city."]}
+    for folder, splits in (("keep", keep), ("prompts", {"val": ["so then", "he said"], "test": ["well, you"]})):
+        (tmp_path / folder).mkdir()
+        for split, lines in splits.items():
+            (tmp_path / folder / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    models.char_llama_checkpoint(tmp_path / "tiny-llama")
+
+    result = invoke("init", "forget.txt", "--model", "tiny-llama")
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "forget.toml").read_text()
+    written = tomllib.loads(text)
+    assert written["backbone"]["model"] == "tiny-llama"  # a path, relative to the scenario file
+    assert written["tasks"] == [{"name": "forget", "source": "text:file:forget.txt"}]
+    edits = {'corpus = "clean-news"': 'corpus = "file:keep"', "trainable_blocks = 4": "trainable_blocks = 1",
+             'control_text = ["clean-reviews", "clean-speeches"]': 'control_text = "file:keep"',
+             'prompts = "toxic-prompts"': 'prompts = "file:prompts"', 'scorer = "toxblock"': 'scorer = "bang"',
+             "max_length = 64": "max_length = 16", "size = 400": "size = 8", "eval_blocks = 32": "eval_blocks = 3"}
+    for old, new in edits.items():
+        assert old in text
+        text = text.replace(old, new)
+    (tmp_path / "forget.toml").write_text(text)
+
+    with registered_bang_scorer("bang"):
+        result = invoke("stream", "--scenario", "forget.toml", "--steps", 2, "--bank", "bank", "--run-dir", "run")
+        assert result.exit_code == 0, result.output
+        assert Bank(tmp_path / "bank").names() == ["forget"]
+        result = invoke("negate", "forget", "--bank", "bank", "--alpha", 1, "--samples", 2, "--neutral-samples", 2,
+                        "--max-new-tokens", 2, "--run-dir", "negated")
+        assert result.exit_code == 0, result.output
+    rows = {row["model"]: row for row in json.loads((tmp_path / "negated" / "report.json").read_text())["rows"]}
+    assert list(rows) == ["theta_0", "+tau", "-tau"]
+    lm, tokenizer = load_causal_lm(str(tmp_path / "tiny-llama"))
+    assert rows["theta_0"]["control"] == pytest.approx(hand_perplexity(lm, pack(tokenizer, keep["test"], 16, limit=3)),
+                                                       rel=1e-5)
+    # the file has no splits: one of its ten documents is held out as the test split (10%, seeded)
+    held_out = [hand_perplexity(lm, pack(tokenizer, [line], 16, limit=3)) for line in forget]
+    assert sum(rows["theta_0"]["target"] == pytest.approx(ppl, rel=1e-5) for ppl in held_out) == 1
+    assert rows["-tau"]["target"] != rows["theta_0"]["target"]  # the vector moved the model
 
 
 def test_init_refusals(offline, tmp_path):

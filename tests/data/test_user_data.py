@@ -338,6 +338,21 @@ def test_corpus_split_files_and_a_named_column(tmp_path):
                                                                  f"{tmp_path}/none.txt does not exist"]
 
 
+def test_text_that_is_only_scored_may_come_as_val_and_test_alone(tmp_path):
+    """Prompts or control text given as val.txt and test.txt: every document is kept, none held back for a train
+    split nothing reads; a corpus with neither train nor both of those is refused, naming both ways."""
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "prompts" / "val.txt").write_text("so then\nhe said\n")
+    (tmp_path / "prompts" / "test.txt").write_text("well, you\n")
+    prompts = TEXT_CORPORA[f"file:{tmp_path}/prompts"]
+    assert prompts.check() == []
+    assert [prompts.build(s) for s in ("train", "val", "test")] == [[], ["so then", "he said"], ["well, you"]]
+    (tmp_path / "prompts" / "val.txt").unlink()
+    assert TEXT_CORPORA[f"file:{tmp_path}/prompts"].check() == [
+        f"corpus file:{tmp_path}/prompts: the corpus {tmp_path}/prompts has no train split (its splits: test): name "
+        "one 'train', or give val and test splits for text that is only scored (control text, prompts)"]
+
+
 # --------------------------------------------------------------------------- scenario files
 
 
