@@ -55,7 +55,7 @@ class Record:
     #: ``build``'s parameters that may name a file or folder (a task source's ``dataset``, in ``source =
     #: "kind:dataset"``; a backbone's ``weights``), each with the rule that tells a path from a name: a scenario
     #: file's relative path is read from the scenario file's folder, not the working directory.
-    paths: Mapping[str, PathRule] = field(default_factory=dict)
+    paths: Mapping[str, PathRule] = field(default_factory=dict, hash=False)  # a record stays hashable
 
     @classmethod
     def of(cls, build: Callable[..., Any], *, check: Callable[..., list[str]] | None = None,
