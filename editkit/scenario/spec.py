@@ -232,7 +232,11 @@ def _backbone_with_paths(table: dict[str, Any], base: Path | None) -> dict[str, 
 
 
 def _generic_with_paths(table: dict[str, Any], base: Path | None) -> dict[str, Any]:
-    return {key: corpus_path(value, base) if key == "corpus" else value for key, value in table.items()}
+    """The ``[generic]`` table with its corpus (or each corpus of a list) resolved against the scenario's folder."""
+    def resolved(value: Any) -> Any:
+        return corpus_path(value, base) if isinstance(value, str) else [corpus_path(v, base) for v in value]
+
+    return {key: resolved(value) if key == "corpus" else value for key, value in table.items()}
 
 
 def _task_spec(table: dict[str, Any], where: object) -> TaskSpec:

@@ -96,11 +96,15 @@ def test_negate_a_language_vector_writes_the_report_with_theta0_by_hand(tmp_path
     for row in sampled.values():  # a few scored samples to read, the same prompts (and streams) for every model
         assert [e["prompt"] for e in row["examples"]] == [PROMPTS["test"][i % 2] for i in range(5)]
         assert all(e["score"] == float("!" in e["continuation"]) for e in row["examples"])
+    # neutral prompts for theta_0 and the chosen negation (is the language still varied?), not for +tau
+    assert "distinct_2" not in rows["+tau"]
+    varied = [row for row in sampled.values() if row["alpha"] >= 0]
+    for row in varied:
         neutral = row["neutral_examples"]  # all 4 neutral samples: openings of the control corpora's test texts
         assert len(neutral) == row["neutral_samples"] == 4 and {e["prompt"] for e in neutral} <= openings
         assert row["distinct_2"] == pytest.approx(distinct_n(e["continuation"] for e in neutral))
-    assert [e["prompt"] for e in rows["theta_0"]["neutral_examples"]] == [
-        e["prompt"] for e in rows["+tau"]["neutral_examples"]]
+    assert len(varied) == 2 and [e["prompt"] for e in varied[0]["neutral_examples"]] == [
+        e["prompt"] for e in varied[1]["neutral_examples"]]
     for row in rows.values():  # taujp vectors are linearized: the exact f_lin perplexities of negations too
         assert ("control_flin" in row) == (row["alpha"] > 0)
     assert rows["-tau"]["target"] != rows["theta_0"]["target"]  # the vector did something

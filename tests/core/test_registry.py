@@ -86,8 +86,8 @@ def test_unregister_and_labels():
                     "vision8"]),
     (GENERIC_SOURCES, ["natural-crops", "text", "text-sentences"]),
     (LABELLED_TEXTS, ["harm", "party", "rt-sentiment", "rt-subjectivity"]),
-    (TEXT_CORPORA, ["civil-comments-prompts", "civil-comments-toxic", "clean-news", "clean-reviews", "clean-speeches",
-                    "toxic", "toxic-prompts", "wikitext-103"]),
+    (TEXT_CORPORA, ["civil-comments-prompts", "civil-comments-toxic", "clean-books", "clean-news", "clean-reviews",
+                    "clean-speeches", "toxic", "toxic-prompts", "wikitext-103"]),
     (MERGE_METHODS, ["dare", "magmax", "opcm", "task-arithmetic", "ties"]),
 ])
 def test_built_in_extensions_register_themselves_once(registry, names):

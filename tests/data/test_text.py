@@ -112,6 +112,22 @@ def test_text_generic_source_serves_prefix_states_of_the_train_split(backbone, c
     assert drawn == {tuple(s.flatten().tolist()) for s in states}  # every block once, never its tokens
 
 
+def test_a_generic_source_pools_several_corpora_each_up_to_its_size(backbone):
+    """Two corpora: each one's first ``size`` blocks, so a long corpus does not crowd out a short one."""
+    other = {"train": ["zzzzzzzzzzzzzzzz"], "val": ["v"], "test": ["t"]}  # 17 tokens: blocks of 6, 6, 5
+    with registered_corpora({"test-corpus": CORPUS, "other-corpus": other}):
+        source = GENERIC_SOURCES["text"].build(backbone, 0, corpus=["test-corpus", "other-corpus"], max_length=6,
+                                               size=2)
+        assert GENERIC_SOURCES["text"].check(corpus=["test-corpus", "other-corpus"]) == []
+    assert source.name == "test-corpus+other-corpus" and len(source) == 4
+    expected = pack(backbone.tokenizer, CORPUS["train"], 6, limit=2) + pack(backbone.tokenizer, other["train"], 6,
+                                                                            limit=2)
+    batch = source.next_batch(4)
+    lengths = batch.attention_mask.sum(1).tolist()
+    assert sorted(lengths) == sorted(len(b) for b in expected) == [6, 6, 6, 6]
+    drawn = {tuple(batch.inputs[row, :length].flatten().tolist()) for row, length in enumerate(lengths)}
+    assert drawn == {tuple(s.flatten().tolist()) for s in TokenSequences(expected, backbone).states}
+
 def test_corpus_split_refuses_an_unknown_split_and_corpus(corpus):
     assert corpus_split(corpus, "val") == CORPUS["val"]
     with pytest.raises(ConfigError, match="unknown split 'dev'"):

@@ -199,3 +199,24 @@ def test_a_file_without_heads_gets_five_shot_probes(tmp_path, toy_extensions):
 @pytest.mark.parametrize("name", ["offline-vision", "offline-text", "vision8", "toxic", "toxic-gpt2"])
 def test_the_built_in_scenarios_pass_validation(name):
     assert load_scenario(name).name == name
+
+
+def test_a_generic_list_of_corpora_has_each_file_resolved_against_the_scenario_folder(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("a text to keep\n")
+    path = write(folder, """\
+name = "forget"
+[backbone]
+family = "causal-lm"
+model = "smollm2-135m-instruct"
+[heads]
+kind = "lm"
+[generic]
+kind = "text"
+corpus = ["file:keep.txt", "clean-news"]
+[[tasks]]
+name = "forget"
+source = "text:toxic"
+""")
+    assert load_scenario(str(path)).generic["corpus"] == [f"file:{folder / 'keep.txt'}", "clean-news"]
