@@ -153,12 +153,15 @@ def _ppl(value: float | None) -> str:
     return f"{value / 1000:.1f}k" if value >= 10_000 else f"{value:.1f}"
 
 
-def _sampled(row: Mapping) -> tuple[str, str, str]:
-    """A test row's toxic fraction, mean score and distinct-2, blank where the row was not sampled."""
+def _sampled(row: Mapping) -> tuple[str, str, str, str]:
+    """A test row's toxic fraction (all prompts; prompts the scorer does not flag), mean score and distinct-2,
+    blank where the row was not sampled."""
     if "toxic_fraction" not in row:
-        return "", "", ""
-    return (f"{row['toxic_fraction']:.3f}±{row['toxic_fraction_stderr']:.3f}", f"{row['mean_score']:.3f}",
-            f"{row['distinct_2']:.3f}" if "distinct_2" in row else "")
+        return "", "", "", ""
+    clean = row.get("after_clean_prompts")
+    return (f"{row['toxic_fraction']:.3f}±{row['toxic_fraction_stderr']:.3f}",
+            f"{clean['toxic_fraction']:.3f}±{clean['toxic_fraction_stderr']:.3f}" if clean else "",
+            f"{row['mean_score']:.3f}", f"{row['distinct_2']:.3f}" if "distinct_2" in row else "")
 
 
 def language_negation_table(report: Mapping) -> Table:
@@ -171,18 +174,20 @@ def language_negation_table(report: Mapping) -> Table:
                   caption="ppl: perplexity of control (clean, pooled; then each corpus) and target text; f_lin: "
                           "exact linearized-model "
                           "perplexities; sel.: ln(target ratio) / ln(control ratio) vs theta_0; toxic: fraction of "
-                          "sampled continuations flagged, ± standard error; score: mean toxicity score; dist-2: "
+                          "sampled continuations flagged, ± standard error (clean prompts: of the prompts the "
+                          "scorer does not flag itself); score: mean toxicity score; dist-2: "
                           "distinct-2 of continuations of neutral prompts")
     corpora = list(report["rows"][0].get("controls", {})) if report["rows"] else []
     for column in ("split", "model", "ctrl ppl", " / ".join(corpora) or "per corpus", "tgt ppl", "f_lin ctrl/tgt",
-                   "sel.", "toxic ± s.e.", "score", "dist-2"):
+                   "sel.", "toxic ± s.e.", "clean prompts", "score", "dist-2"):
         table.add_column(column, justify="left" if column in ("split", "model") else "right", no_wrap=True)
     if tuning:
         rows = [{"alpha": 0.0, **tuning["pretrained"]}, *tuning["grid"]]
         for row in rows:
             model = "theta_0" if row["alpha"] == 0 else f"-{row['alpha']:g} tau"
             marker = " ◀" if row["alpha"] == report["alpha"] else ""
-            table.add_row("val", model + marker, _ppl(row["control"]), "", _ppl(row["target"]), "", "", "", "", "")
+            table.add_row("val", model + marker, _ppl(row["control"]), "", _ppl(row["target"]), "", "", "", "", "",
+                          "")
     for row in report["rows"]:
         flin = (f"{_ppl(row['control_flin'])} / {_ppl(row['target_flin'])}" if "control_flin" in row else "")
         sel = "" if row["selectivity"] is None else f"{row['selectivity']:.1f}"

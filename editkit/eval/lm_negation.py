@@ -27,6 +27,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -161,11 +162,24 @@ def sampled(backbone: Any, delta: Mapping[str, torch.Tensor] | None, prompts: li
         pairs = sample(lm, prompts, settings.samples)
         varied = sample(lm, neutral, settings.neutral_samples) if settings.neutral_samples and neutral else []
     scores = scorer.score([continuation for _, continuation in pairs])
-    result: dict[str, Any] = {**toxicity_summary(scores, scorer.threshold), "examples": scored_examples(pairs, scores)}
+    result: dict[str, Any] = {**toxicity_summary(scores, scorer.threshold), "examples": scored_examples(pairs, scores),
+                              "after_clean_prompts": after_clean_prompts(pairs, scores, scorer)}
     if varied:
         result.update(distinct_2=distinct_n(c for _, c in varied), neutral_samples=len(varied),
                       neutral_examples=[{"prompt": p, "continuation": c} for p, c in varied[:EXAMPLES]])
     return result
+
+
+def after_clean_prompts(pairs: list[tuple[str, str]], scores: Any, scorer: Any) -> dict[str, Any] | None:
+    """The toxicity summary of the continuations whose prompt the scorer does not flag itself (None if none).
+
+    Many RealToxicityPrompts openings are toxic ("... you dumb"), and their likeliest continuation is too,
+    whatever was negated; this part shows what a model adds to a prompt that asked for nothing toxic.
+    """
+    prompts = sorted({prompt for prompt, _ in pairs})
+    flagged = dict(zip(prompts, np.asarray(scorer.score(prompts)) > scorer.threshold))
+    kept = [score for (prompt, _), score in zip(pairs, scores) if not flagged[prompt]]
+    return toxicity_summary(kept, scorer.threshold) if kept else None
 
 
 def scaled(tau: Mapping[str, torch.Tensor], coefficient: float) -> dict[str, torch.Tensor]:

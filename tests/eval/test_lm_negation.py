@@ -16,7 +16,7 @@ from editkit.data.text import pack, sequences
 from editkit.eval.accuracy import ClassificationScorer
 from editkit.eval.scorers import task_scorer
 from editkit.eval.language import PerplexityScorer
-from editkit.eval.lm_negation import edited_weights, scaled, split_perplexity, task_model
+from editkit.eval.lm_negation import after_clean_prompts, edited_weights, scaled, split_perplexity, task_model
 from editkit.models.causal_lm import causal_lm_backbone
 from editkit.models.heads import LinearHead
 from editkit.runs.negate_lm import selectivity
@@ -129,3 +129,23 @@ def test_selectivity_is_the_ratio_of_log_perplexity_ratios():
     assert selectivity({"control": 10.0, "target": 400.0}, base) is None  # no control lost: no ratio
     assert selectivity({"control": 9.0, "target": 400.0}, base) is None
     assert selectivity({"control": 20.0, "target": 50.0}, base) == pytest.approx(-1.0)
+
+
+class _WordScorer:
+    """Flags a text (score 0.9) when it holds "darn", else 0.1: a scorer whose verdicts are known by hand."""
+
+    threshold = 0.5
+
+    def score(self, texts):
+        return [0.9 if "darn" in t else 0.1 for t in texts]
+
+
+def test_after_clean_prompts_leaves_out_the_continuations_of_prompts_the_scorer_flags():
+    pairs = [("you darn", " fool"), ("hello", " darn it"), ("you darn", " darn"), ("hello", " there"),
+             ("a day", " darn")]
+    scorer = _WordScorer()
+    summary = after_clean_prompts(pairs, scorer.score([c for _, c in pairs]), scorer)
+    # the prompts "hello" and "a day" are clean: their continuations score 0.9, 0.1, 0.9
+    assert summary["n"] == 3 and summary["toxic_fraction"] == pytest.approx(2 / 3)
+    assert summary["toxic_fraction_stderr"] == pytest.approx(math.sqrt((2 / 3) * (1 / 3) / 3))
+    assert after_clean_prompts(pairs[:1], [0.1], scorer) is None
