@@ -216,7 +216,9 @@ def language_bench_table(report: Mapping) -> Table:
         table.caption = (f"tauJp target ppl / best other mode's = {checks['target_ratio']:.2f} "
                          f"(wanted >= {checks['target_ratio_wanted']}: {'met' if checks['target_ratio_met'] else 'NOT met'}); "
                          f"tauJp toxic fraction below theta_0's by > 2 s.e.: "
-                         f"{'yes' if checks['toxicity_below_theta0'] else 'no'}")
+                         f"{'yes' if checks['toxicity_below_theta0'] else 'no'}; the lowest of the modes: "
+                         f"{'yes' if checks['toxic_fraction_lowest'] else 'NO'} "
+                         f"({checks['toxic_fraction_vs_best_other']:+.3f} vs the least toxic other mode)")
     return table
 
 

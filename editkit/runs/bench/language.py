@@ -9,7 +9,9 @@ at their tuned alphas, and at alpha = 1:
 - target perplexity (higher: more of the task removed) and control perplexity;
 - selectivity, ln(target ratio) / ln(control ratio) against theta_0;
 - the toxic fraction of sampled continuations, its standard error, and whether it
-  is below theta_0's by more than two standard errors (of the difference).
+  is below theta_0's by more than two standard errors (of the difference);
+- whether tauJp's toxic fraction is the lowest of the modes, and by how much it is above or below the
+  least toxic other mode (each mode at the alpha its own rule picks: matched control perplexity).
 """
 
 from __future__ import annotations
@@ -73,9 +75,13 @@ def compare(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                           "below_theta0": below_by_two_stderr(tuned, base)}
     checks = {}
     if "taujp" in per_mode and len(per_mode) > 1:
-        best_other = max(v["target"] for m, v in per_mode.items() if m != "taujp")
-        ratio = per_mode["taujp"]["target"] / best_other
+        others = [v for m, v in per_mode.items() if m != "taujp"]
+        ours = per_mode["taujp"]
+        ratio = ours["target"] / max(v["target"] for v in others)
+        least_toxic = min(v["toxic_fraction"] for v in others)
         checks = {"target_ratio": ratio, "target_ratio_wanted": TARGET_RATIO, "target_ratio_met": ratio >= TARGET_RATIO,
-                  "toxicity_below_theta0": per_mode["taujp"]["below_theta0"]}
+                  "toxicity_below_theta0": ours["below_theta0"],
+                  "toxic_fraction_vs_best_other": ours["toxic_fraction"] - least_toxic,
+                  "toxic_fraction_lowest": ours["toxic_fraction"] <= least_toxic}
     return {"per_mode": per_mode, "checks": checks}
 
