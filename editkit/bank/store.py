@@ -449,6 +449,15 @@ class Bank:
         except Exception as exc:  # safetensors raises its own types
             raise CorruptVectorError(f"vector file {path} is truncated or unreadable ({exc})") from exc
 
+    def reader(self, name: str, *, base: str | None = None) -> VectorReader:
+        """One vector whose tensors are read from its file one at a time, when asked for, after checking its
+        checksum (and base, when given) once: what a merge that works layer by layer holds instead of the
+        whole vector."""
+        entry = self._get(self._read_manifest(), name)
+        _check_bases([entry], base)
+        path = self._verify_file(entry)
+        return VectorReader(path, self.shapes(name))
+
     def shapes(self, name: str) -> dict[str, tuple[int, ...]]:
         """Tensor names and shapes of one vector, read from its file's header alone (cheap: no data, no
         checksum), for checking that a vector fits a backbone before anything is loaded."""
@@ -551,6 +560,29 @@ class Bank:
             return stack.enter_context(safe_open(str(path), framework="pt"))
         except Exception as exc:  # safetensors raises its own types
             raise CorruptVectorError(f"vector file {path} is truncated or unreadable ({exc})") from exc
+
+
+class VectorReader(Mapping[str, "torch.Tensor"]):
+    """A banked vector's tensors by parameter name, each read from the (already verified) file when it is
+    asked for and not kept; ``shapes`` comes from the file's header."""
+
+    def __init__(self, path: Path, shapes: dict[str, tuple[int, ...]]) -> None:
+        self.path, self.shapes = path, shapes
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key not in self.shapes:
+            raise KeyError(key)
+        try:
+            with safe_open(str(self.path), framework="pt") as fh:
+                return fh.get_tensor(key)
+        except Exception as exc:  # safetensors raises its own types
+            raise CorruptVectorError(f"vector file {self.path} is truncated or unreadable ({exc})") from exc
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
 
 
 def open_bank(path: str | Path) -> Bank:

@@ -1,4 +1,5 @@
-"""Combining task vectors: task arithmetic, TIES-merging, DARE, MagMax, OPCM and the coefficient rules.
+"""Combining task vectors: task arithmetic, TIES-merging, DARE, MagMax, OPCM, the structured merges
+(TSV-Merge, Iso-C / Iso-CTS, CART) and the coefficient rules.
 
 The registry ``MERGE_METHODS`` holds the methods; the built-in ones register themselves in
 their own modules, imported below.
@@ -57,20 +58,28 @@ def checked(vectors: Iterable[Vector], what: str) -> Iterator[Vector]:
     Only vector 0's shapes are kept, so a method folding the vectors one by one holds no extra
     vector for the check; ``what`` names the method when there is no vector at all.
     """
-    shapes: dict[str, torch.Size] | None = None
+    shapes: dict[str, tuple[int, ...]] | None = None
     for i, vector in enumerate(vectors):
+        these = shapes_of(vector)
         if shapes is None:
-            shapes = {key: t.shape for key, t in vector.items()}
-        elif set(vector) != set(shapes):
+            shapes = these
+        elif set(these) != set(shapes):
             raise IncompatibleVectorsError(f"task vectors 0 and {i} have different parameter names")
         else:
             for key, shape in shapes.items():
-                if vector[key].shape != shape:
-                    raise IncompatibleVectorsError(f"parameter {key!r} has shape {tuple(shape)} in vector 0 "
-                                                   f"but {tuple(vector[key].shape)} in vector {i}")
+                if these[key] != shape:
+                    raise IncompatibleVectorsError(f"parameter {key!r} has shape {shape} in vector 0 "
+                                                   f"but {these[key]} in vector {i}")
         yield vector
     if shapes is None:
         raise ConfigError(f"{what} needs at least one task vector")
+
+
+def shapes_of(vector: Vector) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape; a vector that reads its tensors on demand (a bank's
+    :class:`~editkit.bank.store.VectorReader`) answers from its file's header, reading no tensor."""
+    shapes = getattr(vector, "shapes", None)
+    return dict(shapes) if shapes is not None else {key: tuple(t.shape) for key, t in vector.items()}
 
 
 def vector_norm(vector: Vector) -> float:
@@ -117,4 +126,4 @@ def _typed(value: Any, default: Any, what: str) -> Any:
 
 
 # the built-in methods register themselves
-from editkit.merge import arithmetic, dare, magmax, opcm, ties  # noqa: E402,F401
+from editkit.merge import arithmetic, cart, dare, isotropic, magmax, opcm, ties, tsv  # noqa: E402,F401

@@ -12,7 +12,7 @@ Registered as the merge method ``task-arithmetic``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -20,7 +20,7 @@ from editkit.bank.store import Bank
 from editkit.core.modes import combined_mode, mode_family
 from editkit.core.registry import Record
 from editkit.errors import ConfigError, IncompatibleVectorsError
-from editkit.merge import MERGE_METHODS, LazyVectors
+from editkit.merge import MERGE_METHODS, LazyVectors, shapes_of
 
 
 @dataclass
@@ -91,17 +91,35 @@ def _sum_of_vectors(vectors: Mapping[str, Mapping[str, torch.Tensor]]) -> Mappin
 MERGE_METHODS.register("task-arithmetic", Record.of(_sum_of_vectors, label="task arithmetic"))
 
 
+class ScaledVector(Mapping[str, torch.Tensor]):
+    """``alpha * vector``, each tensor scaled when it is read (the vector may read its tensors on demand)."""
+
+    def __init__(self, vector: Mapping[str, torch.Tensor], alpha: float) -> None:
+        self.vector, self.alpha = vector, alpha
+        self.shapes = shapes_of(vector)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.alpha * self.vector[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.vector)
+
+    def __len__(self) -> int:
+        return len(self.vector)
+
+
 def merged_vector(bank: Bank, coefficients: Mapping[str, float], method: str, options: Mapping[str, Any]) -> TaskVector:
     """What ``editkit add`` adds to theta_0 (and a stream scores after each experience): ``method`` merging the
-    scaled vectors alpha_i tau_i, read from the bank one at a time in selection order. Task arithmetic returns its input, whose sum the bank streams tensor by tensor.
+    scaled vectors alpha_i tau_i, in selection order, each tensor read from the bank when the method asks for it.
+    Task arithmetic returns its input, whose sum the bank streams tensor by tensor.
     With one alpha for all, this is alpha times the method's merged vector (every built-in method commutes with
     scaling all its inputs by one number)."""
     record = MERGE_METHODS[method]
     mode = combined_mode(bank.get(n).mode for n in coefficients)  # refuses a mix of families before any read
 
-    def scaled(name: str) -> dict[str, torch.Tensor]:
-        tensors, alpha = bank.load(name, base=bank.base), coefficients[name]
-        return tensors if alpha == 1.0 else {key: alpha * t for key, t in tensors.items()}
+    def scaled(name: str) -> Mapping[str, torch.Tensor]:
+        tensors, alpha = bank.reader(name, base=bank.base), coefficients[name]
+        return tensors if alpha == 1.0 else ScaledVector(tensors, alpha)
 
     merged = record.build(LazyVectors(list(coefficients), scaled), **options)
     made = [n for n in merged if n not in coefficients]

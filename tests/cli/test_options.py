@@ -90,7 +90,8 @@ def test_bench_options_carry_the_config_defaults_and_the_shared_constants():
     assert opts["grid"].default == PAPER_GRID_POINTS == BenchConfig.grid
     assert opts["negation_grid"].default == DEFAULT_NEGATION_GRID == BenchConfig.negation_grid
     assert opts["negation_retain"].default == NEGATION_RETAIN == BenchConfig.negation_retain
-    assert opts["modes"].default == "nonlinear,linear,taujp" and opts["methods"].default == "dare,magmax,opcm,task-arithmetic,ties"
+    assert opts["modes"].default == "nonlinear,linear,taujp" and opts["methods"].default == (
+        "cart,dare,iso-c,iso-cts,magmax,opcm,task-arithmetic,ties,tsv")
     assert choices(opts["control"]) == ("auto", "tasks", "imagenet")
     assert options("negate")["min_control"].default == NEGATION_RETAIN
 

@@ -88,7 +88,7 @@ def test_unregister_and_labels():
     (LABELLED_TEXTS, ["harm", "party", "rt-sentiment", "rt-subjectivity"]),
     (TEXT_CORPORA, ["civil-comments-prompts", "civil-comments-toxic", "clean-books", "clean-news", "clean-reviews",
                     "clean-speeches", "toxic", "toxic-prompts", "wikitext-103"]),
-    (MERGE_METHODS, ["dare", "magmax", "opcm", "task-arithmetic", "ties"]),
+    (MERGE_METHODS, ["cart", "dare", "iso-c", "iso-cts", "magmax", "opcm", "task-arithmetic", "ties", "tsv"]),
 ])
 def test_built_in_extensions_register_themselves_once(registry, names):
     assert registry.names() == names
@@ -128,10 +128,11 @@ def test_built_in_records_declare_the_options_scenario_files_use():
 
 
 def test_bench_methods_and_labels_come_from_the_merge_registry():
-    assert METHODS == ("dare", "magmax", "opcm", "task-arithmetic", "ties")
-    assert METHOD_LABELS == {"pretrained": "pretrained", "dare": "DARE", "magmax": "MagMax", "opcm": "OPCM",
+    assert METHODS == ("cart", "dare", "iso-c", "iso-cts", "magmax", "opcm", "task-arithmetic", "ties", "tsv")
+    assert METHOD_LABELS == {"pretrained": "pretrained", "cart": "CART", "dare": "DARE", "iso-c": "Iso-C",
+                             "iso-cts": "Iso-CTS", "magmax": "MagMax", "opcm": "OPCM", "tsv": "TSV-Merge",
                              "task-arithmetic": "task arithmetic", "ties": "TIES-merging", "single-task": "single-task"}
-    known = "dare, magmax, opcm, task-arithmetic, ties"
+    known = "cart, dare, iso-c, iso-cts, magmax, opcm, task-arithmetic, ties, tsv"
     with pytest.raises(ConfigError, match=f"unknown methods 'magmaxx'; choose from {known}"):
         parse_names("ties,magmaxx", METHODS, "methods")
 

@@ -230,12 +230,14 @@ def test_addition_table_shape_and_numbers(bench_run):
     assert report["tasks"] == TASKS and report["addition"]["columns"] == TASKS + ["absolute", "normalized"]
     assert report["runtime"] == "cpu, fp32"  # recorded beside torch_threads: the numbers depend on both
     # pretrained + per mode: every merge method in registry order (1.0, tuned), then single-task
-    methods = ["dare", "magmax", "opcm", "task-arithmetic", "ties"]
+    methods = ["cart", "dare", "iso-c", "iso-cts", "magmax", "opcm", "task-arithmetic", "ties", "tsv"]
     assert len(rows) == 1 + 3 * (2 * len(methods) + 1)
-    assert [(r["method"], r["coefficient"]) for r in rows[1:12]] == [
+    assert [(r["method"], r["coefficient"]) for r in rows[1:2 * len(methods) + 2]] == [
         (m, c) for m in methods for c in ("1.0", "tuned")] + [("single-task", None)]
-    assert report["method_options"] == {"dare": {"p": 0.9, "seed": 0, "base": "task-arithmetic"}, "magmax": {},
-                                        "opcm": {"share": 0.5}, "task-arithmetic": {}, "ties": {"k": 0.2}}
+    assert report["method_options"] == {"cart": {"rank_ratio": 0.12, "lam": 2.0},
+                                        "dare": {"p": 0.9, "seed": 0, "base": "task-arithmetic"},
+                                        "iso-c": {}, "iso-cts": {"common": 0.8}, "magmax": {},
+                                        "opcm": {"share": 0.5}, "task-arithmetic": {}, "ties": {"k": 0.2}, "tsv": {}}
     grid = report["grid"]
     assert grid == [0.0, 0.5, 1.0]
     for row in rows:
@@ -340,7 +342,7 @@ def test_diagnostics_negation_and_cost(bench_run):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method, mode, options", [("magmax", "nonlinear", {}), ("dare", "nonlinear", {"seed": 0}),
-                                                   ("opcm", "taujp", {"share": 0.5})])
+                                                   ("opcm", "taujp", {"share": 0.5}), ("tsv", "taujp", {})])
 def test_editkit_add_method_scores_the_bench_row_at_coefficient_one(bench_run, tmp_path, method, mode, options):
     """`editkit add --method` rebuilds the scenario and scores the merged vector with evaluate_vector: the same
     numbers as the bench's row at coefficient 1 (exact tangents for linearized vectors may flip an argmax)."""
