@@ -54,11 +54,22 @@ def stream(
     run_dir: Optional[Path] = typer.Option(None, help="Run directory for report.json and plots (default runs/<scenario>-<mode>)."),
     resume: bool = typer.Option(False, help="Continue from the last banked experience."),
     log: str = option_for(BenchConfig, "log"),
+    merge: Optional[str] = typer.Option(None, help=f"Merge method the merged model is built with after each "
+                                        f"experience, over every banked vector: {', '.join(MERGE_METHODS)} "
+                                        "(default: the scenario's [merge], else the mode's own: the sum; MagMax "
+                                        "for sequential)."),
+    merge_param: Optional[list[str]] = typer.Option(None, "--merge-param", help="Option of the --merge method, "
+                                                    "key=value (repeatable)."),
 ) -> None:
     from editkit.cli.console import RichProgress, console, pct, step_table
+    from editkit.errors import ConfigError
+    from editkit.merge.continual import StreamMerge
     from editkit.runs.records import StepRecord
     from editkit.runs.stream import process_runtime, run_scenario
 
+    if merge_param and merge is None:
+        raise ConfigError("--merge-param needs --merge METHOD")
+    chosen = StreamMerge.of(merge, merge_param or ()) if merge is not None else None
     options = BuildOptions(**build)
     if check:
         _check_scenario(scenario, options)
@@ -75,13 +86,15 @@ def stream(
 
     with process_runtime(**runtime_options) as runtime:
         result, report = run_scenario(scenario, bank=bank, run_dir=run_dir, resume=resume, progress=progress,
-                                      on_step=show, build=options, runtime=runtime, loggers=log, **recipe)
+                                      on_step=show, build=options, runtime=runtime, loggers=log, merge=chosen,
+                                      **recipe)
     if report is None:  # a torchrun process other than rank 0
         return
     final = report["final"]
     scores = (f"mean test perplexity {final['absolute']:.1f}" if language else
               f"absolute {pct(final['absolute'])}  normalized {pct(final['normalized'])}")
-    console.print(f"[bold]final merged model (alpha = 1.0, {report['mode']}, scope {report['recipe']['scope']}):"
+    console.print(f"[bold]final merged model ({report['merge']['method']}, alpha = 1.0, {report['mode']}, "
+                  f"scope {report['recipe']['scope']}):"
                   f"[/bold] {scores}  ({result.seconds:.0f} s)")
     console.print(f"bank: {report['bank']}   report: {Path(report['plots'][0]).parent / 'report.json'}")
 

@@ -4,19 +4,22 @@ vector it scores after each one.
 Both depend on the mode (``editkit.core.modes``). Vectors trained from theta_0 start there and are scored by
 their sum at alpha = 1 (task arithmetic, the paper's recipe). ``sequential`` vectors (MagMax's continual
 recipe) start from the previous experience's weights, theta_0 + tau_{t-1}, and are scored by their MagMax
-merge. editkit's stream and its Avalanche plugin both ask here, so they bank and score alike.
+merge. A stream may name another merge method (:class:`StreamMerge`: a scenario's ``[merge]`` table,
+``editkit stream --merge``); the merged model after each experience is then that method over every banked
+vector, at alpha = 1. editkit's stream and its Avalanche plugin both ask here, so they bank and score alike.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from editkit.bank.store import Bank
 from editkit.core.modes import Mode, combined_mode
-from editkit.errors import BankError
-from editkit.merge import method_options
+from editkit.errors import BankError, ConfigError
+from editkit.merge import MERGE_METHODS, method_options
 from editkit.merge.arithmetic import merged_vector
 
 
@@ -36,8 +39,48 @@ def starting_vector(bank: Bank, mode: str, previous: str | None) -> dict[str, to
     return bank.load(previous, base=bank.base)
 
 
-def stream_merge(bank: Bank, names: Sequence[str]) -> dict[str, torch.Tensor]:
-    """The vector a stream adds to theta_0 after banking ``names``: at alpha = 1, merged by their mode's stream
-    merge (:attr:`~editkit.core.modes.Mode.stream_merge`: the sum; MagMax for ``sequential`` vectors)."""
-    method = combined_mode(bank.get(n).mode for n in names).stream_merge
-    return merged_vector(bank, {n: 1.0 for n in names}, method, method_options(method, {})).tensors
+@dataclass(frozen=True)
+class StreamMerge:
+    """A merge method a stream scores its banked vectors with, and its options (defaults filled in)."""
+
+    method: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, method: str, options: Mapping[str, Any] | Sequence[str] = ()) -> StreamMerge:
+        """``method`` with ``options`` (``{key: value}`` or ``["key=value", ...]``), refused by name when the
+        method or an option is unknown."""
+        return cls(method, method_options(method, options))
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any], where: str) -> StreamMerge:
+        """A scenario's ``[merge]`` table: ``method`` and that method's options."""
+        options = dict(table)
+        method = options.pop("method", None)
+        if not isinstance(method, str):
+            raise ConfigError(f"{where}: [merge] needs method = one of {', '.join(MERGE_METHODS)}")
+        try:
+            return cls.of(method, options)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: [merge]: {exc}") from None
+
+    @property
+    def is_sum(self) -> bool:
+        """Whether the merged vector is the plain sum, which linearized streams score from cached tangents."""
+        return self.method == "task-arithmetic"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "options": dict(self.options)}
+
+
+def default_merge(mode: str) -> StreamMerge:
+    """The mode's own stream merge (:attr:`~editkit.core.modes.Mode.stream_merge`: the sum; MagMax for
+    ``sequential`` vectors)."""
+    return StreamMerge.of(Mode(mode).stream_merge)
+
+
+def stream_merge(bank: Bank, names: Sequence[str], merge: StreamMerge | None = None) -> dict[str, torch.Tensor]:
+    """The vector a stream adds to theta_0 after banking ``names``: ``merge`` (default: their mode's stream
+    merge) over them, at alpha = 1."""
+    merge = merge or default_merge(combined_mode(bank.get(n).mode for n in names))
+    return merged_vector(bank, {n: 1.0 for n in names}, merge.method, merge.options).tensors

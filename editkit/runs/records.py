@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, TypedDict
+from typing import Any, Callable, ClassVar, Mapping, NotRequired, TypedDict
 
 from editkit.train.loop import FineTuneResult
 from editkit.train.recipe import Recipe
@@ -19,11 +19,15 @@ from editkit.train.runtime import Runtime
 
 
 class MergedScores(TypedDict):
-    """The merged model theta_0 + sum of the vectors banked so far (alpha = 1) on every task seen."""
+    """The merged model theta_0 + the vectors banked so far, merged (alpha = 1), on every task seen: by
+    ``method`` (absent in banks written before streams could name one: the mode's own), whose merge took
+    ``merge_seconds`` (None where the scores came from cached tangents or the single-task model)."""
 
     per_task: dict[str, float]
     absolute: float
     normalized: float
+    method: NotRequired[str]
+    merge_seconds: NotRequired[float | None]
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Works on any Avalanche benchmark (``run_benchmark``) and on editkit scenarios
 (``run_scenario``). After experience t the bank holds tau_0..tau_t and the merged
 model theta_0 + sum_i tau_i (alpha = 1.0, no tuning; in ``sequential`` mode, whose
-vectors each start from the previous one, their MagMax merge) is scored on every task seen
+vectors each start from the previous one, their MagMax merge; or the merge method the scenario's
+``[merge]`` or ``editkit stream --merge`` names, over every banked vector) is scored on every task seen
 so far. The bank is the source of truth: each step's results are stored in its
 entry's metrics, so an interrupted run resumes from the last banked experience (its later
 tasks draw the penalty batches an uninterrupted run would);
@@ -38,7 +39,7 @@ from torch.utils.data import Dataset
 from editkit.integrations.avalanche.benchmark import Experience, experiences, task_experiences
 from editkit.models.backbone import Backbone
 from editkit.bank.store import Bank
-from editkit.merge.continual import starting_vector, stream_merge
+from editkit.merge.continual import StreamMerge, default_merge, starting_vector, stream_merge
 from editkit.train.runtime import Runtime, default_runtime, setup, teardown
 from editkit.errors import BankError, ConfigError, MissingResourceError
 from editkit.settings import default_bank_dir, default_run_dir, eval_cache_bytes, torchrun_world
@@ -83,8 +84,10 @@ class StreamRunner:
         provenance: Mapping[str, Any] | None = None,
         logger: RunLogger | None = None,
         spill_dir: Path | None = None,
+        merge: StreamMerge | None = None,
     ) -> None:
         self.exps = list(exps)
+        self.merge = merge or default_merge(recipe.mode)
         self.backbone = backbone
         self.heads = heads
         self.recipe = recipe
@@ -157,12 +160,12 @@ class StreamRunner:
         except ValueError as error:
             raise ConfigError(str(error)) from None
         scorers = [self.eval_task(i) for i in range(len(self.exps))]
-        if not cacheable(scorers, Mode(self.recipe.mode).linearized, self.runtime):
-            return None
+        if not (self.merge.is_sum and cacheable(scorers, Mode(self.recipe.mode).linearized, self.runtime)):
+            return None  # another merge than the sum: its tangents are not the sum of the cached ones
         names = [e.name for e in self.exps]
         return IncrementalScores(
             self.backbone.module, scorers.__getitem__,
-            lambda count: stream_merge(self.bank, names[:count]) if count else None,
+            lambda count: stream_merge(self.bank, names[:count], self.merge) if count else None,
             store=SpillingTensors(budget, spill_dir), batch_size=self.eval_batch_size,
             runtime=self.runtime, progress=self.progress)
 
@@ -200,18 +203,23 @@ class StreamRunner:
         return record
 
     def merge_and_evaluate(self, t: int) -> MergedScores:
-        """Score theta_0 + the banked tau_0..tau_t merged as the mode asks (their sum; MagMax for ``sequential``)
-        on tasks 0..t; store the numbers in the bank."""
+        """Score theta_0 + the banked tau_0..tau_t merged by the run's merge (the mode's own: their sum, MagMax
+        for ``sequential``; or the one the scenario or ``--merge`` names) on tasks 0..t; store the numbers, the
+        method and the seconds the merge took in the bank."""
         names = [self.exps[i].name for i in range(t + 1)]
         single = {n: self.bank.get(n).metrics["single_task"] for n in names}
-        if t == 0:  # theta_0 + tau_0 is the single-task model, already scored
+        seconds = None
+        if t == 0 and self.merge == default_merge(self.recipe.mode):  # tau_0 alone: the single-task model, scored
             per_task = dict(single)
         elif self.incremental is not None:
             per_task = self.incremental.merged(t)
         else:
-            tau = stream_merge(self.bank, names)
-            per_task = self.evaluate(tau, range(t + 1), f"merged 0..{t}")
-        merged = MergedScores(per_task=per_task, **addition_summary(per_task, single))
+            start = time.perf_counter()
+            tau = stream_merge(self.bank, names, self.merge)
+            seconds = time.perf_counter() - start
+            per_task = self.evaluate(tau, range(t + 1), f"merged 0..{t} ({self.merge.method})")
+        merged = MergedScores(per_task=per_task, **addition_summary(per_task, single), method=self.merge.method,
+                              merge_seconds=seconds)
         self.runtime.barrier()  # every process has read the bank before rank 0 rewrites the manifest
         if self.runtime.is_main:
             self.bank.update_metrics(self.exps[t].name, {"merged": merged})
@@ -246,12 +254,14 @@ class StreamRunner:
         return out
 
     def _run_experiences(self, out: StreamResult, resume: bool, on_step: StreamStepCallback | None) -> None:
+        own_merge = default_merge(self.recipe.mode).method  # what banks written before [merge] existed used
         for t in range(len(self.exps)):
             banked = self.resumable(t) if resume else None
             if banked is not None:
                 self.skip_draws(t)
             record = banked if banked is not None else self.train(t)
-            if record.merged is None:
+            scored_by = None if record.merged is None else record.merged.get("method", own_merge)
+            if scored_by != self.merge.method:  # not scored yet, or by another merge than this run's
                 record.merged = self.merge_and_evaluate(t)
             record.resumed = banked is not None
             out.steps.append(record)
@@ -296,6 +306,7 @@ def run_stream(
     provenance: Mapping[str, Any] | None = None,
     logger: RunLogger | None = None,
     spill_dir: str | Path | None = None,
+    merge: StreamMerge | None = None,
 ) -> StreamResult:
     """Fine-tune, bank and evaluate each experience in order (see module docstring).
 
@@ -310,6 +321,8 @@ def run_stream(
         :func:`~editkit.runs.loggers.open_loggers` builds one from names).
     spill_dir: where a linearized stream's evaluation cache spills past ``$EDITKIT_EVAL_CACHE_MB``
         (default: a temporary directory, made only if it spills); removed when the run ends.
+    merge: how the banked vectors are merged before each experience's merged model is scored (default:
+        the mode's own, :func:`~editkit.merge.continual.default_merge`).
     """
     names = [e.name for e in exps]
     if len(set(names)) != len(names):
@@ -324,7 +337,7 @@ def run_stream(
     runner = StreamRunner(exps, backbone, heads, recipe, bank, scenario=scenario, generic=generic,
                           progress=progress or NullProgress(), runtime=runtime, task_recipes=task_recipes,
                           unlabeled=unlabeled, provenance=provenance, logger=logger,
-                          spill_dir=Path(spill_dir) if spill_dir is not None else None)
+                          spill_dir=Path(spill_dir) if spill_dir is not None else None, merge=merge)
     return runner.run(resume=resume, on_step=on_step)
 
 
@@ -372,6 +385,7 @@ def run_scenario(
     loggers: str | Sequence[str] = (),
     log_dir: str | Path | None = None,
     built: BuiltScenario | None = None,
+    merge: StreamMerge | None = None,
     **overrides: Any,
 ) -> tuple[StreamResult, dict[str, Any] | None]:
     """Run a scenario file end to end and write ``report.json`` + ``stream.png`` into the run directory.
@@ -392,6 +406,9 @@ def run_scenario(
     runtime: where to run (default: :func:`process_runtime`'s, held for this run). Returns
     the result and the report dictionary (the report is None on ranks other than 0).
 
+    merge: how the stream merges its vectors before scoring them (default: the scenario's ``[merge]``, else
+    the mode's own); recorded in the report.
+
     built: the scenario already built from the same file, seed and ``build`` options, reused
     instead of building it again: ``editkit bench`` runs one stream per mode over it, so every
     text's frozen-prefix states are computed once. Its generic source restarts from its seed.
@@ -404,6 +421,7 @@ def run_scenario(
     spec = load_scenario(scenario)
     recipe = spec.recipe.with_overrides(**overrides)
     recipes = task_recipes(spec, **overrides)
+    merge = merge or spec.merge or default_merge(recipe.mode)
     bank_dir = Path(bank) if bank is not None else default_bank_dir(spec.name, recipe.mode)
     out_dir = Path(run_dir) if run_dir is not None else default_run_dir(spec.name, recipe.mode)
     build = build or BuildOptions()
@@ -427,12 +445,13 @@ def run_scenario(
         result = run_stream(exps, built.backbone, built.heads, recipe, bank_dir, scenario=spec.name,
                             generic=built.generic, resume=resume, progress=progress, on_step=on_step,
                             task_recipes=recipes, unlabeled={t.name: t.train for t in built.tasks}, runtime=runtime,
-                            provenance=provenance, logger=logger, spill_dir=out_dir)
+                            provenance=provenance, logger=logger, spill_dir=out_dir, merge=merge)
         report = None
         if runtime.is_main:
             plot = plot_stream(result, out_dir / "stream.png")
             report = stream_report(result, backbone=built.backbone.name, bank=bank_dir,
-                                   extra={"plots": [str(plot)], "runtime": runtime.describe()})
+                                   extra={"plots": [str(plot)], "runtime": runtime.describe(),
+                                          "merge": merge.to_dict()})
             write_json(out_dir / "report.json", report)
         runtime.barrier()
         return result, report

@@ -14,6 +14,8 @@ Optional parts of a scenario file:
 - per-task recipe values: ``epochs`` / ``steps`` keys of a ``[[tasks]]`` entry, or
   an inline ``recipe = {...}`` table in it (see :func:`task_recipes` for precedence).
 - ``[control]``: the negation control set (``kind = "imagenet"``; see ``editkit.runs.edit``).
+- ``[merge]``: how the stream merges its banked vectors before scoring them after each experience
+  (``method`` and that method's options; default: the mode's own, see ``editkit.merge.continual``).
 - ``[negation]``: how negating a language task is scored (control and prompt corpora,
   toxicity scorer, alpha grid and rule, samples; the fields of
   :class:`~editkit.eval.lm_negation.LanguageNegation`).
@@ -48,6 +50,7 @@ from editkit.core.registry import Registry
 from editkit.data import GENERIC_SOURCES, TASK_SOURCES
 from editkit.errors import ConfigError
 from editkit.eval.lm_negation import LanguageNegation
+from editkit.merge.continual import StreamMerge
 from editkit.models import BACKBONES, HEADS
 # SCENARIO_DIR and known_scenarios are this module's names too: where the files are is the catalog's
 from editkit.scenario.catalog import SCENARIO_DIR, known_scenarios, read_scenario, scenario_file  # noqa: F401
@@ -56,8 +59,8 @@ from editkit.train.recipe import Recipe
 from editkit.util.paths import PathRule
 
 #: The tables and values a scenario file may hold at its top level.
-SCENARIO_KEYS = ("name", "description", "backbone", "heads", "generic", "data", "control", "negation", "tasks",
-                 "recipe")
+SCENARIO_KEYS = ("name", "description", "backbone", "heads", "generic", "data", "control", "negation", "merge",
+                 "tasks", "recipe")
 TASK_RECIPE_KEYS = ("epochs", "steps")
 #: Keys of a ``[[tasks]]`` entry besides its source's options.
 TASK_KEYS = ("name", "source", "recipe", *TASK_RECIPE_KEYS)
@@ -98,6 +101,7 @@ class ScenarioSpec:
     data: dict[str, Any] = field(default_factory=dict)
     control: dict[str, Any] | None = None
     negation: LanguageNegation | None = None
+    merge: StreamMerge | None = None
 
     @property
     def task_names(self) -> list[str]:
@@ -135,6 +139,7 @@ def parse_scenario(data: dict[str, Any], path: Path | None = None) -> ScenarioSp
         data=dict(data.get("data", {})),
         control=dict(data["control"]) if "control" in data else None,
         negation=_negation(data["negation"], where, base) if "negation" in data else None,
+        merge=StreamMerge.from_table(data["merge"], str(where)) if "merge" in data else None,
     )
     _check_options(spec, where)
     return spec

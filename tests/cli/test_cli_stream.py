@@ -139,6 +139,31 @@ def test_resume_trains_only_what_is_missing(tmp_path, seen_run, scenario):
         assert all(torch.equal(a, b) for a, b in zip(source.load(name).values(), bank.load(name).values()))
 
 
+def test_a_resumed_stream_scores_its_vectors_again_with_another_merge(tmp_path, seen_run, scenario):
+    """--merge tsv over a complete bank trains nothing and scores each step's TSV-Merge: the final numbers are
+    those `editkit add --all --method tsv` gets for the same vectors through its own path."""
+    root, _ = seen_run
+    source, bank = Bank(root / "bank"), Bank(tmp_path / "bank")
+    for entry in source.entries():
+        bank.append(entry.name, source.load(entry.name), task=entry.task, mode=entry.mode, base=entry.base,
+                    scenario=entry.scenario, step=entry.step, recipe=entry.recipe, metrics=entry.metrics,
+                    provenance=entry.provenance)
+    result = invoke("stream", "--scenario", scenario, "--steps", STEPS, "--bank", tmp_path / "bank", "--run-dir",
+                    tmp_path / "run", "--resume", "--merge", "tsv")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["merge"] == {"method": "tsv", "options": {}} and "final merged model (tsv" in result.output
+    assert all(s["resumed"] and s["merged"]["method"] == "tsv" and s["merged"]["merge_seconds"] > 0
+               for s in report["steps"])
+    summed = json.loads((root / "run" / "report.json").read_text())["final"]
+    assert report["final"]["single_task"] == summed["single_task"] and report["final"]["per_task"] != summed["per_task"]
+    added = invoke("add", "--all", "--method", "tsv", "--bank", tmp_path / "bank", "--json", tmp_path / "add.json")
+    assert added.exit_code == 0, added.output
+    assert json.loads((tmp_path / "add.json").read_text())["per_task"] == pytest.approx(report["final"]["per_task"])
+    refused = invoke("stream", "--scenario", scenario, "--bank", tmp_path / "x", "--merge", "tsv", "--merge-param", "k=1")
+    assert refused.exit_code == 1 and "unknown option 'k'" in refused.output and not (tmp_path / "x").exists()
+
+
 def test_add_reports_sum_and_writes_vector(tmp_path, seen_run):
     root, _ = seen_run
     out, json_path = tmp_path / "sum.safetensors", tmp_path / "add.json"

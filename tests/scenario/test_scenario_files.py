@@ -188,6 +188,19 @@ def test_unknown_extension_names_list_the_registered_ones(tmp_path, toy_extensio
     assert message in str(err.value)
 
 
+def test_a_merge_table_names_the_streams_merge_method_and_its_options(tmp_path, toy_extensions):
+    spec = load_scenario(write(tmp_path, TOY + '[merge]\nmethod = "iso-cts"\ncommon = 0.5\n'))
+    assert (spec.merge.method, spec.merge.options) == ("iso-cts", {"common": 0.5})
+    assert load_scenario(write(tmp_path, TOY)).merge is None  # the mode's own merge
+    for table, message in (('method = "tsvv"', "[merge]: unknown merge method 'tsvv'"),
+                           ('method = "cart"\nrank = 0.1', "[merge]: merge method 'cart': unknown option 'rank'; "
+                                                            "known: rank_ratio, lam"),
+                           ("common = 0.5", "[merge] needs method = one of cart, dare")):
+        with pytest.raises(ConfigError) as err:
+            load_scenario(write(tmp_path, TOY + f"[merge]\n{table}\n"))
+        assert message in str(err.value)
+
+
 def test_a_file_without_heads_gets_five_shot_probes(tmp_path, toy_extensions):
     spec = load_scenario(write(tmp_path, TOY.replace("[heads]\nkind = \"probe\"\nshots = 3\n", "")))
     assert spec.heads == {"kind": "probe"}
