@@ -63,7 +63,7 @@ def stream(
 ) -> None:
     from editkit.cli.console import RichProgress, console, pct, step_table
     from editkit.errors import ConfigError
-    from editkit.merge.continual import StreamMerge
+    from editkit.merge.continual import StreamMerge, default_merge
     from editkit.runs.records import StepRecord
     from editkit.runs.stream import process_runtime, run_scenario
 
@@ -93,8 +93,9 @@ def stream(
     final = report["final"]
     scores = (f"mean test perplexity {final['absolute']:.1f}" if language else
               f"absolute {pct(final['absolute'])}  normalized {pct(final['normalized'])}")
-    console.print(f"[bold]final merged model ({report['merge']['method']}, alpha = 1.0, {report['mode']}, "
-                  f"scope {report['recipe']['scope']}):"
+    method = report["merge"]["method"]
+    merged_by = "" if method == default_merge(report["mode"]).method else f", {method}"  # named only when chosen
+    console.print(f"[bold]final merged model (alpha = 1.0, {report['mode']}, scope {report['recipe']['scope']}{merged_by}):"
                   f"[/bold] {scores}  ({result.seconds:.0f} s)")
     console.print(f"bank: {report['bank']}   report: {Path(report['plots'][0]).parent / 'report.json'}")
 

@@ -152,7 +152,7 @@ def test_a_resumed_stream_scores_its_vectors_again_with_another_merge(tmp_path, 
                     tmp_path / "run", "--resume", "--merge", "tsv")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "run" / "report.json").read_text())
-    assert report["merge"] == {"method": "tsv", "options": {}} and "final merged model (tsv" in result.output
+    assert report["merge"] == {"method": "tsv", "options": {}} and "final merged model (alpha = 1.0, taujp, scope seen, tsv)" in result.output
     assert all(s["resumed"] and s["merged"]["method"] == "tsv" and s["merged"]["merge_seconds"] > 0
                for s in report["steps"])
     summed = json.loads((root / "run" / "report.json").read_text())["final"]
