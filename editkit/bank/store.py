@@ -456,17 +456,12 @@ class Bank:
         entry = self._get(self._read_manifest(), name)
         _check_bases([entry], base)
         path = self._verify_file(entry)
-        return VectorReader(path, self.shapes(name))
+        return VectorReader(path, _header_shapes(path, name))
 
     def shapes(self, name: str) -> dict[str, tuple[int, ...]]:
         """Tensor names and shapes of one vector, read from its file's header alone (cheap: no data, no
         checksum), for checking that a vector fits a backbone before anything is loaded."""
-        path = self._path_of(self.get(name))
-        try:
-            with safe_open(str(path), framework="pt") as fh:
-                return {key: tuple(fh.get_slice(key).get_shape()) for key in fh.keys()}
-        except Exception as exc:  # safetensors raises its own types
-            raise CorruptVectorError(f"vector file {path} of {name!r} is missing or unreadable ({exc})") from exc
+        return _header_shapes(self._path_of(self.get(name)), name)
 
     def _verify_file(self, entry: VectorEntry) -> Path:
         """Raise CorruptVectorError unless the entry's file exists and matches its checksum."""
@@ -560,6 +555,15 @@ class Bank:
             return stack.enter_context(safe_open(str(path), framework="pt"))
         except Exception as exc:  # safetensors raises its own types
             raise CorruptVectorError(f"vector file {path} is truncated or unreadable ({exc})") from exc
+
+
+def _header_shapes(path: Path, name: str) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of vector ``name``'s file, read from its header alone."""
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            return {key: tuple(fh.get_slice(key).get_shape()) for key in fh.keys()}
+    except Exception as exc:  # safetensors raises its own types
+        raise CorruptVectorError(f"vector file {path} of {name!r} is missing or unreadable ({exc})") from exc
 
 
 class VectorReader(Mapping[str, "torch.Tensor"]):

@@ -95,7 +95,8 @@ def stream(
               f"absolute {pct(final['absolute'])}  normalized {pct(final['normalized'])}")
     method = report["merge"]["method"]
     merged_by = "" if method == default_merge(report["mode"]).method else f", {method}"  # named only when chosen
-    console.print(f"[bold]final merged model (alpha = 1.0, {report['mode']}, scope {report['recipe']['scope']}{merged_by}):"
+    console.print(f"[bold]final merged model (alpha = 1.0, {report['mode']}, scope {report['recipe']['scope']}"
+                  f"{merged_by}):"
                   f"[/bold] {scores}  ({result.seconds:.0f} s)")
     console.print(f"bank: {report['bank']}   report: {Path(report['plots'][0]).parent / 'report.json'}")
 
