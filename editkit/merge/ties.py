@@ -56,6 +56,7 @@ def trim_threshold(vector: Vector, k: float) -> float:
 
 def trim(vector: Vector, k: float) -> dict[str, torch.Tensor]:
     """``vector`` with every entry below its top-``k`` magnitude threshold set to zero."""
+    vector = dict(vector)  # read once: a bank's reader would read each tensor from its file twice
     threshold = trim_threshold(vector, k)
     return {key: torch.where(t.abs() >= threshold, t, torch.zeros_like(t)) for key, t in vector.items()}
 
