@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from safetensors import safe_open
 
 from editkit.util.atomic import TMP_MARKER, atomic_path, atomic_write_bytes, fsync_dir
+from editkit.core.adapters import LoraSpec, LoraWeights
 from editkit.core.modes import Family, Mode, families_help
 from editkit.errors import BankError, CorruptVectorError, IncompatibleVectorsError
 
@@ -114,6 +115,16 @@ class VectorEntry:
     @property
     def family(self) -> Family:
         return Mode(self.mode).family
+
+    @property
+    def adapter(self) -> LoraSpec | None:
+        """The LoRA adapter the vector is (its recipe's), or None for a full vector."""
+        return LoraSpec.from_fields(self.recipe)
+
+    @property
+    def weight_updates(self) -> bool:
+        """A plain-LoRA vector: its factors are scaled and merged as weight updates s * B A."""
+        return self.adapter is not None and not Mode(self.mode).linearized
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -366,7 +377,7 @@ class Bank:
         cpu = _cpu_tensors(tensors)
         with self._locked(create=True):
             manifest = self._read_manifest()
-            self._check_appendable(manifest, name, base)
+            self._check_appendable(manifest, name, base, LoraSpec.from_fields(described["recipe"]))
             file_name = name + VECTOR_SUFFIX
             checksum = self._write_vector(file_name, cpu, name=name, task=task, mode=mode, base=base)
             entry = VectorEntry(
@@ -379,12 +390,19 @@ class Bank:
         logger.info("bank %s: appended %s (task=%s, mode=%s, %d tensors)", self.root, name, task, mode, len(cpu))
         return entry
 
-    def _check_appendable(self, manifest: _Manifest, name: str, base: str) -> None:
+    def _check_appendable(self, manifest: _Manifest, name: str, base: str, adapter: LoraSpec | None) -> None:
         if manifest.find(name) is not None:
             raise BankError(
                 f"bank {self.root} already holds a vector named {name!r}; "
                 "remove it first (Bank.remove) or choose another name"
             )
+        held = {e.adapter for e in manifest.vectors}
+        if held and held != {adapter}:
+            what = ", ".join(sorted(s.describe() if s else "full vectors" for s in held))
+            raise IncompatibleVectorsError(
+                f"vector {name!r} is {adapter.describe() if adapter else 'a full vector'} but bank {self.root} holds "
+                f"{what}: adapter and full vectors, or adapters of other configurations, live in different spaces; "
+                "use a separate bank")
         if manifest.base is not None and manifest.base != base:
             raise IncompatibleVectorsError(
                 f"vector {name!r} was fine-tuned from base {_short(base)} but bank {self.root} holds "
@@ -452,11 +470,11 @@ class Bank:
     def reader(self, name: str, *, base: str | None = None) -> VectorReader:
         """One vector whose tensors are read from its file one at a time, when asked for, after checking its
         checksum (and base, when given) once: what a merge that works layer by layer holds instead of the
-        whole vector."""
+        whole vector. A plain-LoRA vector reads as its weight updates (see :meth:`merge`)."""
         entry = self._get(self._read_manifest(), name)
         _check_bases([entry], base)
         path = self._verify_file(entry)
-        return VectorReader(path, _header_shapes(path, name))
+        return _in_merge_space(entry, VectorReader(path, _header_shapes(path, name)))
 
     def shapes(self, name: str) -> dict[str, tuple[int, ...]]:
         """Tensor names and shapes of one vector, read from its file's header alone (cheap: no data, no
@@ -525,8 +543,17 @@ class Bank:
 
     # ---- merging
 
+    def check_combinable(self, names: list[str]) -> Family:
+        """Refuse, by name, a selection whose vectors live in different spaces (families, adapters, bases)."""
+        manifest = self._read_manifest()
+        entries = [self._get(manifest, name) for name in names]
+        family = _common_family(entries)
+        _check_bases(entries, None)
+        return family
+
     def merge(self, coefficients: Mapping[str, float], *, base: str | None = None) -> dict[str, torch.Tensor]:
-        """Sum alpha_i * tau_i, streamed key by key.
+        """Sum alpha_i * tau_i, streamed key by key (plain-LoRA vectors: their weight updates s * B_i A_i, whose
+        factors do not add).
 
         Everything that could refuse (names, modes, bases, checksums, key sets, shapes)
         is checked before the first addition. Accumulation is in float32 (float64 if
@@ -541,6 +568,9 @@ class Bank:
         _common_family(entries)
         _check_bases(entries, base)
         paths = [self._verify_file(e) for e in entries]
+        if entries[0].weight_updates:
+            return _merge_views([_in_merge_space(e, VectorReader(p, _header_shapes(p, e.name)))
+                                 for e, p in zip(entries, paths)], alphas)
         with contextlib.ExitStack() as stack:
             handles = [self._open(stack, p) for p in paths]
             keys = _check_layouts(entries, handles)
@@ -621,9 +651,28 @@ def _json_copy(value: dict | None, what: str) -> dict:
         raise BankError(f"{what} must be JSON-serialisable: {exc}") from exc
 
 
+def _in_merge_space(entry: VectorEntry, vector: VectorReader) -> Mapping[str, torch.Tensor]:
+    """The vector as merges and coefficients act on it: as stored, or a plain-LoRA vector's weight updates."""
+    return LoraWeights(vector, entry.adapter.scaling) if entry.weight_updates else vector
+
+
+def _merge_views(views: list[Mapping[str, torch.Tensor]], alphas: list[float]) -> dict[str, torch.Tensor]:
+    """sum_i alpha_i view_i, one parameter at a time (the views compute each tensor when read)."""
+    keys = list(views[0])
+    for i, view in enumerate(views[1:], 1):
+        if view.shapes != views[0].shapes:
+            raise BankError(f"vectors 0 and {i} adapt different layers or shapes")
+    return {key: sum(alpha * view[key] for view, alpha in zip(views, alphas)) for key in keys}
+
+
 def _common_family(entries: list[VectorEntry]) -> Family:
     if not entries:
         raise BankError("no vectors selected")
+    adapters = {e.adapter for e in entries}
+    if len(adapters) > 1:
+        listing = ", ".join(f"{e.name} ({e.adapter.describe() if e.adapter else 'full'})" for e in entries)
+        raise IncompatibleVectorsError(f"cannot combine vectors of different adapters (or adapter and full "
+                                       f"vectors): {listing}")
     families = {e.family for e in entries}
     if len(families) > 1:
         listing = ", ".join(f"{e.name} ({e.mode})" for e in entries)

@@ -204,7 +204,8 @@ def bank_verify(bank: Path = BankOption) -> None:
 
 @bank_app.command("import", cls=Computing)
 def bank_import() -> None:
-    """Bank tau = theta_ft - theta_0 from a checkpoint fine-tuned elsewhere, as a non-linear vector."""
+    """Bank tau = theta_ft - theta_0 from a checkpoint fine-tuned elsewhere, or a PEFT LoRA adapter, as a non-linear
+    vector."""
 
 
 @app.command(cls=Computing)

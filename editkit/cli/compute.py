@@ -386,9 +386,12 @@ def _save_outputs(result, out: Optional[Path], json_path: Optional[Path]) -> Non
 def bank_import(
     build: dict,
     name: str = typer.Option(..., "--name", help="Name of the new vector."),
-    finetuned: Path = typer.Option(..., "--finetuned", help="The fine-tuned checkpoint: an open_clip or Hugging "
-                                   "Face CLIP checkpoint, or a state dict of the backbone module (safetensors or "
-                                   "torch file)."),
+    finetuned: Optional[Path] = typer.Option(None, "--finetuned", help="The fine-tuned checkpoint: an open_clip or "
+                                             "Hugging Face CLIP checkpoint, or a state dict of the backbone module "
+                                             "(safetensors or torch file)."),
+    peft: Optional[Path] = typer.Option(None, "--peft", help="Instead of --finetuned: a PEFT LoRA adapter directory "
+                                        "(adapter_config.json + adapter_model.safetensors), banked as a plain-LoRA "
+                                        "adapter vector."),
     base: Optional[Path] = typer.Option(None, "--base", help="The checkpoint it was fine-tuned from (default: the "
                                         "scenario backbone's weights); it must hold the backbone's values."),
     task: Optional[str] = typer.Option(None, "--task", help="The scenario task the vector is for (default: --name)."),
@@ -398,10 +401,22 @@ def bank_import(
                                         "`bench` would refuse an imported one there)."),
 ) -> None:
     from editkit.cli.console import console
+    from editkit.errors import ConfigError
     from editkit.runs.checkpoints import IMPORTED, import_checkpoint
     from editkit.scenario.spec import load_scenario
 
+    if (finetuned is None) == (peft is None):
+        raise ConfigError("give the fine-tuned model: --finetuned CHECKPOINT or --peft ADAPTER_DIR (one of them)")
     bank = bank or default_bank_dir(load_scenario(scenario).name, IMPORTED)
+    if peft is not None:
+        from editkit.runs.peft_io import import_peft_adapter
+
+        if base is not None:
+            raise ConfigError("--base is for --finetuned checkpoints: a PEFT adapter is its own difference")
+        entry = import_peft_adapter(bank, scenario, name, peft, task=task, build=BuildOptions(**build))
+        console.print(f"imported PEFT adapter {entry.name} (task {entry.task}, rank {entry.recipe['lora_rank']}, "
+                      f"|dW| = {entry.metrics['tau_norm']:.4g}) into {bank}")
+        return
     entry = import_checkpoint(bank, scenario, name, finetuned, base=base, task=task, build=BuildOptions(**build))
     imported = entry.provenance["imported"]
     console.print(f"imported {entry.name} (task {entry.task}, {imported['finetuned']['layout']} layout, "

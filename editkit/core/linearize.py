@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp
 
+from editkit.core.adapters import attached, is_adapter_parameter, trainable_names
 from editkit.core.modes import Mode
 
 
@@ -56,19 +57,29 @@ class _TaskModel(nn.Module):
     it is the linearized model's forward, and what the tauJp penalty measures of either
     (``taujp-nonlinear`` trains the plain model and penalises this term on the reg batch).
     theta is stored in a ParameterList because parameter names contain dots.
+
+    theta covers ``names``: by default every parameter of the module, or only its LoRA factors when
+    it carries an adapter (:mod:`editkit.core.adapters`); the other parameters are constants of
+    theta_0. Scoring a merged vector passes the vector's own names (plain-LoRA merges are weight updates).
     """
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, names: list[str] | None = None, *, from_init: bool = False) -> None:
         super().__init__()
+        self.from_init = from_init
         self.module = _freeze(module)
-        named = list(module.named_parameters())
-        self.names = [n for n, _ in named]
-        self.theta = nn.ParameterList([nn.Parameter(p.detach().clone()) for _, p in named])
+        params = dict(module.named_parameters())
+        self.names = list(names) if names is not None else trainable_names(module)
+        unknown = [n for n in self.names if n not in params]
+        if unknown:
+            raise KeyError(f"task vector has parameters the backbone lacks: {sorted(unknown)[:5]}")
+        self.theta = nn.ParameterList([nn.Parameter(params[n].detach().clone()) for n in self.names])
 
     @property
     def theta0(self) -> dict[str, torch.Tensor]:
-        """Read from the wrapped module each time, so ``.to(device)`` / ``.double()`` move it too."""
-        return {n: p.detach() for n, p in self.module.named_parameters()}
+        """theta's values at theta_0, read from the wrapped module each time, so ``.to(device)`` / ``.double()``
+        move them too."""
+        params = dict(self.module.named_parameters())
+        return {n: params[n].detach() for n in self.names}
 
     @property
     def buffers0(self) -> dict[str, torch.Tensor]:
@@ -80,22 +91,28 @@ class _TaskModel(nn.Module):
         self.module.eval()
         return self
 
+    @property
+    def origin(self) -> dict[str, torch.Tensor]:
+        """Where task vectors are measured from: theta_0 (a plain LoRA adapter's is the zero adapter)."""
+        return self.theta0
+
     def task_vector(self) -> dict[str, torch.Tensor]:
-        theta0 = self.theta0
-        return {n: (p.detach() - theta0[n]).clone() for n, p in zip(self.names, self.theta)}
+        origin = self.origin
+        return {n: (p.detach() - origin[n]).clone() for n, p in zip(self.names, self.theta)}
 
     def load_task_vector(self, tau: Mapping[str, torch.Tensor]) -> None:
-        """Set theta = theta_0 + tau (names missing from tau keep theta_0)."""
+        """Set theta = origin + tau (names missing from tau keep theta_0)."""
         unknown = set(tau) - set(self.names)
         if unknown:
             raise KeyError(f"task vector has parameters the backbone lacks: {sorted(unknown)[:5]}")
-        theta0 = self.theta0
+        origin, theta0 = self.origin, self.theta0
         with torch.no_grad():
             for n, p in zip(self.names, self.theta):
-                p.copy_(theta0[n] + tau[n].to(p) if n in tau else theta0[n])
+                p.copy_(origin[n] + tau[n].to(p) if n in tau else theta0[n])
 
     def _call(self, params: Mapping[str, torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
-        """The module at ``params``; ``args``/``kwargs`` are its inputs (e.g. token ids and an attention mask)."""
+        """The module at ``params`` (theta's names; other parameters keep theta_0); ``args``/``kwargs`` are its
+        inputs (e.g. token ids and an attention mask)."""
         return functional_call(self.module, ({**params, **self.buffers0}), args, kwargs)
 
     def primal_and_tangent(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,6 +139,25 @@ class _TaskModel(nn.Module):
 class NonLinearModel(_TaskModel):
     """f(x; theta): ordinary fine-tuning, expressed with the same theta/theta_0 state."""
 
+    @property
+    def origin(self) -> dict[str, torch.Tensor]:
+        """theta_0, except a LoRA adapter's factors, measured from zero: the zero adapter is theta_0's function
+        as the initial one (A0, B = 0) is, and a vector that is the adapter itself is what PEFT saves and what
+        weight updates s * B A are read from (:class:`~editkit.core.adapters.LoraWeights`). With ``from_init``
+        (a linearized vector's weights: the ordinary model at phi_0 + tau) the factors are measured from phi_0."""
+        if self.from_init:
+            return self.theta0
+        return {n: torch.zeros_like(t) if is_adapter_parameter(n) else t for n, t in self.theta0.items()}
+
+    def train(self, mode: bool = True) -> "NonLinearModel":
+        """A LoRA adapter's dropout is part of plain LoRA training (not of theta_0), so it follows ``mode``."""
+        super().train(mode)
+        if attached(self.module) is not None:
+            for name, layer in self.module.named_modules():
+                if name.endswith("lora_dropout"):
+                    layer.train(mode)
+        return self
+
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self._call(dict(zip(self.names, self.theta)), *args, **kwargs)
 
@@ -134,8 +170,14 @@ class LinearizedModel(_TaskModel):
         return primal + tangent
 
 
-def build_task_model(module: nn.Module, mode: str) -> _TaskModel:
-    """``nonlinear`` and ``taujp-nonlinear`` fine-tune f itself; ``linear`` and ``taujp`` fine-tune f_lin."""
+def build_task_model(module: nn.Module, mode: str, names: list[str] | None = None,
+                     vector_mode: str | None = None) -> _TaskModel:
+    """``nonlinear`` and ``taujp-nonlinear`` fine-tune f itself; ``linear`` and ``taujp`` fine-tune f_lin.
+    ``names``: the parameters theta covers (default: the adapter's factors when the module carries one, else all);
+    ``vector_mode``: the mode of the vectors it will hold, when not ``mode`` (a linearized vector scored as the
+    ordinary model at its weights)."""
     if mode not in tuple(Mode):
         raise ValueError(f"unknown mode {mode!r}: expected {', '.join(Mode)}")
-    return LinearizedModel(module) if Mode(mode).linearized else NonLinearModel(module)
+    if Mode(mode).linearized:
+        return LinearizedModel(module, names)
+    return NonLinearModel(module, names, from_init=Mode(vector_mode or mode).linearized)

@@ -156,10 +156,13 @@ def evaluate_vector(
     progress: Progress | None = None,
     description: str = "evaluating",
     runtime: Runtime | None = None,
+    vector_mode: str | None = None,
 ) -> dict[str, float]:
-    """Score on each task of theta_0 + tau (in ``mode``'s model), keyed by task name."""
+    """Score on each task of theta_0 + tau (in ``mode``'s model, over tau's parameters: a plain-LoRA merge is weight
+    updates, not factors), keyed by task name; ``vector_mode``: tau's mode when it is not ``mode`` (a linearized
+    vector scored as the ordinary model at its weights)."""
     runtime = runtime or default_runtime(module)
-    model = runtime.place(build_task_model(module, mode))
+    model = runtime.place(build_task_model(module, mode, names=list(tau) if tau else None, vector_mode=vector_mode))
     model.load_task_vector(tau or {})
     model.eval()
     batches = sum(t.batches(batch_size, runtime.world_size) for t in tasks)

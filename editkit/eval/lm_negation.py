@@ -103,7 +103,11 @@ def _listed(value: str | Sequence[Any]) -> Sequence[Any]:
 def task_model(tail: nn.Module, mode: str, delta: Mapping[str, torch.Tensor] | None, *,
                linearized: bool) -> nn.Module:
     """The tail at theta_0 + delta: its weights edited, or (``linearized``) the exact f_lin of a linear vector."""
-    model = LinearizedModel(tail) if linearized and Mode(mode).linearized else NonLinearModel(tail)
+    names = list(delta) if delta else None  # a plain-LoRA delta is weight updates, not the adapter's factors
+    if linearized and Mode(mode).linearized:
+        model: nn.Module = LinearizedModel(tail, names)
+    else:  # a linearized vector's weights hold its adapter factors from their initialisation
+        model = NonLinearModel(tail, names, from_init=Mode(mode).linearized)
     if delta is not None:
         model.load_task_vector(delta)
     return model

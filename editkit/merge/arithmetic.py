@@ -116,6 +116,7 @@ def merged_vector(bank: Bank, coefficients: Mapping[str, float], method: str, op
     scaling all its inputs by one number)."""
     record = MERGE_METHODS[method]
     mode = combined_mode(bank.get(n).mode for n in coefficients)  # refuses a mix of families before any read
+    bank.check_combinable(list(coefficients))  # and of adapters or bases
 
     def scaled(name: str) -> Mapping[str, torch.Tensor]:
         tensors, alpha = bank.reader(name, base=bank.base), coefficients[name]

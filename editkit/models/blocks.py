@@ -179,3 +179,16 @@ class TailBackbone(Backbone):
     @property
     def device(self) -> torch.device:
         return next(self.module.parameters()).device
+
+
+def whole_model(backbone: Backbone) -> nn.Module:
+    """The whole model the backbone's module is part of: a causal LM's ``lm``, a seq2seq LM's ``model``, a text
+    encoder's base model, CLIP's ``clip_model``."""
+    for attribute in ("lm", "model", "clip_model"):
+        model = getattr(backbone, attribute, None)
+        if isinstance(model, nn.Module):
+            return model
+    tail = getattr(backbone, "tail", None)
+    if isinstance(tail, BlockTail):
+        return tail.base_model
+    raise ConfigError(f"{backbone.name} has no whole model to write (only {type(backbone.module).__name__})")

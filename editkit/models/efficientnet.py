@@ -48,6 +48,23 @@ class PooledPreActivationFeatures(nn.Module):
         return self.head_bn(self.head_conv(x)).mean(dim=(2, 3))
 
 
+def plain_pointwise(module: nn.Module) -> nn.Module:
+    """Replace the package's same-padding 1x1 stride-1 convolutions by ``nn.Conv2d`` holding the same parameters.
+
+    Their same-padding is zero, so the function and the state dict (names, values: the fingerprint) are
+    unchanged; but LoRA (PEFT) builds its factors with the adapted layer's own class, which for the
+    package's convolution needs an image size it does not pass. As plain convolutions the 32 pointwise
+    layers are what a LoRA adapter of this backbone adapts by default."""
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if (type(child) is not nn.Conv2d and isinstance(child, nn.Conv2d) and child.kernel_size == (1, 1)
+                    and child.stride == (1, 1) and child.groups == 1 and child.dilation == (1, 1)):
+                plain = nn.Conv2d(child.in_channels, child.out_channels, 1, bias=child.bias is not None)
+                plain.weight, plain.bias = child.weight, child.bias
+                setattr(parent, name, plain)
+    return module
+
+
 def _load_network(pretrained: bool) -> nn.Module:
     try:
         from efficientnet_lite_pytorch import EfficientNet
@@ -81,7 +98,7 @@ def image_batch_to_tensor(images: np.ndarray, size: int) -> torch.Tensor:
 
 def build(image_size: int = 32, pretrained: bool = True) -> Backbone:
     """EfficientNet-Lite0 feature extractor for ``image_size`` inputs."""
-    module = PooledPreActivationFeatures(_load_network(pretrained))
+    module = plain_pointwise(PooledPreActivationFeatures(_load_network(pretrained)))
     return Backbone(
         name=f"efficientnet-lite0@{image_size}" + ("" if pretrained else "/random"),
         module=module,

@@ -45,7 +45,7 @@ from editkit.models.clip_keys import TowerState, from_hugging_face, from_open_cl
 from editkit.runs.stream import scenario_provenance
 from editkit.scenario.build import build_backbone
 from editkit.scenario.options import BuildOptions
-from editkit.scenario.spec import load_scenario
+from editkit.scenario.spec import ScenarioSpec, load_scenario
 from editkit.util.atomic import atomic_path
 
 log = logging.getLogger(__name__)
@@ -176,6 +176,17 @@ def first_difference(given: Mapping[str, torch.Tensor], reference: Mapping[str, 
 # --------------------------------------------------------------------------- import
 
 
+def scenario_task(scenario: str | Path, name: str, task: str | None) -> tuple[ScenarioSpec, str]:
+    """The scenario an imported vector belongs to and its task (default: the vector's name), refused by name
+    when the scenario has no such task."""
+    spec = load_scenario(scenario)
+    task = task or name
+    if task not in spec.task_names:
+        raise ConfigError(f"scenario {spec.name!r} has no task {task!r} (tasks: {', '.join(spec.task_names)}); "
+                          "name the vector after one or pass its task")
+    return spec, task
+
+
 def import_checkpoint(bank: Bank | Path | str, scenario: str | Path, name: str, finetuned: Path | str, *,
                       base: Path | str | None = None, task: str | None = None,
                       build: BuildOptions | None = None) -> VectorEntry:
@@ -189,11 +200,7 @@ def import_checkpoint(bank: Bank | Path | str, scenario: str | Path, name: str, 
     Parameters a layout has no place for (a ``CLIPVisionModel``'s missing projection) get tau = 0.
     Nothing is written when anything is refused.
     """
-    spec = load_scenario(scenario)
-    task = task or name
-    if task not in spec.task_names:
-        raise ConfigError(f"scenario {spec.name!r} has no task {task!r} (tasks: {', '.join(spec.task_names)}); "
-                          "name the vector after one or pass its task")
+    spec, task = scenario_task(scenario, name, task)
     build = build or BuildOptions()
     backbone = build_backbone(spec, build)
     theta0 = {n: p.detach() for n, p in backbone.module.named_parameters()}

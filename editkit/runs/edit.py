@@ -32,6 +32,7 @@ from editkit.merge.arithmetic import TaskVector, addition_coefficients, combine,
 from editkit.bank.store import Bank
 from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha_grid, select_negation_alpha
 from editkit.train.runtime import Runtime, default_runtime
+from editkit.train.recipe import attach_adapter
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError
 from editkit.eval.accuracy import ClassificationScorer, addition_summary, evaluate_vector, negation_summary
 from editkit.eval.scorers import task_scorer
@@ -79,6 +80,7 @@ def scenario_of(bank: Bank, names: Sequence[str], progress: Progress, *, build: 
     seed = int(entries[0].recipe.get("seed", 0))
     spec = find_scenario(scenarios.pop(), entries[0].provenance.get("scenario_file"))
     built = build_scenario(spec, seed=seed, progress=progress, build=build, device=str(runtime.device))
+    attach_adapter(built.backbone.module, [e.recipe for e in entries])
     runtime.place(built.backbone.module)
     if built.backbone.fingerprint() != bank.base:
         raise IncompatibleVectorsError(
@@ -103,7 +105,7 @@ def _evaluate(built: BuiltScenario, vector: TaskVector | None, mode: str, tasks:
     evals = [extra.get(name) or task_scorer(name, built.heads[name], getattr(built.task(name), split),
                                             built.backbone.batching) for name in tasks]
     return evaluate_vector(built.backbone.module, mode, vector.tensors if vector else None, evals, progress=progress,
-                           description=description, runtime=runtime)
+                           description=description, runtime=runtime, vector_mode=vector.mode if vector else None)
 
 
 def _weights_scores(built: BuiltScenario, vector: TaskVector, tasks: Sequence[str], progress: Progress,

@@ -46,15 +46,18 @@ from torch import nn
 
 import editkit
 from editkit.bank.store import Bank
+from editkit.core.adapters import attached, merged_state
 from editkit.core.modes import Mode
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError
 from editkit.merge.arithmetic import TaskVector, combine, negation_coefficients
 from editkit.models.backbone import Backbone
-from editkit.models.blocks import BlockTail
+from editkit.models.blocks import whole_model
 from editkit.models.torchvision_models import TorchvisionBackbone, torchvision_state
 from editkit.runs.edit import find_scenario, recorded_build
+from editkit.runs.peft_io import ADAPTER_SUBDIR, Adapter, adapter_factors, write_adapter
 from editkit.scenario.build import backbone_options, build_backbone
 from editkit.scenario.options import BuildOptions
+from editkit.train.recipe import attach_adapter
 from editkit.util.atomic import atomic_dir, atomic_path, atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -122,19 +125,6 @@ def check_base(backbone: Backbone, base: str | None) -> None:
 # --------------------------------------------------------------------------- the whole model, edited
 
 
-def whole_model(backbone: Backbone) -> nn.Module:
-    """The whole model the backbone's module is part of: a causal LM's ``lm``, a seq2seq LM's ``model``, a text
-    encoder's base model, CLIP's ``clip_model``."""
-    for attribute in ("lm", "model", "clip_model"):
-        model = getattr(backbone, attribute, None)
-        if isinstance(model, nn.Module):
-            return model
-    tail = getattr(backbone, "tail", None)
-    if isinstance(tail, BlockTail):
-        return tail.base_model
-    raise ConfigError(f"{backbone.name} has no whole model to write (only {type(backbone.module).__name__})")
-
-
 @contextlib.contextmanager
 def edited(module: nn.Module, delta: Mapping[str, torch.Tensor]) -> Iterator[None]:
     """``module``'s parameters (shared with the whole model) at theta_0 + delta inside the block, restored
@@ -156,12 +146,23 @@ def edited(module: nn.Module, delta: Mapping[str, torch.Tensor]) -> Iterator[Non
                 params[key].copy_(value)
 
 
+def plain_state(backbone: Backbone, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` as the model without editkit's LoRA adapter holds it (each adapted weight W + s B A under its own
+    name), or as it is when the backbone carries none: what is written is a plain model of its family."""
+    spec = attached(backbone.module)
+    state = {key: value.detach().to("cpu").clone().contiguous() for key, value in state.items()}
+    return merged_state(state, spec.scaling) if spec is not None else state
+
+
 def _write_transformers(backbone: Backbone, delta: Mapping[str, torch.Tensor], out: Path,
-                        provenance: Mapping[str, Any], force: bool) -> None:
+                        provenance: Mapping[str, Any], force: bool, adapter: Adapter | None) -> None:
     model = whole_model(backbone)
     with atomic_dir(out, replace=force) as tmp:
         with edited(backbone.module, delta):
-            model.save_pretrained(tmp, safe_serialization=True)
+            state = plain_state(backbone, model.state_dict()) if attached(backbone.module) is not None else None
+            model.save_pretrained(tmp, safe_serialization=True, state_dict=state)
+        if adapter is not None:
+            write_adapter(tmp / ADAPTER_SUBDIR, backbone, *adapter)
         tokenizer = getattr(backbone, "tokenizer", None)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
@@ -173,7 +174,7 @@ def _write_open_clip(backbone: Backbone, delta: Mapping[str, torch.Tensor], out:
                      provenance: Mapping[str, Any]) -> None:
     model = whole_model(backbone)
     with edited(backbone.module, delta):
-        state = {key: value.detach().to("cpu").clone().contiguous() for key, value in model.state_dict().items()}
+        state = plain_state(backbone, model.state_dict())
     with atomic_path(out) as tmp:
         if out.suffix == ".safetensors":
             from safetensors.torch import save_file
@@ -186,7 +187,7 @@ def _write_open_clip(backbone: Backbone, delta: Mapping[str, torch.Tensor], out:
 def _write_torchvision(backbone: Backbone, delta: Mapping[str, torch.Tensor], out: Path,
                        provenance: Mapping[str, Any]) -> None:
     with edited(backbone.module, delta):
-        state = {key: value.detach().to("cpu").clone().contiguous() for key, value in backbone.module.state_dict().items()}
+        state = plain_state(backbone, backbone.module.state_dict())
     state = torchvision_state(backbone, state)
     text = json.dumps(provenance, default=str)
     with atomic_path(out) as tmp:
@@ -208,12 +209,14 @@ def backbone_format(backbone: Backbone) -> str:
 
 
 def export_model(backbone: Backbone, delta: Mapping[str, torch.Tensor], out: Path | str, *, base: str | None,
-                 provenance: Mapping[str, Any], force: bool = False) -> Path:
+                 provenance: Mapping[str, Any], force: bool = False, adapter: Adapter | None = None) -> Path:
     """Write ``backbone``'s whole model at theta_0 + ``delta`` to ``out`` (see the module docstring).
 
     base: the fingerprint the vectors were fine-tuned from (the bank's ``base``): it must be the backbone's.
     provenance: what the card and ``editkit.json`` state (:func:`provenance_of` builds it).
     force: replace what is at ``out``.
+    adapter: the same edit as a PEFT adapter (:func:`editkit.runs.peft_io.adapter_factors`), written beside the
+        model: ``DIR/adapter`` in a model directory, ``<file>.adapter`` beside a checkpoint file.
     """
     out = Path(out)
     fmt = backbone_format(backbone)
@@ -223,11 +226,11 @@ def export_model(backbone: Backbone, delta: Mapping[str, torch.Tensor], out: Pat
     check_base(backbone, base)
     provenance = {**provenance, "format": fmt}
     if fmt == TRANSFORMERS:
-        _write_transformers(backbone, delta, out, provenance, force)
-    elif fmt == TORCHVISION:
-        _write_torchvision(backbone, delta, out, provenance)
+        _write_transformers(backbone, delta, out, provenance, force, adapter)
     else:
-        _write_open_clip(backbone, delta, out, provenance)
+        (_write_torchvision if fmt == TORCHVISION else _write_open_clip)(backbone, delta, out, provenance)
+        if adapter is not None:
+            write_adapter(out.with_name(out.name + "." + ADAPTER_SUBDIR), backbone, *adapter, force=force)
     log.info("wrote the edited model to %s", out)
     return out
 
@@ -375,6 +378,7 @@ def bank_backbone(bank: Bank, name: str, build: BuildOptions | None = None) -> B
     entry = bank.get(name)
     spec = find_scenario(entry.scenario, entry.provenance.get("scenario_file"))
     backbone = build_backbone(spec, recorded_build(bank, name, build))
+    attach_adapter(backbone.module, [entry.recipe])
     check_base(backbone, bank.base)
     return backbone
 
@@ -406,7 +410,8 @@ def export_negation(bank: Bank, name: str, out: Path | str, *, alpha: float, rep
     backbone = bank_backbone(bank, name, build)
     provenance = provenance_of(bank, coefficients, operation="negate", mode=vector.mode, build=build, alpha=alpha,
                                scores=negation_scores(report, alpha) if report else None)
-    return export_model(backbone, vector.tensors, out, base=bank.base, provenance=provenance, force=force)
+    return export_model(backbone, vector.tensors, out, base=bank.base, provenance=provenance, force=force,
+                        adapter=adapter_factors(bank, coefficients, "task-arithmetic", vector.tensors, backbone))
 
 
 def export_edit(result: Any, bank: Bank, out: Path | str, *, method: str = "task-arithmetic",
@@ -420,8 +425,9 @@ def export_edit(result: Any, bank: Bank, out: Path | str, *, method: str = "task
     provenance = provenance_of(bank, result.coefficients, operation=operation, mode=result.mode, build=build,
                                method=method, options=report.get("options"), alpha=alpha,
                                scores={k: report[k] for k in SCORE_KEYS if k in report})
+    adapter = adapter_factors(bank, result.coefficients, method, result.vector.tensors, result.backbone)
     return export_model(result.backbone, result.vector.tensors, out, base=bank.base, provenance=provenance,
-                        force=force)
+                        force=force, adapter=adapter)
 
 
 def export_vectors(bank: Bank, coefficients: Mapping[str, float], out: Path | str, *, force: bool = False,
@@ -433,4 +439,5 @@ def export_vectors(bank: Bank, coefficients: Mapping[str, float], out: Path | st
     vector: TaskVector = combine(bank, dict(coefficients))
     backbone = bank_backbone(bank, next(iter(coefficients)), build)
     provenance = provenance_of(bank, coefficients, operation="add", mode=vector.mode, build=build, scores=scores)
-    return export_model(backbone, vector.tensors, out, base=bank.base, provenance=provenance, force=force)
+    return export_model(backbone, vector.tensors, out, base=bank.base, provenance=provenance, force=force,
+                        adapter=adapter_factors(bank, coefficients, "task-arithmetic", vector.tensors, backbone))

@@ -51,7 +51,7 @@ from editkit.eval.scorers import task_scorer
 from editkit.util.progress import NullProgress, Progress
 from editkit.runs.loggers import RunLogger, open_loggers, parse_loggers
 from editkit.runs.records import MergedScores, StepRecord, StreamResult, StreamStepCallback, TrainingCost
-from editkit.train.recipe import Recipe
+from editkit.train.recipe import Recipe, attach_adapter
 from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
 from editkit.scenario.options import BuildOptions
@@ -331,6 +331,7 @@ def run_stream(
     if missing:
         raise ConfigError(f"no head for task(s) {missing}")
     bank = bank if isinstance(bank, Bank) else Bank(bank)
+    attach_adapter(backbone.module, [recipe, *(task_recipes or {}).values()])
     runtime = runtime or default_runtime(backbone.module)
     if not runtime.is_main:
         progress, on_step, logger = None, None, None

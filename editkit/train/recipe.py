@@ -16,13 +16,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from editkit.core.adapters import ADAPTERS, LoraSpec, attach_lora
 from editkit.core.modes import Mode
 from editkit.errors import ConfigError, check_choices
 from editkit.util.fields import choice
 
 if TYPE_CHECKING:  # the penalty runs on torch; the recipe is read by commands that need none (editkit --help)
+    from torch import nn
+
     from editkit.core.taujp import Regularizer, Shard, UnlabeledSource
 
 SCHEDULES = ("cyclic", "strict")
@@ -77,6 +80,19 @@ class Recipe:
     epochs: float | None = field(default=None, metadata={
         "help": "Epochs per task, turned into steps from each train split's size (replaces steps set at any "
                 "level; unset: steps as given)."})
+    adapter: str = choice("none", ADAPTERS,
+                          "none: the vector covers every trainable parameter; lora: a LoRA adapter (PEFT) on the "
+                          "target layers is trained instead, in every mode (linear / taujp: L-LoRA, the model "
+                          "linearized in the adapter's parameters); vectors of a few MB.")
+    lora_rank: int = field(default=8, metadata={"help": "LoRA rank r."})
+    lora_alpha: float = field(default=16.0, metadata={"help": "LoRA alpha: the update is (alpha / r) B A."})
+    lora_dropout: float = field(default=0.0, metadata={
+        "help": "Dropout on a LoRA adapter's input during plain (nonlinear) training."})
+    lora_targets: tuple[str, ...] = field(default=(), metadata={
+        "help": "Layers LoRA adapts, as PEFT's target_modules name them (e.g. q_proj,v_proj); unset: every "
+                "linear layer and ungrouped convolution of the trainable module."})
+    lora_rslora: bool = field(default=False, metadata={
+        "help": "Rank-stabilized LoRA scaling, alpha / sqrt(r)."})
 
     def __post_init__(self) -> None:
         check_choices(self, "recipe")
@@ -90,6 +106,15 @@ class Recipe:
             raise ConfigError(f"recipe.epochs must be > 0 (or unset), got {self.epochs}")
         if self.reg_batch is not None and self.reg_batch < 1:
             raise ConfigError(f"recipe.reg_batch must be >= 1 (or unset), got {self.reg_batch}")
+        targets = self.lora_targets
+        object.__setattr__(self, "lora_targets", tuple(t.strip() for t in (targets.split(",") if isinstance(
+            targets, str) else targets) if t.strip()))
+        self.adapter_spec  # refuses a bad rank, alpha or dropout here, by name
+
+    @property
+    def adapter_spec(self) -> LoraSpec | None:
+        """The LoRA adapter this recipe trains (A0 drawn from the recipe's seed), or None for full vectors."""
+        return LoraSpec.from_fields(dataclasses.asdict(self))
 
     @property
     def reg_batch_size(self) -> int:
@@ -139,13 +164,18 @@ class Recipe:
         return from_mapping({k: v for k, v in overrides.items() if v is not None}, base=self)
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields; ``epochs`` only when set and ``penalty_on`` only when not the default (banks
-        written before they existed compare equal)."""
+        """All fields; ``epochs`` only when set, ``penalty_on`` only when not the default and the adapter's
+        fields only with an adapter (banks written before they existed compare equal)."""
         values = dataclasses.asdict(self)
         if values["epochs"] is None:
             del values["epochs"]
         if values["penalty_on"] == "features":
             del values["penalty_on"]
+        if values["adapter"] == "none":
+            for name in [n for n in values if n == "adapter" or n.startswith("lora_")]:
+                del values[name]
+        else:
+            values["lora_targets"] = list(values["lora_targets"])
         return values
 
 
@@ -161,3 +191,15 @@ def from_mapping(values: Mapping[str, Any], base: Recipe | None = None) -> Recip
     if "steps" in values and "epochs" not in values:
         values["epochs"] = None  # steps given here beat epochs inherited from the base
     return dataclasses.replace(base or Recipe(), **values)
+
+
+def attach_adapter(module: nn.Module, recipes: Iterable[Recipe | Mapping[str, Any]]) -> LoraSpec | None:
+    """Put the adapter ``recipes`` ask for on ``module`` (theta_0 of every task, so all must ask for the same
+    one; recipes may be a bank's recorded dictionaries); returns its spec, or None for full vectors."""
+    specs = {(r if isinstance(r, Recipe) else from_mapping(r)).adapter_spec for r in recipes}
+    if len(specs) > 1:
+        described = sorted(s.describe() if s is not None else "no adapter" for s in specs)
+        raise ConfigError(f"the tasks ask for different adapters ({'; '.join(described)}): their vectors could not "
+                          "be combined; give every task the same adapter fields")
+    spec = specs.pop() if specs else None
+    return attach_lora(module, spec) if spec is not None else None
