@@ -44,6 +44,7 @@ _PUBLIC: dict[str, str] = {
     "EditResult": "editkit.runs.edit",
     "negate_language": "editkit.runs.negate_lm",
     "export_vectors": "editkit.runs.export",
+    "import_peft_adapter": "editkit.runs.peft_io",
     # scenario files
     "load_scenario": "editkit.scenario.spec",
     "known_scenarios": "editkit.scenario.spec",

@@ -14,7 +14,6 @@ features alone (:func:`editkit.eval.accuracy.classify`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -119,7 +118,7 @@ class ModeEvaluator:
             return self.extras[key]
         if key in self._loaded:
             return self._loaded[key]
-        tensors = self.bank.load(self.vector_names[key], base=self.base)
+        tensors = dict(self.bank.reader(self.vector_names[key], base=self.base))  # a plain adapter: weight updates
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         if size * len(self.vector_names) <= IN_MEMORY_LIMIT:
             self._loaded[key] = tensors
@@ -156,12 +155,11 @@ class ModeEvaluator:
 
     def compute_tangents(self, keys: Sequence[str], splits: Sequence[str] = SPLITS, bar=None) -> None:
         """J tau_k on every task's inputs of ``splits`` (one jvp per input), cached."""
-        model = self.models.linearized
         for k in keys:
             todo = [s for s in splits if (k, s) not in self._tangents]
             if not todo:
                 continue
-            model.load_task_vector(self.vector(k))
+            model = self.models.holding(self.vector(k), linearized=True)
             for split in todo:
                 self._tangents[(k, split)] = {n: self.data.map(model.tangent, split, n, bar) for n in self.data.names}
 
@@ -177,8 +175,7 @@ class ModeEvaluator:
         if self.linearized:
             tangents = self.tangents(key, split)
             return {n: float(tangent_norms(tangents[n]).double().mean()) for n in names}
-        model = self.models.linearized
-        model.load_task_vector(self.vector(key))
+        model = self.models.holding(self.vector(key), linearized=True)
         out = {}
         for n in names:
             t = self.data.map(model.tangent, split, n, bar)
@@ -201,8 +198,7 @@ class ModeEvaluator:
                         features.add_(self.tangents(k, split)[t], alpha=c)
                     self._memo[(key, split, t)] = self._argmax(t, features)
             else:
-                model = self.models.nonlinear
-                model.load_task_vector(self.combined(combo))
+                model = self.models.holding(self.combined(combo), linearized=False)
                 for t in missing:
                     features = self.data.map(model, split, t)
                     self._memo[(key, split, t)] = self._argmax(t, features)
@@ -217,16 +213,26 @@ class ModeEvaluator:
         return {t: float((preds[t] == self.data.labels[split][t]).double().mean()) for t in tasks}
 
 
-@dataclass
 class SharedModels:
-    """One linearized and one non-linear wrapper of theta_0, shared by every mode."""
+    """Wrappers of theta_0 shared by every mode: one per kind (linearized or not) and set of parameters a vector
+    covers (full vectors cover every parameter; an adapter's cover its factors, or, merged as weight updates,
+    the adapted weights), each built the first time a vector of that kind is loaded."""
 
-    linearized: LinearizedModel
-    nonlinear: NonLinearModel
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self._models: dict[tuple[bool, frozenset[str]], LinearizedModel | NonLinearModel] = {}
 
     @classmethod
     def of(cls, module: nn.Module) -> "SharedModels":
-        lin, nonlin = LinearizedModel(module), NonLinearModel(module)
-        lin.eval()
-        nonlin.eval()
-        return cls(lin, nonlin)
+        return cls(module)
+
+    def holding(self, vector: Mapping[str, torch.Tensor], *, linearized: bool) -> LinearizedModel | NonLinearModel:
+        """The shared model of ``vector``'s parameters, at theta_0 + ``vector``."""
+        key = (linearized, frozenset(vector))
+        if key not in self._models:
+            names = list(vector)
+            model = LinearizedModel(self.module, names) if linearized else NonLinearModel(self.module, names)
+            self._models[key] = model.eval()
+        model = self._models[key]
+        model.load_task_vector(vector)
+        return model

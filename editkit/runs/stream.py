@@ -423,8 +423,8 @@ def run_scenario(
     recipe = spec.recipe.with_overrides(**overrides)
     recipes = task_recipes(spec, **overrides)
     merge = merge or spec.merge or default_merge(recipe.mode)
-    bank_dir = Path(bank) if bank is not None else default_bank_dir(spec.name, recipe.mode)
-    out_dir = Path(run_dir) if run_dir is not None else default_run_dir(spec.name, recipe.mode)
+    bank_dir = Path(bank) if bank is not None else default_bank_dir(spec.name, recipe.label)
+    out_dir = Path(run_dir) if run_dir is not None else default_run_dir(spec.name, recipe.label)
     build = build or BuildOptions()
     problems = check_scenario(spec, build)
     if problems:

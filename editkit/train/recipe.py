@@ -117,6 +117,12 @@ class Recipe:
         return LoraSpec.from_fields(dataclasses.asdict(self))
 
     @property
+    def label(self) -> str:
+        """How default bank and run directories name this recipe's vectors: the mode, plus ``-lora`` with an
+        adapter (adapter and full vectors never share a bank)."""
+        return f"{self.mode}-{self.adapter}" if self.adapter != "none" else str(self.mode)
+
+    @property
     def reg_batch_size(self) -> int:
         return self.reg_batch if self.reg_batch is not None else max(1, self.batch_size // 8)
 

@@ -1,14 +1,22 @@
 """A causal LM written by ``--out``, read back by plain transformers in a process that never imports editkit:
-the perplexities of given token blocks, computed there by hand from the logits."""
+the perplexities of given token blocks, computed there by hand from the logits; and the small rude-text
+scenario the export tests write models of."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Iterator
+
+from editkit.data.text import pack
+from helpers.models import char_tokenizer
+from helpers.scenarios import write_language_scenario
+from helpers.text import CLEAN, RUDE, registered_bang_scorer, registered_corpora
 
 
 #: A process without editkit. Only this machine's CUDA build of torchvision next to CPU torch needs help to
@@ -52,3 +60,29 @@ def plain_transformers(directory: Path, blocks: dict[str, list[list[int]]]) -> d
                           capture_output=True, text=True, timeout=120, cwd=str(directory.parent))
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+MAX_LENGTH, EVAL_BLOCKS = 16, 3
+PROMPTS = {"train": ["so then"], "val": ["you are", "he said"], "test": ["well, you", "she told him", "and then"]}
+
+
+@contextlib.contextmanager
+def rude_scenario(root: Path, prefix: str) -> Iterator[tuple[Path, Path]]:
+    """A two-block random Llama and its rude-text scenario ``<prefix>-rude`` (the last block, 3 taujp steps at lr
+    1e-2; a negation over alphas 1 and 2 of 3 short samples, scored by the "!" scorer), whose corpora and scorer
+    are registered inside the block. Yields (scenario file, checkpoint directory)."""
+    corpora = {f"{prefix}-rude": RUDE, f"{prefix}-clean": CLEAN, f"{prefix}-prompts": PROMPTS}
+    path, model_dir = write_language_scenario(
+        root, f"{prefix}-rude", task_corpus=f"{prefix}-rude", control=f"{prefix}-clean", prompts=f"{prefix}-prompts",
+        scorer=f"{prefix}-bang", max_length=MAX_LENGTH, eval_blocks=EVAL_BLOCKS, steps=3, lr=1e-2,
+        negation={"alphas": [1.0, 2.0], "samples": 3, "max_new_tokens": 4, "eval_blocks": EVAL_BLOCKS,
+                  "batch_size": 2})
+    with registered_bang_scorer(f"{prefix}-bang"), registered_corpora(corpora):
+        yield path, model_dir
+
+
+def test_blocks() -> dict[str, list[list[int]]]:
+    """The rude (target) and clean (control) test texts as the scenario packs them, token ids."""
+    tokenizer = char_tokenizer()
+    return {"target": [b.tolist() for b in pack(tokenizer, RUDE["test"], MAX_LENGTH, limit=EVAL_BLOCKS)],
+            "control": [b.tolist() for b in pack(tokenizer, CLEAN["test"], MAX_LENGTH, limit=EVAL_BLOCKS)]}

@@ -33,7 +33,7 @@ from editkit.models.backbone import Backbone
 from editkit.models.heads import LinearHead
 from editkit.runs.stream import probe_heads, run_benchmark
 from editkit.integrations.avalanche.benchmark import experiences
-from editkit.train.recipe import Recipe
+from editkit.train.recipe import Recipe, attach_adapter
 
 from helpers.models import mlp
 
@@ -119,17 +119,24 @@ def check_same_stream(result, names, editkit_bank: Bank, plugin_bank: Bank, metr
     return worst
 
 
-@pytest.mark.parametrize("mode", ["taujp", "linear", "nonlinear", "taujp-nonlinear", "sequential"])
-def test_naive_with_plugin_banks_what_editkit_stream_banks(tmp_path, mode):
+@pytest.mark.parametrize("mode, adapter", [("taujp", "none"), ("linear", "none"), ("nonlinear", "none"),
+                                           ("taujp-nonlinear", "none"), ("sequential", "none"), ("taujp", "lora"),
+                                           ("nonlinear", "lora")])
+def test_naive_with_plugin_banks_what_editkit_stream_banks(tmp_path, mode, adapter):
     tasks = synthetic_tasks()
     names = [t.name for t in tasks]
     heads = random_heads(tasks)
     backbone = mlp_backbone()
+    recipe = Recipe(mode=mode, steps=6, batch_size=8, lr=1e-2, reg_batch=3, warmup=2, grad_clip=0.5, adapter=adapter,
+                    lora_rank=2)
+    if adapter != "none":  # theta_0 is the model with its adapter at initialisation, for both
+        attach_adapter(backbone.module, [recipe])
     state = {k: v.clone() for k, v in backbone.module.state_dict().items()}
-    recipe = Recipe(mode=mode, steps=6, batch_size=8, lr=1e-2, reg_batch=3, warmup=2, grad_clip=0.5)
     benchmark = benchmark_from_tasks(tasks)
     result = run_benchmark(benchmark, backbone, recipe, tmp_path / "editkit", names=names, heads=heads,
                            scenario="mini", generic=generic_source())
+    if adapter != "none":
+        assert all(".lora_" in key for key in Bank(tmp_path / "editkit").load(names[0]))
     # periodic evaluation every epoch runs during training and must change nothing
     _, metrics = train_naive(benchmark, backbone, heads, names, tmp_path / "plugin", recipe,
                              generic=generic_source(), eval_every=1)

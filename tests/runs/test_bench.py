@@ -34,6 +34,7 @@ from editkit.models.heads import LinearHead
 from editkit.util.progress import NullProgress
 from editkit.eval.sweep import ModeEvaluator, SharedModels, TaskSplits
 from editkit.data.tasks import TaskData, TensorTaskDataset
+from editkit.train.recipe import Recipe, attach_adapter
 
 from helpers import models
 from helpers.scenarios import write_scenario
@@ -120,8 +121,12 @@ class ItemsOnly(torch.utils.data.Dataset):
         return self.inner[i]
 
 
-def tiny_setup(tmp_path: Path, mode: str, items_only: bool = False):
+def tiny_setup(tmp_path: Path, mode: str, items_only: bool = False, adapter: bool = False):
+    """Two tasks and a bank of two random vectors; with ``adapter`` a rank-2 LoRA (alpha 3) on the MLP and
+    vectors of its factors (plain LoRA in ``nonlinear`` mode)."""
     module = models.mlp(6, 8, 5, seed=0)
+    recipe = Recipe(adapter="lora", lora_rank=2, lora_alpha=3.0) if adapter else Recipe()
+    attach_adapter(module, [recipe])
     tasks, heads = [], {}
     for name in ("a", "b"):
         def split(n: int):
@@ -134,16 +139,27 @@ def tiny_setup(tmp_path: Path, mode: str, items_only: bool = False):
     bank = Bank(tmp_path / f"bank-{mode}-{items_only}")
     vectors = {}
     for name in ("a", "b"):
-        vectors[name] = {n: 0.5 * torch.randn_like(p) for n, p in module.named_parameters()}
-        bank.append(name, vectors[name], task=name, mode=mode, base=base)
+        vectors[name] = {n: 0.5 * torch.randn_like(p) for n, p in module.named_parameters()
+                         if not adapter or ".lora_" in n}
+        bank.append(name, vectors[name], task=name, mode=mode, base=base, recipe=recipe.to_dict())
     data = TaskSplits(module, tasks, batch_size=4, xi_samples=5, progress=NullProgress())
     ev = ModeEvaluator(mode, bank, {"a": "a", "b": "b"}, data, heads, base, SharedModels.of(module))
     return module, tasks, heads, vectors, ev
 
 
-@pytest.mark.parametrize("mode", ["linear", "nonlinear"])
-def test_mode_evaluator_matches_evaluate_vector_for_every_coefficient(tmp_path, mode):
-    module, tasks, heads, vectors, ev = tiny_setup(tmp_path, mode)
+def weight_updates(vector: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """A plain-LoRA vector's updates s B A per adapted weight, by hand."""
+    return {a.replace("lora_A.default", "base_layer"): scaling * vector[a.replace("lora_A", "lora_B")] @ vector[a]
+            for a in vector if ".lora_A." in a}
+
+
+@pytest.mark.parametrize("mode, adapter", [("linear", False), ("nonlinear", False), ("linear", True),
+                                           ("nonlinear", True)])
+def test_mode_evaluator_matches_evaluate_vector_for_every_coefficient(tmp_path, mode, adapter):
+    """Plain-LoRA vectors combine as weight updates (their factors do not add): against sums of s B A by hand."""
+    module, tasks, heads, vectors, ev = tiny_setup(tmp_path, mode, adapter=adapter)
+    if adapter and mode == "nonlinear":
+        vectors = {name: weight_updates(v, 1.5) for name, v in vectors.items()}
     if ev.linearized:
         ev.compute_tangents(["a", "b"])
     for split in ("val", "test"):
@@ -154,8 +170,8 @@ def test_mode_evaluator_matches_evaluate_vector_for_every_coefficient(tmp_path, 
             assert ev.accuracies(combo, split, ["a", "b"]) == pytest.approx(expected, abs=1e-12)
     # the features themselves: theta_0's plus the combined tangents equal the linearized forward
     if ev.linearized:
-        model = SharedModels.of(module).linearized
-        model.load_task_vector({k: 0.3 * vectors["a"][k] - 1.2 * vectors["b"][k] for k in vectors["a"]})
+        model = SharedModels.of(module).holding({k: 0.3 * vectors["a"][k] - 1.2 * vectors["b"][k]
+                                                 for k in vectors["a"]}, linearized=True)
         x = tasks[0].test.inputs
         with torch.no_grad():
             direct = model(x)

@@ -18,7 +18,6 @@ import torch
 
 import editkit  # noqa: F401  (torchvision shim before open_clip)
 from editkit.bank.store import Bank
-from editkit.data.text import pack
 from editkit.errors import ConfigError, IncompatibleVectorsError
 from editkit.runs import export
 from editkit.runs.stream import scenario_provenance
@@ -27,27 +26,14 @@ from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import load_scenario
 from helpers import models
 from helpers.cli import invoke, one_line_refusal
-from helpers.exports import plain_transformers
-from helpers.scenarios import write_language_scenario
-from helpers.text import CLEAN, RUDE, registered_bang_scorer, registered_corpora
-
-MAX_LENGTH, EVAL_BLOCKS = 16, 3
-
-PROMPTS = {"train": ["so then"], "val": ["you are", "he said"], "test": ["well, you", "she told him", "and then"]}
-CORPORA = {"export-rude": RUDE, "export-clean": CLEAN, "export-prompts": PROMPTS}
-
+from helpers.exports import plain_transformers, rude_scenario, test_blocks
 
 @pytest.fixture(scope="module")
 def language(tmp_path_factory):
     """A two-block random Llama with a character tokenizer, its rude-text scenario, and the bank of one short
     stream (taujp, the last block)."""
     root = tmp_path_factory.mktemp("export-lm")
-    scenario, model_dir = write_language_scenario(
-        root, "export-rude", task_corpus="export-rude", control="export-clean", prompts="export-prompts",
-        scorer="export-bang", max_length=MAX_LENGTH, eval_blocks=EVAL_BLOCKS, steps=3, lr=1e-2,
-        negation={"alphas": [1.0, 2.0], "samples": 3, "max_new_tokens": 4, "eval_blocks": EVAL_BLOCKS,
-                  "batch_size": 2})
-    with registered_bang_scorer("export-bang"), registered_corpora(CORPORA):
+    with rude_scenario(root, "export") as (scenario, model_dir):
         result = invoke("stream", "--scenario", scenario, "--bank", root / "bank", "--run-dir", root / "stream")
         assert result.exit_code == 0, result.output
         yield root, scenario, model_dir, root / "bank"
@@ -66,10 +52,7 @@ def test_negate_out_writes_a_model_plain_transformers_loads_with_the_reported_pe
     for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "README.md",
                  "editkit.json"):
         assert (out / name).is_file(), name
-    tokenizer = models.char_tokenizer()
-    blocks = {"target": [b.tolist() for b in pack(tokenizer, RUDE["test"], MAX_LENGTH, limit=EVAL_BLOCKS)],
-              "control": [b.tolist() for b in pack(tokenizer, CLEAN["test"], MAX_LENGTH, limit=EVAL_BLOCKS)]}
-    hand = plain_transformers(out, blocks)
+    hand = plain_transformers(out, test_blocks())
     assert hand["editkit_imported"] is False and hand["generation_config"]
     assert hand["target"] == pytest.approx(row["target"], rel=1e-5)
     assert hand["control"] == pytest.approx(row["control"], rel=1e-5)

@@ -15,19 +15,12 @@ from safetensors.torch import load_file
 
 import editkit  # noqa: F401  (torchvision shim before transformers)
 from editkit.bank.store import Bank
-from editkit.data.text import pack
 from editkit.errors import BankError, IncompatibleVectorsError
 from editkit.runs import export
 from editkit.runs.peft_io import import_peft_adapter
-from helpers import models
 from helpers.cli import invoke
-from helpers.exports import plain_transformers
-from helpers.scenarios import write_language_scenario
-from helpers.text import CLEAN, RUDE, registered_bang_scorer, registered_corpora
+from helpers.exports import plain_transformers, rude_scenario, test_blocks
 
-MAX_LENGTH, EVAL_BLOCKS = 16, 3
-PROMPTS = {"train": ["so then"], "val": ["you are", "he said"], "test": ["well, you", "she told him", "and then"]}
-CORPORA = {"peft-rude": RUDE, "peft-clean": CLEAN, "peft-prompts": PROMPTS}
 RANK, ALPHA = 2, 4.0
 LAST = "model.layers.1.self_attn"
 
@@ -35,12 +28,7 @@ LAST = "model.layers.1.self_attn"
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory):
     root = tmp_path_factory.mktemp("peft")
-    path, model_dir = write_language_scenario(
-        root, "peft-rude", task_corpus="peft-rude", control="peft-clean", prompts="peft-prompts",
-        scorer="peft-bang", max_length=MAX_LENGTH, eval_blocks=EVAL_BLOCKS, steps=3, lr=1e-2,
-        negation={"alphas": [1.0, 2.0], "samples": 2, "max_new_tokens": 3, "eval_blocks": EVAL_BLOCKS,
-                  "batch_size": 2})
-    with registered_bang_scorer("peft-bang"), registered_corpora(CORPORA):
+    with rude_scenario(root, "peft") as (path, model_dir):
         yield root, path, model_dir
 
 
@@ -146,10 +134,7 @@ def test_an_adapter_stream_negated_out_loads_in_plain_transformers_and_peft(scen
     result = invoke("negate", "rude", "--bank", bank, "--alpha", 2, "--run-dir", run_dir, "--out", out)
     assert result.exit_code == 0, result.output
     row = next(r for r in json.loads((run_dir / "report.json").read_text())["rows"] if r["alpha"] == 2.0)
-    tokenizer = models.char_tokenizer()
-    blocks = {"target": [b.tolist() for b in pack(tokenizer, RUDE["test"], MAX_LENGTH, limit=EVAL_BLOCKS)],
-              "control": [b.tolist() for b in pack(tokenizer, CLEAN["test"], MAX_LENGTH, limit=EVAL_BLOCKS)]}
-    hand = plain_transformers(out, blocks)
+    hand = plain_transformers(out, test_blocks())
     assert hand["target"] == pytest.approx(row["target"], rel=1e-5)
     assert hand["control"] == pytest.approx(row["control"], rel=1e-5)
     exported = logits(base_model(out), IDS)

@@ -70,10 +70,17 @@ class MultiHeadTaskModel(MultiTaskModule):
     def set_mode(self, mode: str) -> None:
         """Train and evaluate in ``mode``; the task model is rebuilt around theta_0 only when the mode
         changes between linearized and plain (``taujp`` and ``linear`` share one linearized model)."""
-        if Mode(mode).linearized != self.mode.linearized:
-            device = self.task_model.theta[0].device
-            self.task_model = build_task_model(self.backbone.module, mode).to(device)
+        rebuild = Mode(mode).linearized != self.mode.linearized
         self.mode = Mode(mode)
+        if rebuild:
+            self.rebuild()
+
+    def rebuild(self) -> None:
+        """Build the task model around theta_0 again, as it is now (a LoRA adapter attached to the backbone
+        changes which parameters theta covers, and the base fingerprint)."""
+        device = self.task_model.theta[0].device
+        self.base = self.backbone.fingerprint()
+        self.task_model = build_task_model(self.backbone.module, self.mode).to(device)
 
     def adaptation(self, experience) -> None:
         """The heads are fixed, so nothing grows; only the task labels trained on are recorded

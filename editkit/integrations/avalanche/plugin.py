@@ -52,7 +52,7 @@ from editkit.core.taujp import Regularizer, UnlabeledSource, input_accessor, unl
 from editkit.errors import ConfigError
 from editkit.merge.continual import starting_vector
 from editkit.train.loop import StepComputer, clip_gradients, labelled_batches, optimizer_for, reg_batch_stream
-from editkit.train.recipe import Recipe
+from editkit.train.recipe import Recipe, attach_adapter
 from editkit.train.runtime import Runtime
 from editkit.integrations.avalanche.benchmark import quiet_avalanche_import
 from editkit.integrations.avalanche.metrics import MergedAccuracy
@@ -172,6 +172,8 @@ class TauJpPlugin(SupervisedPlugin):
     def before_training(self, strategy, **kwargs) -> None:
         model = self._model(strategy)
         model.set_mode(self.recipe.mode)
+        if attach_adapter(model.backbone.module, [self.recipe]) is not None and model.base != model.backbone.fingerprint():
+            model.rebuild()  # the adapter is now part of theta_0, and theta is its factors
         if self.buffer is None:
             self.buffer = UnlabeledBuffer(model.backbone.batching, mem_size=self.mem_size, seed=self.recipe.seed)
         if self.merged_metrics and not any(isinstance(m, MergedAccuracy) for m in strategy.evaluator.metrics):

@@ -81,7 +81,7 @@ from editkit.merge import MERGE_METHODS, LazyVectors, method_options
 from editkit.merge.ties import TIES_DEFAULT_K
 from editkit.util.progress import NullProgress, Progress
 from editkit.core.modes import PAPER_MODES, Mode
-from editkit.train.recipe import Recipe
+from editkit.train.recipe import Recipe, attach_adapter
 from editkit.eval.sweep import SPLITS, ModeEvaluator, SharedModels, TaskSplits
 
 if TYPE_CHECKING:  # annotations only
@@ -362,13 +362,15 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     unknown = [t for t in pair if t not in tasks]
     if unknown:
         raise ConfigError(f"--xi-pair names unknown task(s) {unknown}; tasks: {', '.join(tasks)}")
-    run_dir = config.run_dir if config.run_dir is not None else default_run_dir(spec.name, "bench")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"run directory {run_dir} exists and is not a directory")
     overrides = {m: {**config.recipe, "mode": m} for m in config.modes}
     recipes = {m: spec.recipe.with_overrides(**overrides[m]) for m in config.modes}
     seed = next(iter(recipes.values())).seed
-    states = {m: _ModeState(m, recipes[m], Bank(default_bank_dir(spec.name, m, root=config.bank_root))) for m in config.modes}
+    adapter = "" if spec.recipe.with_overrides(**config.recipe).adapter == "none" else "-lora"
+    run_dir = config.run_dir if config.run_dir is not None else default_run_dir(spec.name, "bench" + adapter)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} exists and is not a directory")
+    states = {m: _ModeState(m, recipes[m], Bank(default_bank_dir(spec.name, recipes[m].label, root=config.bank_root)))
+              for m in config.modes}
     for state in states.values():
         if state.bank.root.exists() and not state.bank.root.is_dir():
             raise ConfigError(f"bank path {state.bank.root} exists and is not a directory")
@@ -383,6 +385,8 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     t0 = time.perf_counter()
     built = build_scenario(spec, seed=seed, progress=progress, build=config.build, device=str(runtime.device))
     _refuse_unswept_heads(spec.name, built.heads)
+    # every mode's streams share theta_0, with the adapter the recipes ask for (all the same one, or none)
+    attach_adapter(built.backbone.module, [r for m in states for r in task_recipes(spec, **overrides[m]).values()])
     base = built.backbone.fingerprint()
     shapes = {n: tuple(p.shape) for n, p in built.backbone.module.named_parameters()}
     for state in states.values():  # every refusal happens before any training
