@@ -14,7 +14,7 @@ own), seconds per training step (mean over the experiences, each one's ``seconds
 the full step, peak RSS of the process, bytes of one banked vector and its share of the full vector's.
 
     python benchmarks/adapter_streams.py [--scenarios offline-vision,offline-text] [--mode taujp]
-                                         [--lora-rank 4] [--lora-alpha 8] [--adapter-lr offline-text=3e-3]
+                                         [--lora-rank 6] [--lora-alpha 12] [--adapter-lr offline-text=1e-2]
                                          [--json runs/adapter_streams.json]
 """
 
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 #: The adapter's learning rate per scenario (the full recipe's stays the scenario's own).
-ADAPTER_LR = {"offline-vision": 2e-3, "offline-text": 3e-3}
+ADAPTER_LR = {"offline-vision": 2e-3, "offline-text": 1e-2}
 VARIANTS = ("full", "adapter")
 
 
@@ -59,8 +59,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", default="offline-vision,offline-text")
     parser.add_argument("--mode", default="taujp")
-    parser.add_argument("--lora-rank", type=int, default=4)
-    parser.add_argument("--lora-alpha", type=float, default=8.0)
+    parser.add_argument("--lora-rank", type=int, default=6)
+    parser.add_argument("--lora-alpha", type=float, default=12.0)
     parser.add_argument("--adapter-lr", action="append", default=[], metavar="SCENARIO=LR",
                         help=f"the adapter's learning rate for a scenario (defaults: {ADAPTER_LR})")
     parser.add_argument("--json", type=Path, default=None)

@@ -22,12 +22,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from editkit.errors import ConfigError, IncompatibleVectorsError
+
+if TYPE_CHECKING:  # torch is imported where an adapter is attached: recipes and banks are read without it
+    import torch
+    from torch import nn
 
 #: The adapter kinds a recipe may ask for.
 ADAPTERS = ("none", "lora")
@@ -95,6 +96,7 @@ def attach_lora(module: nn.Module, spec: LoraSpec) -> LoraSpec:
     A0 is drawn from ``spec.seed`` (the global random state is left as it was), so the same spec on the same
     model always gives the same theta_0 and fingerprint.
     """
+    import torch
     from peft import inject_adapter_in_model
 
     if (present := attached(module)) is not None:
@@ -122,6 +124,8 @@ def default_targets(module: nn.Module) -> tuple[str, ...]:
     layer's own class, whose constructor a subclass may have changed), except those whose weights are read without calling the layer
     (``nn.MultiheadAttention``'s ``out_proj``: an adapter there would never run). A name shared with a layer
     that cannot be adapted is left out, so a target never catches a wrong layer."""
+    from torch import nn
+
     eligible, other = set(), set()
     skipped = {id(m.out_proj) for m in module.modules() if isinstance(m, nn.MultiheadAttention)}
     for name, layer in module.named_modules():
@@ -143,13 +147,7 @@ def trainable_names(module: nn.Module) -> list[str]:
     return [n for n in names if is_adapter_parameter(n)] if attached(module) is not None else names
 
 
-def to_peft_names(names: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A vector keyed as PEFT saves adapters (``...q_proj.lora_A.weight``, the adapter name dropped)."""
-    tag = f".{ADAPTER_NAME}."
-    return {name.replace(tag, "."): tensor for name, tensor in names.items()}
-
-
-class LoraWeights(Mapping[str, torch.Tensor]):
+class LoraWeights(Mapping[str, "torch.Tensor"]):
     """A plain-LoRA task vector seen as weight updates: ``...base_layer.weight`` -> s * B A.
 
     Merge methods are defined on weights, and LoRA factors do not add; this view gives each method the
@@ -208,3 +206,10 @@ def merged_state(state: Mapping[str, torch.Tensor], scaling: float) -> dict[str,
             name = f"{layer}.{leaf}"
         out[name] = tensor
     return out
+
+
+def without_adapter(module: nn.Module, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (of ``module``, or of the model it is part of) as the model without the adapter
+    :func:`attach_lora` put on ``module`` holds it (:func:`merged_state`); as it is when there is none."""
+    spec = attached(module)
+    return merged_state(state, spec.scaling) if spec is not None else dict(state)

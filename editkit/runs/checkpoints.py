@@ -35,6 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from editkit.bank.store import Bank, VectorEntry
+from editkit.core.adapters import without_adapter
 from editkit.core.artifacts import sha256_file
 from editkit.core.modes import Mode
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError, MissingResourceError
@@ -248,7 +249,8 @@ def refuse_linearized(modes: Mapping[str, str]) -> None:
 
 def model_state(module: nn.Module, tau: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``module``'s state dict (on the CPU) with every parameter named in ``tau`` set to theta_0 + tau, added as
-    :class:`~editkit.core.linearize.NonLinearModel` adds it, so the loaded module is the model that was scored."""
+    :class:`~editkit.core.linearize.NonLinearModel` adds it, so the loaded module is the model that was scored;
+    a module carrying a LoRA adapter is written as the plain module (each adapted weight W + s B A)."""
     params = dict(module.named_parameters(remove_duplicate=False))
     unknown = [k for k in tau if k not in params]
     if unknown:
@@ -257,7 +259,7 @@ def model_state(module: nn.Module, tau: Mapping[str, torch.Tensor]) -> dict[str,
     for key, delta in tau.items():
         theta0 = params[key].detach().to("cpu")
         state[key] = theta0 + delta.to(theta0)
-    return state
+    return without_adapter(module, state)
 
 
 def write_model(path: Path | str, module: nn.Module, vector: TaskVector, metadata: Mapping[str, str]) -> Path:

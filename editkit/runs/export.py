@@ -46,7 +46,7 @@ from torch import nn
 
 import editkit
 from editkit.bank.store import Bank
-from editkit.core.adapters import attached, merged_state
+from editkit.core.adapters import attached, without_adapter
 from editkit.core.modes import Mode
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError
 from editkit.merge.arithmetic import TaskVector, combine, negation_coefficients
@@ -149,9 +149,8 @@ def edited(module: nn.Module, delta: Mapping[str, torch.Tensor]) -> Iterator[Non
 def plain_state(backbone: Backbone, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` as the model without editkit's LoRA adapter holds it (each adapted weight W + s B A under its own
     name), or as it is when the backbone carries none: what is written is a plain model of its family."""
-    spec = attached(backbone.module)
     state = {key: value.detach().to("cpu").clone().contiguous() for key, value in state.items()}
-    return merged_state(state, spec.scaling) if spec is not None else state
+    return without_adapter(backbone.module, state)
 
 
 def _write_transformers(backbone: Backbone, delta: Mapping[str, torch.Tensor], out: Path,

@@ -202,7 +202,7 @@ def from_mapping(values: Mapping[str, Any], base: Recipe | None = None) -> Recip
 def attach_adapter(module: nn.Module, recipes: Iterable[Recipe | Mapping[str, Any]]) -> LoraSpec | None:
     """Put the adapter ``recipes`` ask for on ``module`` (theta_0 of every task, so all must ask for the same
     one; recipes may be a bank's recorded dictionaries); returns its spec, or None for full vectors."""
-    specs = {(r if isinstance(r, Recipe) else from_mapping(r)).adapter_spec for r in recipes}
+    specs = {r.adapter_spec if isinstance(r, Recipe) else LoraSpec.from_fields(r) for r in recipes}
     if len(specs) > 1:
         described = sorted(s.describe() if s is not None else "no adapter" for s in specs)
         raise ConfigError(f"the tasks ask for different adapters ({'; '.join(described)}): their vectors could not "

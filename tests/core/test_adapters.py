@@ -174,3 +174,78 @@ def test_lora_weights_refuse_what_is_not_an_adapter():
     conv = {"c.lora_A.default.weight": torch.ones(2, 3, 3, 3), "c.lora_B.default.weight": torch.ones(5, 2, 1, 1)}
     update = LoraWeights(conv, 0.5)["c.base_layer.weight"]
     assert update.shape == (5, 3, 3, 3) and torch.all(update == 0.5 * 2)
+
+
+def test_a_written_module_is_the_plain_module_with_the_updates_merged():
+    """``add --out`` of a backbone without a standard format writes the module's state dict: without the adapter,
+    each adapted weight W + s B A (plain LoRA merged as weight updates), loadable into the plain module."""
+    from editkit.runs.checkpoints import model_state
+
+    module = adapted_mlp()
+    tau = random_like(trainable_names(module), module, seed=4)
+    updates = dict(LoraWeights(tau, 1.5))
+    state = model_state(module, updates)
+    plain = models.mlp(4, 6, 3).double()
+    assert sorted(state) == sorted(plain.state_dict())
+    hand = {k: v.clone() for k, v in plain.state_dict().items()}
+    hand["0.weight"] += 1.5 * tau["0.lora_B.default.weight"] @ tau["0.lora_A.default.weight"]
+    hand["2.weight"] += 1.5 * tau["2.lora_B.default.weight"] @ tau["2.lora_A.default.weight"]
+    for key, value in hand.items():
+        torch.testing.assert_close(state[key], value, rtol=1e-12, atol=1e-12)
+
+
+def _clip():
+    import copy as _copy
+
+    backbone = _copy.deepcopy(models.tiny_clip())
+    return backbone.module.double(), (torch.randn(3, 3, 32, 32, dtype=torch.float64),), {}
+
+
+def _t5():
+    from editkit.models.seq2seq import seq2seq_backbone
+
+    module = seq2seq_backbone(models.t5().double(), None, trainable_blocks=1).module
+    g = torch.Generator().manual_seed(0)
+    inputs = {"input_ids": torch.randint(1, 30, (2, 5), generator=g), "attention_mask": torch.ones(2, 5, dtype=torch.long),
+              "decoder_input_ids": torch.randint(1, 30, (2, 3), generator=g),
+              "decoder_attention_mask": torch.ones(2, 3, dtype=torch.long)}
+    return module, (), inputs
+
+
+def _llama():
+    from editkit.models.causal_lm import causal_lm_backbone
+
+    module = causal_lm_backbone(models.llama().double(), None, trainable_blocks=1).module
+    return module, (torch.randn(2, 4, 16, dtype=torch.float64),), {}
+
+
+# T5's and Llama's norms take their variance in float32 even in float64 models: steps large enough that this
+# rounding, divided by the step, stays under the tolerance (Llama's: 3e-4 of the tangent at 1e-2, 3e-3 at 1e-3)
+@pytest.mark.parametrize("family, eps", [(_clip, 1e-4), (_t5, 1e-3), (_llama, 1e-2)], ids=["open_clip", "t5", "llama"])
+def test_llora_on_real_architectures_starts_at_theta0_and_its_jvp_matches_finite_differences(family, eps):
+    """Default targets of open_clip's ViT, T5's decoder block and Llama's tail: theta_0 unchanged by the adapter
+    at initialisation, and the L-LoRA tangent of a move of both factors against central differences."""
+    module, args, kwargs = family()
+    with torch.no_grad():
+        before = module(*args, **kwargs)
+    attach_lora(module, LoraSpec(rank=2, alpha=4.0, seed=1))
+    names = trainable_names(module)
+    assert names and all(".lora_" in n for n in names)
+    model = LinearizedModel(module)
+    tau = random_like(names, module, seed=5, scale=0.1)
+    model.load_task_vector(tau)
+    primal, tangent = model.primal_and_tangent(*args, **kwargs)
+    torch.testing.assert_close(primal, before)
+
+    def at(sign: float) -> torch.Tensor:
+        c = copy.deepcopy(module)
+        with torch.no_grad():
+            for n, p in c.named_parameters():
+                if n in tau:
+                    p.add_(sign * eps * tau[n])
+            return c(*args, **kwargs)
+
+    finite = (at(1) - at(-1)) / (2 * eps)
+    assert torch.linalg.vector_norm(finite) > 1e-4  # dB moves the output: the check has teeth
+    error = torch.linalg.vector_norm(tangent - finite) / torch.linalg.vector_norm(finite)
+    assert error < 1e-3

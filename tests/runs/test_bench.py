@@ -523,3 +523,24 @@ def test_negation_caption_names_the_rows_whose_tuned_alpha_is_the_grid_top():
     text = render({"a": 1.0, "b": 0.5})
     assert "grid's top (1) for taujp a:" in text and "taujp b" not in text and "--negation-max 2" in text
     assert "grid's top" not in render({"a": 0.5, "b": 0.0})
+
+
+@pytest.mark.slow
+def test_a_bench_of_adapter_vectors_scores_what_its_streams_scored(tmp_path):
+    """--adapter lora in every mode's stream (plain LoRA and L-LoRA + tauJp): banks of their own, and the
+    bench's alpha = 1 sums equal the streams' own merged scores (plain-LoRA vectors summed as weight updates)."""
+    scenario = write_scenario(tmp_path)
+    result = runner.invoke(app, bench_args(scenario, tmp_path, "--adapter", "lora", "--lora-rank", 2, "--lr", "2e-3",
+                                           "--modes", "nonlinear,taujp", "--methods", "task-arithmetic,ties"))
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "banks").iterdir()) == ["bench-mini-nonlinear-lora", "bench-mini-taujp-lora"]
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    for mode in ("nonlinear", "taujp"):
+        vector = Bank(tmp_path / "banks" / f"bench-mini-{mode}-lora").load("digits")
+        assert vector and all(".lora_" in key for key in vector)
+        last = report["streams"][mode]["steps"][-1]
+        row = next(r for r in report["addition"]["rows"]
+                   if r["method"] == "task-arithmetic" and r["mode"] == mode and r["coefficient"] == "1.0")
+        tol = 0 if mode == "nonlinear" else 1.01 / N_TEST
+        for t in TASKS:
+            assert row["per_task"][t] == pytest.approx(last["merged"]["per_task"][t], abs=tol + 1e-12)
