@@ -43,6 +43,20 @@ def random_like(names: list[str], module: nn.Module, seed: int, scale: float = 0
     return {n: torch.randn(params[n].shape, generator=g, dtype=torch.float64) * scale for n in names}
 
 
+def central_difference(module: nn.Module, tau: dict[str, torch.Tensor], eps: float, *args, **kwargs) -> torch.Tensor:
+    """(f(theta + eps tau) - f(theta - eps tau)) / 2 eps, from deep copies whose parameters are edited directly."""
+
+    def at(sign: float) -> torch.Tensor:
+        c = copy.deepcopy(module)
+        with torch.no_grad():
+            for n, p in c.named_parameters():
+                if n in tau:
+                    p.add_(sign * eps * tau[n])
+            return c(*args, **kwargs)
+
+    return (at(1) - at(-1)) / (2 * eps)
+
+
 def test_attach_is_seeded_idempotent_and_leaves_the_global_generator_alone():
     a, b = models.mlp(4, 6, 3).double(), models.mlp(4, 6, 3).double()  # (the factory seeds the generator)
     torch.manual_seed(123)
@@ -125,17 +139,7 @@ def test_llora_jvp_matches_finite_differences():
     model.load_task_vector(tau)
     x = torch.randn(5, 4, dtype=torch.float64)
     primal, tangent = model.primal_and_tangent(x)
-    eps = 1e-6
-
-    def at(sign: float) -> torch.Tensor:
-        c = copy.deepcopy(module)
-        with torch.no_grad():
-            for n, p in c.named_parameters():
-                if n in tau:
-                    p.add_(sign * eps * tau[n])
-        return c(x)
-
-    torch.testing.assert_close(tangent, (at(1) - at(-1)) / (2 * eps), rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(tangent, central_difference(module, tau, 1e-6, x), rtol=1e-7, atol=1e-9)
     torch.testing.assert_close(primal, module(x))
 
 
@@ -236,16 +240,7 @@ def test_llora_on_real_architectures_starts_at_theta0_and_its_jvp_matches_finite
     model.load_task_vector(tau)
     primal, tangent = model.primal_and_tangent(*args, **kwargs)
     torch.testing.assert_close(primal, before)
-
-    def at(sign: float) -> torch.Tensor:
-        c = copy.deepcopy(module)
-        with torch.no_grad():
-            for n, p in c.named_parameters():
-                if n in tau:
-                    p.add_(sign * eps * tau[n])
-            return c(*args, **kwargs)
-
-    finite = (at(1) - at(-1)) / (2 * eps)
+    finite = central_difference(module, tau, eps, *args, **kwargs)
     assert torch.linalg.vector_norm(finite) > 1e-4  # dB moves the output: the check has teeth
     error = torch.linalg.vector_norm(tangent - finite) / torch.linalg.vector_norm(finite)
     assert error < 1e-3
