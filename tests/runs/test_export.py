@@ -167,9 +167,11 @@ def _bank_with(tmp_path: Path, scenario_text: str, name: str, tau: dict, mode: s
     return bank
 
 
-def _random_tau(module: torch.nn.Module, seed: int = 1) -> dict[str, torch.Tensor]:
+def _random_tau(module: torch.nn.Module | dict[str, torch.Tensor], seed: int = 1) -> dict[str, torch.Tensor]:
+    """A small random vector over a module's parameters (or over the tensors of a mapping)."""
     generator = torch.Generator().manual_seed(seed)
-    return {n: 0.05 * torch.randn(p.shape, generator=generator) for n, p in module.named_parameters()}
+    named = module.items() if isinstance(module, dict) else module.named_parameters()
+    return {n: 0.05 * torch.randn(p.shape, generator=generator) for n, p in named}
 
 
 def test_a_text_encoder_export_is_the_whole_encoder_at_theta0_plus_alpha_tau(tmp_path):
@@ -293,3 +295,44 @@ def test_check_target_refusals():
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def test_a_clip_llora_export_is_the_plain_model_and_its_peft_adapter(tmp_path):
+    """An L-LoRA vector of CLIP: the checkpoint is the plain open_clip model, each adapted weight
+    W + s (B0 + alpha dB)(A0 + alpha dA) by hand (B0 = 0), the rest theta_0; beside it, PEFT's adapter gives the
+    same image features over theta_0's model."""
+    import open_clip
+    from peft import PeftModel
+
+    from editkit.models.clip import TINY_MODEL_NAME, register_tiny_clip
+    from editkit.train.recipe import Recipe, attach_adapter
+
+    recipe = Recipe(mode="taujp", adapter="lora", lora_rank=2, lora_alpha=4.0)
+    backbone = build_backbone(load_scenario(_write(tmp_path / "probe.toml", CLIP_SCENARIO)))
+    attach_adapter(backbone.module, [recipe])
+    phi0 = {n: p.detach().clone() for n, p in backbone.module.named_parameters() if ".lora_" in n}
+    tau = _random_tau(phi0)
+    path = tmp_path / "scenario.toml"
+    path.write_text(CLIP_SCENARIO)
+    spec = load_scenario(path)
+    bank = Bank(tmp_path / "bank")
+    bank.append("digits", tau, task="digits", mode="taujp", base=backbone.fingerprint(), scenario=spec.name,
+                recipe=recipe.to_dict(), metrics={"single_task": 0.5}, provenance=scenario_provenance(spec, BuildOptions()))
+    out = export.export_vectors(bank, {"digits": 0.5}, tmp_path / "clip.safetensors")
+    register_tiny_clip()
+    model, _, _ = open_clip.create_model_and_transforms(TINY_MODEL_NAME, pretrained=str(out))
+    plain = build_backbone(spec).clip_model
+    adapted = {n.split(".lora_A.")[0] for n in tau if ".lora_A." in n}
+    for name, param in model.named_parameters():
+        want = plain.get_parameter(name)
+        layer = name.removeprefix("visual.").removesuffix(".weight")
+        if name.startswith("visual.") and name.endswith(".weight") and layer in adapted:
+            a = phi0[f"{layer}.lora_A.default.weight"] + 0.5 * tau[f"{layer}.lora_A.default.weight"]
+            b = 0.5 * tau[f"{layer}.lora_B.default.weight"]
+            want = want + 2.0 * (b.flatten(1) @ a.flatten(1)).reshape(want.shape)  # conv1 too: B is 1x1
+        torch.testing.assert_close(param, want, rtol=1e-6, atol=1e-6)
+    images = torch.randn(2, 3, 32, 32)
+    peft_model = PeftModel.from_pretrained(plain, tmp_path / "clip.safetensors.adapter").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model.base_model.model.encode_image(images), model.eval().encode_image(images),
+                                   rtol=1e-5, atol=1e-5)
