@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -117,7 +117,7 @@ def write_adapter(out: Path, backbone: Backbone, factors: Mapping[str, torch.Ten
 # --------------------------------------------------------------------------- import
 
 
-def read_adapter_config(directory: Path | str) -> tuple[LoraSpec, dict[str, Any]]:
+def read_adapter_config(directory: Path | str) -> LoraSpec:
     """The LoRA configuration of a PEFT adapter directory, refusing what an editkit vector cannot hold, by name."""
     directory = Path(directory)
     missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if not (directory / f).is_file()]
@@ -128,14 +128,14 @@ def read_adapter_config(directory: Path | str) -> tuple[LoraSpec, dict[str, Any]
         raise ConfigError(f"{directory / CONFIG_FILE}: peft_type {config.get('peft_type')!r}, only LORA adapters "
                           "are task vectors here")
     for key, plain in UNSUPPORTED.items():
-        if config.get(key, plain) not in (plain, None) and config.get(key) != plain:
+        if config.get(key) not in (plain, None):
             raise ConfigError(f"{directory / CONFIG_FILE}: {key} = {config[key]!r} is not supported (needs {plain!r})")
     targets = config.get("target_modules")
     targets = [targets] if isinstance(targets, str) else list(targets or [])
     spec = LoraSpec(rank=int(config["r"]), alpha=float(config["lora_alpha"]),
                     dropout=float(config.get("lora_dropout") or 0.0), targets=tuple(sorted(targets)),
                     rslora=bool(config.get("use_rslora", False)))
-    return spec, config
+    return spec
 
 
 def adapter_vector(directory: Path | str, backbone: Backbone) -> dict[str, torch.Tensor]:
@@ -166,7 +166,7 @@ def import_peft_adapter(bank: Bank | Path | str, scenario: str | Path, name: str
     Nothing is written when anything is refused."""
     directory = Path(directory)
     spec, task = scenario_task(scenario, name, task)
-    lora, _ = read_adapter_config(directory)
+    lora = read_adapter_config(directory)
     recipe = Recipe(mode=Mode.NONLINEAR, adapter="lora", lora_rank=lora.rank, lora_alpha=lora.alpha,
                     lora_dropout=lora.dropout, lora_targets=lora.targets, lora_rslora=lora.rslora)
     build = build or BuildOptions()

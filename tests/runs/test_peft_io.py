@@ -141,3 +141,20 @@ def test_an_adapter_stream_negated_out_loads_in_plain_transformers_and_peft(scen
     assert not torch.allclose(exported, logits(base_model(model_dir), IDS))
     peft_model = PeftModel.from_pretrained(base_model(model_dir), out / "adapter").eval()
     torch.testing.assert_close(logits(peft_model, IDS), exported, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("key, value", [("use_dora", True), ("bias", "all"), ("modules_to_save", ["classifier"])])
+def test_adapter_configs_a_vector_cannot_hold_are_refused_by_name(tmp_path, key, value):
+    from safetensors.torch import save_file
+
+    from editkit.errors import ConfigError, MissingResourceError
+    from editkit.runs.peft_io import read_adapter_config
+
+    with pytest.raises(MissingResourceError, match="lacks adapter_config.json, adapter_model.safetensors"):
+        read_adapter_config(tmp_path)
+    config = {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"], "use_dora": False,
+              "bias": "none", "modules_to_save": None, key: value}
+    (tmp_path / "adapter_config.json").write_text(json.dumps(config))
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "adapter_model.safetensors"))
+    with pytest.raises(ConfigError, match=f"{key} = .* is not supported"):
+        read_adapter_config(tmp_path)
