@@ -148,7 +148,7 @@ def scenarios() -> None:
 @bank_app.command("list")
 @friendly_errors
 def bank_list(bank: Path = BankOption) -> None:
-    """One row per vector: name, task, mode, step, single-task accuracy, created."""
+    """One row per vector: name, task, mode (and its LoRA adapter's rank), step, single-task accuracy, created."""
     from rich.table import Table
 
     from editkit.cli.console import console, pct
@@ -159,7 +159,8 @@ def bank_list(bank: Path = BankOption) -> None:
     for column in ("name", "task", "mode", "scenario", "step", "single-task", "created"):
         table.add_column(column)
     for e in store.entries():
-        table.add_row(e.name, e.task, e.mode, str(e.scenario), str(e.step), pct(e.metrics.get("single_task")), e.created)
+        mode = e.mode if e.adapter is None else f"{e.mode}, lora r{e.adapter.rank}"
+        table.add_row(e.name, e.task, mode, str(e.scenario), str(e.step), pct(e.metrics.get("single_task")), e.created)
     console.print(table)
 
 

@@ -73,6 +73,7 @@ def test_peft_adapters_import_bit_exact_merge_as_weights_and_export_stacked(scen
         assert result.exit_code == 0, result.output
     stored = Bank(bank)
     assert stored.get("rude").mode == "nonlinear" and stored.get("rude").recipe["lora_rank"] == RANK
+    assert "nonlinear, lora r2" in invoke("bank", "list", "--bank", bank).output
     tensors = stored.load("rude")
     for key, value in files[0].items():  # the adapter itself, bit for bit, under the tail's names
         ours = key.replace("base_model.model.model.", "").replace(".weight", ".default.weight")
