@@ -35,10 +35,9 @@ VARIANTS = ("full", "adapter")
 
 def one(scenario: str, variant: str, mode: str, rank: int, alpha: float, lr: float | None) -> dict:
     """One stream in this process; returns its record (peak RSS read at the end: the process's own peak)."""
-    import resource
-
     import editkit  # noqa: F401
     from editkit.runs.stream import run_scenario
+    from editkit.util.memory import lifetime_peak_rss
 
     overrides: dict = {"mode": mode}
     if variant == "adapter":
@@ -51,7 +50,7 @@ def one(scenario: str, variant: str, mode: str, rank: int, alpha: float, lr: flo
             "absolute": final["absolute"], "normalized": final["normalized"],
             "seconds_per_step": statistics.mean(s["seconds_per_step"] for s in report["steps"]),
             "stream_seconds": report["seconds"],
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_bytes": lifetime_peak_rss(),
             "vector_bytes": statistics.mean(sizes)}
 
 

@@ -202,7 +202,7 @@ def _measure(size: str, variant: str, args: argparse.Namespace) -> dict:
     from editkit.models.causal_lm import causal_lm_backbone
     from editkit.train.loop import fine_tune
     from editkit.train.recipe import Recipe, attach_adapter
-    from editkit.util.memory import PeakRSS, _maxrss_bytes, keep_freed_memory
+    from editkit.util.memory import PeakRSS, lifetime_peak_rss, keep_freed_memory
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     mode, lora = VARIANTS[variant]
@@ -262,7 +262,7 @@ def _measure(size: str, variant: str, args: argparse.Namespace) -> dict:
         "setup_seconds": forwards[0] - called, "build_seconds": build_seconds,
         "forward_calls_per_step": len(forwards) / args.steps,
         "model_rss_gb": (rss_model - rss_imports) / GIB, "imports_rss_gb": rss_imports / GIB,
-        "train_window_peak_rss_gb": window_peak / GIB, "peak_rss_gb": _maxrss_bytes() / GIB,
+        "train_window_peak_rss_gb": window_peak / GIB, "peak_rss_gb": lifetime_peak_rss() / GIB,
         "last_step": {k: last[k] for k in ("ce", "penalty", "grad_norm")},
         "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg(),
     }

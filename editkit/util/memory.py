@@ -46,7 +46,7 @@ def release_freed_memory() -> None:
         libc.malloc_trim(0)
 
 
-def _maxrss_bytes() -> int:
+def lifetime_peak_rss() -> int:
     """The process's lifetime peak RSS (``ru_maxrss`` is KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if os.uname().sysname == "Darwin" else peak * 1024)
@@ -97,11 +97,11 @@ class PeakRSS:
         release_freed_memory()
         with self._lock:
             self._window_peak = self._rss()
-            self._window_maxrss = _maxrss_bytes()
+            self._window_maxrss = lifetime_peak_rss()
 
     def window(self) -> int:
         """Peak RSS (bytes) since the previous call (or entry); starts a new window."""
-        maxrss = _maxrss_bytes()
+        maxrss = lifetime_peak_rss()
         with self._lock:
             peak = max(self._window_peak, self._rss())
             if maxrss > self._window_maxrss:
