@@ -93,6 +93,9 @@ class Recipe:
                 "linear layer and ungrouped convolution of the trainable module."})
     lora_rslora: bool = field(default=False, metadata={
         "help": "Rank-stabilized LoRA scaling, alpha / sqrt(r)."})
+    lora_lr: float | None = field(default=None, metadata={
+        "help": "Peak learning rate of adapter runs, in place of lr (LoRA factors want a step 10-100x a full "
+                "fine-tune's; the shipped scenarios set theirs); unset: lr."})
 
     def __post_init__(self) -> None:
         check_choices(self, "recipe")
@@ -104,6 +107,8 @@ class Recipe:
             raise ConfigError("recipe: lr must be > 0, lam and warmup >= 0")
         if self.epochs is not None and not self.epochs > 0:
             raise ConfigError(f"recipe.epochs must be > 0 (or unset), got {self.epochs}")
+        if self.lora_lr is not None and not self.lora_lr > 0:
+            raise ConfigError(f"recipe.lora_lr must be > 0 (or unset), got {self.lora_lr}")
         if self.reg_batch is not None and self.reg_batch < 1:
             raise ConfigError(f"recipe.reg_batch must be >= 1 (or unset), got {self.reg_batch}")
         targets = self.lora_targets
@@ -152,15 +157,19 @@ class Recipe:
         return max(1, math.ceil(train_size / self.examples_per_step))
 
     def resolved(self, train_size: int) -> "Recipe":
-        """The recipe with ``steps`` fixed for a train split of ``train_size`` examples.
+        """The recipe a run trains with, for a train split of ``train_size`` examples.
 
-        Without ``epochs`` this is the recipe itself. With it, ``steps`` =
-        ``ceil(epochs * steps_per_epoch(train_size))`` (``epochs`` is kept as a record).
+        ``steps``: without ``epochs`` as given; with it, ``ceil(epochs * steps_per_epoch(train_size))``
+        (``epochs`` is kept as a record). An adapter run's ``lora_lr``, when set, becomes its ``lr`` (so a bank
+        records the step it was trained with, whichever field gave it).
         """
+        recipe = self
+        if self.adapter != "none" and self.lora_lr is not None:
+            recipe = dataclasses.replace(recipe, lr=self.lora_lr, lora_lr=None)
         if self.epochs is None:
-            return self
+            return recipe
         steps = max(1, math.ceil(self.epochs * self.steps_per_epoch(train_size) - 1e-9))
-        return dataclasses.replace(self, steps=steps)
+        return dataclasses.replace(recipe, steps=steps)
 
     def with_overrides(self, **overrides: Any) -> "Recipe":
         """A copy with the given fields replaced; ``None`` values mean "keep".
@@ -170,11 +179,12 @@ class Recipe:
         return from_mapping({k: v for k, v in overrides.items() if v is not None}, base=self)
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields; ``epochs`` only when set, ``penalty_on`` only when not the default and the adapter's
-        fields only with an adapter (banks written before they existed compare equal)."""
+        """All fields; ``epochs`` and ``lora_lr`` only when set, ``penalty_on`` only when not the default and the
+        adapter's fields only with an adapter (banks written before they existed compare equal)."""
         values = dataclasses.asdict(self)
-        if values["epochs"] is None:
-            del values["epochs"]
+        for name in ("epochs", "lora_lr"):
+            if values[name] is None:
+                del values[name]
         if values["penalty_on"] == "features":
             del values["penalty_on"]
         if values["adapter"] == "none":
@@ -183,6 +193,14 @@ class Recipe:
         else:
             values["lora_targets"] = list(values["lora_targets"])
         return values
+
+
+def label_parts(label: str) -> tuple[str, str]:
+    """(mode, adapter) of a :attr:`Recipe.label`: ``taujp-lora`` -> (taujp, lora), ``taujp`` -> (taujp, none)."""
+    for adapter in ADAPTERS:
+        if adapter != "none" and label.endswith(f"-{adapter}"):
+            return label[: -len(adapter) - 1], adapter
+    return label, "none"
 
 
 def from_mapping(values: Mapping[str, Any], base: Recipe | None = None) -> Recipe:

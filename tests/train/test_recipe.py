@@ -14,7 +14,7 @@ import pytest
 from editkit.core.modes import Mode
 from editkit.errors import ConfigError
 from editkit.scenario.spec import parse_scenario, task_recipes
-from editkit.train.recipe import Recipe, from_mapping
+from editkit.train.recipe import Recipe, from_mapping, label_parts
 
 
 def scenario(recipe: dict, *tasks: dict):
@@ -63,6 +63,25 @@ def test_resolved_turns_epochs_into_steps_by_hand():
     fixed = Recipe(steps=11)
     assert fixed.resolved(10_000) is fixed  # without epochs: the recipe itself
     assert Recipe(warmup=5, steps=11).warmup_steps == 5  # >= 1: a number of steps
+
+
+def test_an_adapter_run_trains_at_lora_lr_and_its_bank_records_that_step():
+    recipe = Recipe(lr=1e-4, lora_lr=2e-3, adapter="lora", steps=7)
+    resolved = recipe.resolved(100)
+    assert resolved.lr == 2e-3 and resolved.lora_lr is None and resolved.steps == 7
+    assert resolved.to_dict()["lr"] == 2e-3 and "lora_lr" not in resolved.to_dict()
+    # what a bank recorded for an adapter run given --lr 2e-3 (before lora_lr existed) compares equal
+    assert resolved.to_dict() == Recipe(lr=2e-3, adapter="lora", steps=7).resolved(100).to_dict()
+    full = Recipe(lr=1e-4, lora_lr=2e-3)  # a full run ignores it, and its record does not carry it
+    assert full.resolved(100).lr == 1e-4 and "lora_lr" not in full.to_dict()
+    assert Recipe(lr=3e-4, adapter="lora").resolved(100).lr == 3e-4  # unset: lr
+    with pytest.raises(ConfigError, match=r"recipe\.lora_lr must be > 0"):
+        Recipe(lora_lr=0.0)
+
+
+def test_a_label_splits_into_mode_and_adapter():
+    for recipe in (Recipe(mode="taujp-nonlinear"), Recipe(mode="taujp-nonlinear", adapter="lora"), Recipe()):
+        assert label_parts(recipe.label) == (recipe.mode.value, recipe.adapter)
 
 
 def test_reg_batch_default_is_an_eighth_of_the_batch():
