@@ -478,9 +478,9 @@ def _bench_language(spec, config: BenchConfig, runtime_options: dict) -> None:
     from editkit.runs.stream import process_runtime
 
     with process_runtime(**runtime_options) as runtime:
-        report, path = run_language_bench(spec, modes=tuple(config.modes), bank_root=config.bank_root,
-                                          run_dir=config.run_dir, recipe=config.recipe, build=config.build,
-                                          runtime=runtime, progress=RichProgress(), loggers=config.log)
+        report, path = run_language_bench(spec, variants=config.variants(spec.recipe), bank_root=config.bank_root,
+                                          run_dir=config.run_directory(spec.recipe, spec.name), build=config.build, runtime=runtime,
+                                          progress=RichProgress(), loggers=config.log)
     for mode_report in report["modes"].values():
         console.print(language_negation_table(mode_report))
     console.print(language_bench_table(report))

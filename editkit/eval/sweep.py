@@ -99,8 +99,9 @@ class ModeEvaluator:
     """
 
     def __init__(self, mode: str, bank: Bank, vector_names: Mapping[str, str], data: TaskSplits,
-                 heads: Mapping[str, nn.Module], base: str, models: "SharedModels") -> None:
+                 heads: Mapping[str, nn.Module], base: str, models: "SharedModels", *, label: str | None = None) -> None:
         self.mode, self.bank, self.data, self.heads, self.base = mode, bank, data, heads, base
+        self.label = label or mode  # how reports name these vectors (a mode, or e.g. taujp-lora)
         self.vector_names = dict(vector_names)  # task -> bank vector name
         self.models = models
         self.linearized = Mode(mode).linearized

@@ -9,8 +9,9 @@ record's ``check`` says, without loading anything large, what is missing
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import copy
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
 
 from torch import nn
 
@@ -24,6 +25,7 @@ from editkit.models import BACKBONES, HEADS
 from editkit.models.backbone import Backbone
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import ScenarioSpec, TaskSpec
+from editkit.train.recipe import Recipe, attach_adapter
 from editkit.util.progress import NullProgress, Progress
 
 
@@ -164,3 +166,18 @@ def build_scenario(
         generic = build_generic(spec, backbone, seed)
         bar.advance()
     return BuiltScenario(spec, backbone, tasks, heads, generic)
+
+
+def adapter_arms(built: BuiltScenario, recipes: Mapping[str, Sequence[Recipe | Mapping[str, Any]]]
+                 ) -> dict[str, BuiltScenario]:
+    """One built scenario per adapter (``recipes``: adapter -> the recipes, or banked recipe dictionaries, of the
+    vectors it holds), its theta_0 carrying that adapter. The first arm is ``built``; another gets a copy of its
+    backbone (whole: a language model's tail is also a part of the model it samples with), sharing data, heads
+    and sources: an adapter sits on the trainable module only and adds zero at initialisation, so the
+    frozen-prefix states of a text and theta_0's outputs hold for every arm."""
+    arms: dict[str, BuiltScenario] = {}
+    for adapter in recipes:  # copies first, from the backbone without any adapter
+        arms[adapter] = replace(built, backbone=copy.deepcopy(built.backbone)) if arms else built
+    for adapter, arm in arms.items():
+        attach_adapter(arm.backbone.module, recipes[adapter])
+    return arms

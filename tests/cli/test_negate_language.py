@@ -152,6 +152,29 @@ def test_theta0s_scores_are_computed_once_whatever_asks_for_them(streamed, monke
     assert {key: sampled[key] for key in plain} == plain and sampled["n"] == 4
 
 
+def test_the_language_bench_negates_full_and_adapter_vectors_as_negate_does(tmp_path, language_extensions):
+    """`bench --adapters none,lora`: a bank per stream, and each stream's negation (scored on theta_0 with or
+    without the adapter, theta_0 shared per adapter) is exactly what `editkit negate` reports for that bank alone."""
+    scenario = scenario_file(tmp_path)
+    result = invoke("bench", "--scenario", scenario, "--adapters", "none,lora", "--modes", "taujp", "--steps", 3,
+                    "--lora-rank", 2, "--lora-lr", "5e-2", "--bank-root", tmp_path / "banks", "--run-dir",
+                    tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert list(report["modes"]) == ["taujp", "taujp-lora"]
+    assert report["comparison"]["checks"] == {}  # tauJp is compared with other modes of its own adapter only
+    for label in ("taujp", "taujp-lora"):
+        alone = tmp_path / f"alone-{label}"
+        negated = invoke("negate", "rude", "--bank", tmp_path / "banks" / f"tiny-rude-{label}", "--run-dir", alone)
+        assert negated.exit_code == 0, negated.output
+        want = json.loads((alone / "report.json").read_text())
+        got = report["modes"][label]
+        assert got["alpha"] == want["alpha"] and [r["model"] for r in got["rows"]] == [r["model"] for r in want["rows"]]
+        for mine, theirs in zip(got["rows"], want["rows"]):
+            for key in ("control", "target", "toxic_fraction"):
+                assert mine.get(key) == pytest.approx(theirs.get(key), rel=1e-5), (label, mine["model"], key)
+
+
 # --------------------------------------------------------------------------- refusals
 
 

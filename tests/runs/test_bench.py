@@ -462,6 +462,8 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path):
     if not torch.cuda.is_available():
         refused(base + ["--device", "cuda"], "CUDA is not available")
     refused(base + ["--xi-pair", "digits,cifar"], "cifar")
+    refused(base + ["--adapters", "none,lora", "--adapter", "lora"], "--adapters", "not both")
+    refused(base + ["--adapters", "none,dora"], "unknown adapters 'dora'")
     one = write_scenario(tmp_path, tasks=["digits"], name="bench-one")
     refused(["bench", "--scenario", str(one), "--run-dir", str(run)], "at least 2")
     assert (run / "report.json").read_text() == "previous"
@@ -538,9 +540,41 @@ def test_a_bench_of_adapter_vectors_scores_what_its_streams_scored(tmp_path):
     for mode in ("nonlinear", "taujp"):
         vector = Bank(tmp_path / "banks" / f"bench-mini-{mode}-lora").load("digits")
         assert vector and all(".lora_" in key for key in vector)
-        last = report["streams"][mode]["steps"][-1]
-        row = next(r for r in report["addition"]["rows"]
-                   if r["method"] == "task-arithmetic" and r["mode"] == mode and r["coefficient"] == "1.0")
-        tol = 0 if mode == "nonlinear" else 1.01 / N_TEST
-        for t in TASKS:
-            assert row["per_task"][t] == pytest.approx(last["merged"]["per_task"][t], abs=tol + 1e-12)
+        assert_rows_score_what_the_stream_scored(report, f"{mode}-lora")
+
+
+def assert_rows_score_what_the_stream_scored(report: dict, label: str) -> None:
+    """The bench's task arithmetic at alpha = 1 over one stream's vectors equals the stream's own merged scores
+    (linearized: within one test example, the stream's f_lin is a jvp per batch, the bench's a cached tangent)."""
+    last = report["streams"][label]["steps"][-1]
+    row = next(r for r in report["addition"]["rows"]
+               if r["method"] == "task-arithmetic" and r["variant"] == label and r["coefficient"] == "1.0")
+    tol = 0 if row["mode"] == "nonlinear" else 1.01 / N_TEST
+    for t in TASKS:
+        assert row["per_task"][t] == pytest.approx(last["merged"]["per_task"][t], abs=tol + 1e-12)
+
+
+@pytest.mark.slow
+def test_a_bench_shows_adapter_and_full_rows_side_by_side(tmp_path):
+    """--adapters none,lora: each mode's stream runs twice, full vectors on theta_0 and LoRA vectors on theta_0
+    with the adapter, each at its own learning rate (--lora-lr); every row scores what its own stream scored."""
+    scenario = write_scenario(tmp_path)
+    result = runner.invoke(app, bench_args(scenario, tmp_path, "--adapters", "none,lora", "--lora-rank", 2,
+                                           "--lora-lr", "2e-3", "--modes", "nonlinear,taujp",
+                                           "--methods", "task-arithmetic"))
+    assert result.exit_code == 0, result.output
+    labels = ["nonlinear", "taujp", "nonlinear-lora", "taujp-lora"]
+    assert sorted(p.name for p in (tmp_path / "banks").iterdir()) == sorted(f"bench-mini-{v}" for v in labels)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["modes"] == labels and list(report["cost"]) == labels
+    for label in labels:
+        bank = Bank(tmp_path / "banks" / f"bench-mini-{label}")
+        lora = label.endswith("-lora")
+        vector = bank.load("digits")
+        assert vector and all((".lora_" in key) == lora for key in vector)
+        assert bank.get("digits").recipe["lr"] == (2e-3 if lora else Recipe().lr)  # the scenario sets no lr
+        assert_rows_score_what_the_stream_scored(report, label)
+    assert len({Bank(tmp_path / "banks" / f"bench-mini-{v}").base for v in labels}) == 2  # one theta_0 per arm
+    printed = {row[1] for row in table_rows(result.output) if row and row[0] == "task arithmetic"}
+    assert set(labels) <= printed, result.output
+    assert report["claims"]["taujp_alpha1"]["variant"] == "taujp"  # the first adapter named: none

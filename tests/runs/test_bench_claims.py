@@ -14,8 +14,9 @@ MARGIN = 0.005  # 0.5 points
 
 
 def row(method: str, mode: str | None, coefficient: str | None, absolute: float, normalized: float | None,
-        alpha: float | None = 1.0) -> dict:
-    return {"method": method, "label": METHOD_LABELS[method], "mode": mode, "coefficient": coefficient,
+        alpha: float | None = 1.0, adapter: str | None = None) -> dict:
+    return {"method": method, "label": METHOD_LABELS[method], "mode": mode,
+            "variant": f"{mode}-{adapter}" if adapter else mode, "coefficient": coefficient,
             "alpha": alpha, "absolute": absolute, "normalized": normalized}
 
 
@@ -59,6 +60,20 @@ def test_a_variant_one_point_above_is_behind_among_variants_and_no_baseline():
     assert {r["mode"] for r in judged["variants"]} == {"taujp", "taujp-nonlinear"}
     assert all(c["verdict"] == "ahead" for c in judged["vs_baselines"].values())
     assert all(c["verdict"] == "behind" for c in judged["vs_variants"].values())
+
+
+def test_adapter_rows_join_the_baselines_or_the_variants_by_their_mode():
+    """A bench of full and LoRA streams: the first tauJp alpha = 1 row is the claim's; a plain-LoRA row is a
+    baseline, an L-LoRA tauJp row a variant."""
+    judged = claims(rows(baseline=(0.70, 0.90), variant=(0.70, 0.90)) + [
+        row("task-arithmetic", "taujp", "1.0", 0.77, 0.967, adapter="lora"),
+        row("task-arithmetic", "nonlinear", "tuned", 0.81, 0.95, alpha=0.4, adapter="lora"),
+        row("task-arithmetic", "taujp", "tuned", 0.80, 0.97, alpha=0.9, adapter="lora")], MARGIN)
+    assert judged["taujp_alpha1"]["variant"] == "taujp" and judged["taujp_alpha1"]["absolute"] == 0.7940
+    best = judged["vs_baselines"]["absolute"]
+    assert best["against"]["variant"] == "nonlinear-lora" and best["verdict"] == "behind"
+    assert best["difference"] == pytest.approx(0.7940 - 0.81)
+    assert judged["vs_variants"]["normalized"]["against"]["variant"] == "taujp-lora"
 
 
 def test_one_point_under_the_best_baseline_is_behind_and_pretrained_has_no_normalized_claim():

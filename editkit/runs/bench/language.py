@@ -23,10 +23,11 @@ from typing import Any, Mapping, Sequence
 from editkit.runs.negate_lm import (NegationEvaluation, below_by_two_stderr, ensure_vector, negate_language,
                                    negation_settings, plot_negation)
 from editkit.runs.report import write_json
-from editkit.scenario.build import build_scenario
+from editkit.scenario.build import adapter_arms, build_scenario
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import ScenarioSpec
-from editkit.settings import default_bank_dir, default_run_dir
+from editkit.settings import default_bank_dir
+from editkit.train.recipe import label_parts
 from editkit.train.runtime import Runtime
 from editkit.util.progress import NullProgress, Progress
 
@@ -34,27 +35,34 @@ from editkit.util.progress import NullProgress, Progress
 TARGET_RATIO = 1.5
 
 
-def run_language_bench(spec: ScenarioSpec, *, modes: tuple[str, ...], bank_root: Path, run_dir: Path | None,
-                       recipe: Mapping[str, Any], build: BuildOptions, runtime: Runtime,
-                       progress: Progress | None = None, loggers: Sequence[str] = ()) -> tuple[dict[str, Any], Path]:
-    """Train (or reuse) each mode's vector, negate it, write ``report.json`` and ``negation.png``.
+def run_language_bench(spec: ScenarioSpec, *, variants: Mapping[str, Mapping[str, Any]], bank_root: Path,
+                       run_dir: Path, build: BuildOptions, runtime: Runtime, progress: Progress | None = None,
+                       loggers: Sequence[str] = ()) -> tuple[dict[str, Any], Path]:
+    """Train (or reuse) each stream's vector, negate it, write ``report.json`` and ``negation.png``.
 
-    loggers: log each mode's fine-tuning, when it runs, into ``<run dir>/<mode>/``."""
+    variants: label (a mode, or <mode>-lora) -> its recipe overrides (``BenchConfig.variants``); each label has
+    its own bank. Vectors with an adapter are scored on theta_0 carrying it (one evaluation per adapter).
+    loggers: log each fine-tuning, when it runs, into ``<run dir>/<label>/``."""
     progress = progress or NullProgress()
     started = time.perf_counter()
     task = spec.task_names[0]
-    out_dir = run_dir or default_run_dir(spec.name, "bench")
-    banks = {m: ensure_vector(spec, task, default_bank_dir(spec.name, m, root=bank_root), progress=progress,
-                              build=build, runtime=runtime, loggers=loggers, log_dir=out_dir / m,
-                              **{**recipe, "mode": m}) for m in modes}
+    banks = {label: ensure_vector(spec, task, default_bank_dir(spec.name, label, root=bank_root), progress=progress,
+                                  build=build, runtime=runtime, loggers=loggers, log_dir=run_dir / label, **overrides)
+             for label, overrides in variants.items()}
     built = build_scenario(spec, seed=spec.recipe.seed, progress=progress, build=build, device=str(runtime.device))
-    evaluation = NegationEvaluation(built, task, negation_settings(built), progress)
-    reports = {m: negate_language(bank, task, progress=progress, runtime=runtime, evaluation=evaluation)
-               for m, bank in banks.items()}
+    recipes: dict[str, list[Mapping[str, Any]]] = {}
+    for bank in banks.values():
+        recipe = bank.get(task).recipe
+        recipes.setdefault(recipe.get("adapter", "none"), []).append(recipe)
+    evaluations = {adapter: NegationEvaluation(arm, task, negation_settings(arm), progress)
+                   for adapter, arm in adapter_arms(built, recipes).items()}
+    reports = {label: negate_language(bank, task, progress=progress, runtime=runtime,
+                                      evaluation=evaluations[bank.get(task).recipe.get("adapter", "none")])
+               for label, bank in banks.items()}
     report = {"scenario": spec.name, "task": task, "modes": reports, "comparison": compare(reports),
               "seconds": time.perf_counter() - started,
-              "plots": {"negation": str(plot_negation(list(reports.values()), out_dir / "negation.png"))}}
-    path = out_dir / "report.json"
+              "plots": {"negation": str(plot_negation(list(reports.values()), run_dir / "negation.png"))}}
+    path = run_dir / "report.json"
     write_json(path, report)
     return report, path
 
@@ -64,7 +72,8 @@ def _row(report: Mapping[str, Any], alpha: float) -> Mapping[str, Any]:
 
 
 def compare(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Per mode at its tuned alpha: the numbers of the comparison table, and the issue's checks for tauJp."""
+    """Per stream label (a mode, or <mode>-lora) at its tuned alpha: the numbers of the comparison table; and the
+    checks for the first tauJp stream against the other modes with the same adapter (or none)."""
     per_mode = {}
     for mode, report in reports.items():
         base, tuned = _row(report, 0.0), _row(report, report["alpha"])
@@ -74,9 +83,12 @@ def compare(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                           "toxic_fraction_stderr": tuned["toxic_fraction_stderr"], "mean_score": tuned["mean_score"],
                           "below_theta0": below_by_two_stderr(tuned, base)}
     checks = {}
-    if "taujp" in per_mode and len(per_mode) > 1:
-        others = [v for m, v in per_mode.items() if m != "taujp"]
-        ours = per_mode["taujp"]
+    parts = {label: label_parts(label) for label in per_mode}
+    ours_label = next((label for label, (mode, _) in parts.items() if mode == "taujp"), None)
+    arm = [label for label in per_mode if ours_label and parts[label][1] == parts[ours_label][1]]
+    if ours_label is not None and len(arm) > 1:  # tauJp against the other modes of its arm (LoRA with LoRA)
+        others = [per_mode[label] for label in arm if label != ours_label]
+        ours = per_mode[ours_label]
         ratio = ours["target"] / max(v["target"] for v in others)
         least_toxic = min(v["toxic_fraction"] for v in others)
         checks = {"target_ratio": ratio, "target_ratio_wanted": TARGET_RATIO, "target_ratio_met": ratio >= TARGET_RATIO,

@@ -14,7 +14,9 @@ import numpy as np
 
 from editkit.runs.report import pyplot
 
-MODE_COLORS = {"nonlinear": "tab:red", "linear": "tab:blue", "taujp": "tab:green"}
+#: Colour of each stream label (report keys): adapter streams in a lighter shade of their mode's.
+MODE_COLORS = {"nonlinear": "tab:red", "linear": "tab:blue", "taujp": "tab:green",
+               "nonlinear-lora": "lightcoral", "linear-lora": "lightskyblue", "taujp-lora": "yellowgreen"}
 DPI = 110
 METHOD_STYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))  # merge methods, in order
 

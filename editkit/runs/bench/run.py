@@ -80,8 +80,9 @@ from editkit.util.memory import PeakRSS
 from editkit.merge import MERGE_METHODS, LazyVectors, method_options
 from editkit.merge.ties import TIES_DEFAULT_K
 from editkit.util.progress import NullProgress, Progress
+from editkit.core.adapters import ADAPTERS
 from editkit.core.modes import PAPER_MODES, Mode
-from editkit.train.recipe import Recipe, attach_adapter
+from editkit.train.recipe import Recipe
 from editkit.eval.sweep import SPLITS, ModeEvaluator, SharedModels, TaskSplits
 
 if TYPE_CHECKING:  # annotations only
@@ -130,6 +131,11 @@ class BenchConfig:
         "help": f"Comma-separated modes to fine-tune and compare (any of {', '.join(Mode)})."})
     methods: Sequence[str] = field(default=METHODS, metadata={
         "help": "Merging methods besides pretrained and single-task."})
+    adapters: Sequence[str] | None = field(default=None, metadata={
+        "help": f"Comma-separated adapters to compare ({', '.join(ADAPTERS)}): every mode's stream runs once per "
+                "adapter, on its own copy of theta_0, and the tables show rows <mode> and <mode>-lora side by side "
+                "(adapter streams take the --lora-* fields, --lora-lr their learning rate). Default: the recipe's "
+                "adapter (--adapter) alone."})
     bank_root: Path = field(default=BANKS_DIR, metadata={
         "help": "Banks live in <bank-root>/<scenario>-<mode>; complete ones with the same recipe are reused, "
                 "partial ones resumed."})
@@ -182,6 +188,10 @@ class BenchConfig:
         recipe = {k: v for k, v in self.recipe.items() if v is not None}
         if "mode" in recipe:
             raise ConfigError("bench runs every mode it is given: choose them with modes (--modes), not recipe.mode")
+        adapters = None if self.adapters is None else parse_names(self.adapters, ADAPTERS, "adapters")
+        if adapters is not None and "adapter" in recipe:
+            raise ConfigError("give the adapters to compare (--adapters) or one adapter for every stream (--adapter), "
+                              "not both")
         Recipe().with_overrides(**recipe)  # unknown fields and bad values are refused here, by name
         if self.alphas is not None:
             alphas = [float(a) for a in self.alphas]
@@ -214,7 +224,7 @@ class BenchConfig:
             if len(pair) != 2 or pair[0] == pair[1]:
                 raise ConfigError(f"--xi-pair needs two different task names 'a,b', got {self.xi_pair!r}")
         return replace(
-            self, modes=modes, methods=methods, log=parse_loggers(self.log), bank_root=Path(self.bank_root),
+            self, modes=modes, methods=methods, adapters=adapters, log=parse_loggers(self.log), bank_root=Path(self.bank_root),
             run_dir=Path(self.run_dir) if self.run_dir is not None else None, recipe=recipe,
             grid=len(alphas), alphas=tuple(alphas), negation_grid=len(negation_alphas),
             negation_alphas=tuple(negation_alphas), negation_max=max(negation_alphas), ties_k=float(self.ties_k),
@@ -222,6 +232,28 @@ class BenchConfig:
             xi_grid=tuple(float(a) for a in self.xi_grid), xi_samples=int(self.xi_samples),
             batch_size=int(self.batch_size),
         )
+
+    def variants(self, base: Recipe) -> dict[str, dict[str, Any]]:
+        """The streams to run over a scenario whose recipe is ``base``, keyed by their label (the mode, plus
+        ``-lora`` with an adapter: their report keys and default bank names), each with the recipe fields it
+        overrides; adapter-major, so a table's full rows and adapter rows form two blocks. Call on a validated
+        config."""
+        adapters = self.adapters if self.adapters is not None else (None,)
+        variants = {}
+        for adapter in adapters:
+            for mode in self.modes:
+                overrides = {**self.recipe, "mode": mode, **({"adapter": adapter} if adapter else {})}
+                variants[base.with_overrides(**overrides).label] = overrides
+        return variants
+
+    def run_directory(self, base: Recipe, scenario: str) -> Path:
+        """``run_dir``, else ``runs/<scenario>-bench``: ``-bench-lora`` for adapter streams, ``-bench-lora-full``
+        when they are compared with full ones (``base``: the scenario's recipe)."""
+        if self.run_dir is not None:
+            return self.run_dir
+        adapters = {base.with_overrides(**overrides).adapter for overrides in self.variants(base).values()}
+        suffix = "-" + "-".join(sorted(adapters - {"none"})) + ("-full" if "none" in adapters else "")
+        return default_run_dir(scenario, "bench" + (suffix if adapters != {"none"} else ""))
 
 
 # --- report rows --------------------------------------------------------------------------------
@@ -234,6 +266,7 @@ class AdditionRow(TypedDict, total=False):
     method: str  # pretrained | task-arithmetic | ties | single-task
     label: str
     mode: str | None
+    variant: str | None  # the stream the vectors come from: the mode, or <mode>-lora for adapter vectors
     coefficient: str | None  # "1.0" | "tuned" | None
     alpha: float | None
     per_task: dict[str, float]
@@ -268,9 +301,10 @@ class CostSection(TypedDict):
     reused: list[str]
 
 
-def _row(method: str, mode: str | None, coefficient: str | None, alpha: float | None, per_task: Mapping[str, float],
-         single: Mapping[str, float] | None, **extra: Any) -> AdditionRow:
-    return {"method": method, "label": METHOD_LABELS[method], "mode": mode, "coefficient": coefficient, "alpha": alpha,
+def _row(method: str, ev: ModeEvaluator | None, coefficient: str | None, alpha: float | None,
+         per_task: Mapping[str, float], single: Mapping[str, float] | None, **extra: Any) -> AdditionRow:
+    return {"method": method, "label": METHOD_LABELS[method], "mode": ev.mode if ev else None,
+            "variant": ev.label if ev else None, "coefficient": coefficient, "alpha": alpha,
             "per_task": dict(per_task), **addition_summary(per_task, single), **extra}
 
 
@@ -289,8 +323,9 @@ class BenchResult:
 
 @dataclass
 class _ModeState:
-    mode: str
+    label: str  # the mode, plus -lora for an adapter stream (BenchConfig.variants)
     recipe: Recipe  # the scenario's [recipe] with this bench's overrides
+    overrides: dict[str, Any]  # those overrides, as the stream takes them
     bank: Bank
     task_recipes: dict[str, dict[str, Any]] = field(default_factory=dict)  # resolved, as the bank records them
     stream: StreamResult | None = None
@@ -362,15 +397,13 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     unknown = [t for t in pair if t not in tasks]
     if unknown:
         raise ConfigError(f"--xi-pair names unknown task(s) {unknown}; tasks: {', '.join(tasks)}")
-    overrides = {m: {**config.recipe, "mode": m} for m in config.modes}
-    recipes = {m: spec.recipe.with_overrides(**overrides[m]) for m in config.modes}
-    seed = next(iter(recipes.values())).seed
-    adapter = "" if spec.recipe.with_overrides(**config.recipe).adapter == "none" else "-lora"
-    run_dir = config.run_dir if config.run_dir is not None else default_run_dir(spec.name, "bench" + adapter)
+    states = {label: _ModeState(label, spec.recipe.with_overrides(**overrides), overrides,
+                                Bank(default_bank_dir(spec.name, label, root=config.bank_root)))
+              for label, overrides in config.variants(spec.recipe).items()}
+    seed = next(iter(states.values())).recipe.seed
+    run_dir = config.run_directory(spec.recipe, spec.name)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir} exists and is not a directory")
-    states = {m: _ModeState(m, recipes[m], Bank(default_bank_dir(spec.name, recipes[m].label, root=config.bank_root)))
-              for m in config.modes}
     for state in states.values():
         if state.bank.root.exists() and not state.bank.root.is_dir():
             raise ConfigError(f"bank path {state.bank.root} exists and is not a directory")
@@ -385,27 +418,28 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     t0 = time.perf_counter()
     built = build_scenario(spec, seed=seed, progress=progress, build=config.build, device=str(runtime.device))
     _refuse_unswept_heads(spec.name, built.heads)
-    # every mode's streams share theta_0, with the adapter the recipes ask for (all the same one, or none)
-    attach_adapter(built.backbone.module, [r for m in states for r in task_recipes(spec, **overrides[m]).values()])
-    base = built.backbone.fingerprint()
-    shapes = {n: tuple(p.shape) for n, p in built.backbone.module.named_parameters()}
+    arms = _arms(spec, built, states)
+    bases = {adapter: arm.backbone.fingerprint() for adapter, arm in arms.items()}
     for state in states.values():  # every refusal happens before any training
-        per_task = task_recipes(spec, **overrides[state.mode])
+        arm = arms[state.recipe.adapter]
+        per_task = task_recipes(spec, **state.overrides)
         state.task_recipes = {n: per_task[n].resolved(len(built.task(n).train)).to_dict() for n in tasks}
-        check_bank(state.bank, scenario=spec.name, tasks=tasks, mode=state.mode, recipes=state.task_recipes,
-                   base=base, backbone=built.backbone.name, shapes=shapes)
+        shapes = {n: tuple(p.shape) for n, p in arm.backbone.module.named_parameters()}
+        check_bank(state.bank, scenario=spec.name, tasks=tasks, mode=state.recipe.mode, recipes=state.task_recipes,
+                   base=bases[state.recipe.adapter], backbone=built.backbone.name, shapes=shapes)
     control = _control_task(built, config)
     timings["build_seconds"] = time.perf_counter() - t0
 
-    _run_streams(config, states, progress, runtime, run_dir, built)
+    _run_streams(config, states, progress, runtime, run_dir, arms)
     timings["stream_seconds"] = {m: s.stream_seconds for m, s in states.items()}
 
     t0 = time.perf_counter()
-    module = runtime.place(built.backbone.module)
-    data = TaskSplits(module, list(built.tasks) + ([control] if control else []), batch_size=config.batch_size,
-                      xi_samples=config.xi_samples, progress=progress, runtime=runtime,
+    modules = {adapter: runtime.place(arm.backbone.module) for adapter, arm in arms.items()}
+    # theta_0's features are any arm's: an adapter at initialisation (B = 0) adds exactly zero
+    data = TaskSplits(next(iter(modules.values())), list(built.tasks) + ([control] if control else []),
+                      batch_size=config.batch_size, xi_samples=config.xi_samples, progress=progress, runtime=runtime,
                       batching=built.backbone.batching)
-    models = SharedModels.of(module)
+    models = {adapter: SharedModels.of(module) for adapter, module in modules.items()}
     heads = {n: built.heads[n].eval() for n in tasks}
     if control is not None:
         heads[control.name] = control.head.eval()
@@ -415,12 +449,14 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
 
     evaluators: dict[str, ModeEvaluator] = {}
     mode_results: dict[str, dict[str, Any]] = {}
-    for mode, state in states.items():
+    for label, state in states.items():
         t0 = time.perf_counter()
-        ev = ModeEvaluator(mode, state.bank, {n: n for n in tasks}, data, heads, base, models)
-        evaluators[mode] = ev
-        mode_results[mode] = _evaluate_mode(ev, config, tasks, pretrained_all, control, progress)
-        timings.setdefault("evaluation_seconds", {})[mode] = time.perf_counter() - t0
+        adapter = state.recipe.adapter
+        ev = ModeEvaluator(state.recipe.mode.value, state.bank, {n: n for n in tasks}, data, heads, bases[adapter],
+                           models[adapter], label=label)
+        evaluators[label] = ev
+        mode_results[label] = _evaluate_mode(ev, config, tasks, pretrained_all, control, progress)
+        timings.setdefault("evaluation_seconds", {})[label] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     diagnostics = _diagnostics(evaluators, mode_results, config, tasks, pair, progress)
@@ -436,13 +472,24 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     return BenchResult(report, run_dir)
 
 
+def _arms(spec, built: BuiltScenario, states: Mapping[str, _ModeState]) -> dict[str, BuiltScenario]:
+    """:func:`adapter_arms` for the bench's streams: every task recipe of each adapter's streams."""
+    from editkit.scenario.build import adapter_arms
+    from editkit.scenario.spec import task_recipes
+
+    recipes: dict[str, list[Recipe]] = {}
+    for state in states.values():
+        recipes.setdefault(state.recipe.adapter, []).extend(task_recipes(spec, **state.overrides).values())
+    return adapter_arms(built, recipes)
+
+
 def _run_streams(config: BenchConfig, states: Mapping[str, _ModeState], progress: Progress, runtime: Runtime,
-                 run_dir: Path, built: BuiltScenario) -> None:
-    """Each mode's stream through ``run_scenario(resume=True)``, exactly as ``editkit stream`` runs it:
+                 run_dir: Path, arms: Mapping[str, BuiltScenario]) -> None:
+    """Each stream through ``run_scenario(resume=True)``, exactly as ``editkit stream`` runs it:
     banked experiences with the same recipe are reused, missing ones trained. Every stream runs over
-    the bench's own ``built`` scenario (the frozen-prefix states of a text are computed once). The stream's own
-    report goes to a temporary directory (this bench writes its report only at the end); its
-    loggers, if any, write into ``<run_dir>/<mode>/`` as it goes."""
+    the bench's own built scenario of its adapter (the frozen-prefix states of a text are computed once). The
+    stream's own report goes to a temporary directory (this bench writes its report only at the end); its
+    loggers, if any, write into ``<run_dir>/<label>/`` as it goes."""
     from editkit.runs.stream import run_scenario
 
     for state in states.values():
@@ -457,10 +504,10 @@ def _run_streams(config: BenchConfig, states: Mapping[str, _ModeState], progress
 
             state.stream, _ = run_scenario(config.scenario, bank=state.bank.root, run_dir=scratch, resume=True,
                                            progress=progress, on_step=on_step, build=config.build, runtime=runtime,
-                                           loggers=config.log, log_dir=run_dir / state.mode, built=built,
-                                           **{**config.recipe, "mode": state.mode})
+                                           loggers=config.log, log_dir=run_dir / state.label,
+                                           built=arms[state.recipe.adapter], **state.overrides)
         state.stream_seconds = time.perf_counter() - start
-        log.info("%s stream: %d trained, %d reused (%.0f s)", state.mode, len(state.trained),
+        log.info("%s stream: %d trained, %d reused (%.0f s)", state.label, len(state.trained),
                  len(state.stream.steps) - len(state.trained), state.stream_seconds)
 
 
@@ -493,7 +540,7 @@ def _single_task(ev: ModeEvaluator, tasks: Sequence[str], split: str) -> dict[st
 def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
                    pretrained: Mapping[str, Mapping[str, float]], control: _ControlTask | None,
                    progress: Progress) -> dict[str, Any]:
-    mode, alphas = ev.mode, list(config.alphas)
+    mode, alphas = ev.label, list(config.alphas)
     if ev.linearized:
         with progress.task(f"{mode}: tangents J·tau (one jvp per input)", total=ev.tangent_batches(tasks)) as bar:
             ev.compute_tangents(tasks, bar=bar)
@@ -517,7 +564,7 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
         for coefficient, a in (("1.0", 1.0), ("tuned", chosen)):
             per_task = ev.accuracies(combo_of(a), "test", tasks)
             val = addition_summary(ev.accuracies(combo_of(a), "val", tasks), single["val"])
-            out["rows"].append(_row(method, mode, coefficient, a, per_task, single["test"],
+            out["rows"].append(_row(method, ev, coefficient, a, per_task, single["test"],
                                     val_absolute=val["absolute"], val_normalized=val["normalized"]))
 
     for method in (m for m in METHODS if m in config.methods):  # registry order, whatever order they were named in
@@ -533,7 +580,7 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
                 ev.compute_tangents(built, bar=bar)
         names = built or list(tasks)
         addition(method, lambda a, names=names: {n: a for n in names})
-    out["rows"].append(_row("single-task", mode, None, 1.0, single["test"], single["test"],
+    out["rows"].append(_row("single-task", ev, None, 1.0, single["test"], single["test"],
                             val_absolute=addition_summary(single["val"], None)["absolute"]))
 
     # merging time: the bank's streamed sum of every vector (median of 3)
@@ -565,7 +612,7 @@ def _negation(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
             return accs[target], accs[control]
         return accs[target], float(np.mean([accs[t] for t in tasks if t != target]))
 
-    with progress.task(f"{ev.mode}: negation — coefficient search on validation", total=len(tasks) * len(alphas)) as bar:
+    with progress.task(f"{ev.label}: negation — coefficient search on validation", total=len(tasks) * len(alphas)) as bar:
         for target in tasks:
             p_target, p_control = target_control(pretrained["val"], target)
             curve_t, curve_c = [], []
@@ -682,8 +729,8 @@ def verdict(difference: float, margin: float) -> str:
 
 
 def _describe(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {"method": row["method"], "mode": row["mode"], "alpha": row["alpha"], "absolute": row["absolute"],
-            "normalized": row["normalized"]}
+    return {"method": row["method"], "mode": row["mode"], "variant": row["variant"], "alpha": row["alpha"],
+            "absolute": row["absolute"], "normalized": row["normalized"]}
 
 
 def _compare(ours: Mapping[str, Any], others: Sequence[Mapping[str, Any]], key: str,

@@ -31,9 +31,9 @@ def addition_table(report: Mapping[str, Any]):
     table.add_column("normalized", justify="right", style="bold")
     previous = None
     for row in report["addition"]["rows"]:
-        if previous is not None and row["mode"] != previous:
+        if previous is not None and row["variant"] != previous:
             table.add_section()
-        previous = row["mode"]
+        previous = row["variant"]
         symbol = "λ" if row["method"] == "ties" else "α"
         if row["coefficient"] is None:
             coef = "—"
@@ -41,7 +41,7 @@ def addition_table(report: Mapping[str, Any]):
             coef = f"{symbol}={_num(row['alpha'])} (tuned)"
         else:
             coef = f"{symbol}={_num(row['alpha'])}"
-        table.add_row(row["label"], row["mode"] or "—", coef, *[pct(row["per_task"][t]) for t in tasks],
+        table.add_row(row["label"], row["variant"] or "—", coef, *[pct(row["per_task"][t]) for t in tasks],
                       pct(row["absolute"]), pct(row["normalized"]))
     return table
 
@@ -149,6 +149,6 @@ def claims_table(report: Mapping[str, Any]):
 
 
 def _which(row: Mapping[str, Any]) -> str:
-    """A report row's method, with its mode and coefficient when it has them."""
+    """A report row's method, with its stream (mode, or mode-lora) and coefficient when it has them."""
     label = METHOD_LABELS[row["method"]]
-    return label + (f" ({row['mode']}, α={_num(row['alpha'])})" if row["mode"] else "")
+    return label + (f" ({row['variant']}, α={_num(row['alpha'])})" if row["variant"] else "")
