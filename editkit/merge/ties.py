@@ -19,8 +19,12 @@ combines task vectors in three steps, as in the authors' code (``ties_merging``
 The merged vector is then scaled by ``lam`` (the paper's default k = 20%,
 lambda tuned on validation).
 
-Memory: the trimmed vectors are held at once (one model per vector), and one
-vector's magnitudes are flattened at a time to find its threshold.
+Memory: one parameter at a time. Each vector's threshold is found first (one vector's magnitudes
+flattened at a time), then the sign election and the disjoint mean read every vector's tensor of one
+parameter, trim it and drop it, so besides the merged vector only one parameter's tensors of every vector
+are held: a model plus one layer's worth for each vector, whatever their number. The price is reading
+each tensor three times (threshold, majority sign, mean): cheap for vectors in memory, a file read for a
+bank's reader, and B A recomputed for a plain-LoRA vector's weight updates.
 
 Registered as the merge method ``ties`` (its coefficient is lambda).
 """
@@ -28,13 +32,14 @@ Registered as the merge method ``ties`` (its coefficient is lambda).
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Mapping, Sequence
+import math
+from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
 from editkit.core.registry import Record
 from editkit.errors import ConfigError
-from editkit.merge import MERGE_METHODS, Vector, checked
+from editkit.merge import MERGE_METHODS, Vector, checked, shapes_of
 
 log = logging.getLogger(__name__)
 
@@ -46,51 +51,74 @@ def trim_threshold(vector: Vector, k: float) -> float:
     """Magnitude at or above which an entry of ``vector`` survives trimming to its top-``k`` fraction."""
     if not 0.0 < k <= 1.0:
         raise ConfigError(f"TIES top-k fraction must be in (0, 1], got {k}")
-    flat = torch.cat([t.detach().reshape(-1).abs().float() for t in vector.values()])
-    d = flat.numel()
+    shapes = shapes_of(vector)
+    d = sum(math.prod(shape) for shape in shapes.values())
     if d == 0:
         return 0.0
+    flat, at = torch.empty(d), 0  # filled one tensor at a time: one vector's magnitudes, no list of copies
+    for key in shapes:
+        t = vector[key].detach().reshape(-1)
+        flat[at : at + t.numel()] = t.abs()
+        at += t.numel()
     keep = max(1, int(d * k))
-    return float(flat.kthvalue(d - keep + 1).values)  # the keep-th largest magnitude
+    magnitudes = flat.numpy()
+    magnitudes.partition(d - keep)  # in place (torch's kthvalue works on copies: 3x a vector more)
+    return float(magnitudes[d - keep])  # the keep-th largest magnitude
 
 
-def trim(vector: Vector, k: float) -> dict[str, torch.Tensor]:
-    """``vector`` with every entry below its top-``k`` magnitude threshold set to zero."""
-    vector = dict(vector)  # read once: a bank's reader would read each tensor from its file twice
-    threshold = trim_threshold(vector, k)
-    return {key: torch.where(t.abs() >= threshold, t, torch.zeros_like(t)) for key, t in vector.items()}
+def trimmed(t: torch.Tensor, threshold: float) -> torch.Tensor:
+    """``t`` with every entry below ``threshold`` in magnitude set to zero."""
+    return torch.where(t.abs() >= threshold, t, torch.zeros_like(t))
 
 
-def elect_signs(trimmed: Sequence[Vector]) -> dict[str, torch.Tensor]:
-    """Per entry, sign of the summed trimmed values; zeros take the majority sign over all entries."""
-    keys = list(trimmed[0])
-    signs = {key: torch.sign(sum(v[key].double() for v in trimmed)) for key in keys}
-    majority = torch.sign(sum(s.sum() for s in signs.values()))
-    for s in signs.values():
-        s[s == 0] = majority
-    return signs
+#: (index of the vector, parameter name, its tensor) -> the values the vector keeps there.
+Sparsify = Callable[[int, str, torch.Tensor], torch.Tensor]
 
 
-def disjoint_mean(trimmed: Sequence[Vector], signs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Per entry, mean of the values agreeing with the elected sign (0 where none agrees)."""
-    out = {}
-    for key, sign in signs.items():
-        stacked = torch.stack([v[key].double() for v in trimmed])
-        agree = torch.where(sign.unsqueeze(0) > 0, stacked > 0, stacked < 0)
-        selected = stacked * agree
-        counts = (selected != 0).sum(dim=0).clamp(min=1)
-        out[key] = (selected.sum(dim=0) / counts).to(trimmed[0][key].dtype)
-    return out
+def elected_sign(values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per entry, the sign of the summed values (0 where they cancel)."""
+    return torch.sign(sum(v.double() for v in values))
+
+
+def disjoint_mean(values: Sequence[torch.Tensor], sign: torch.Tensor) -> torch.Tensor:
+    """Per entry, mean of the values agreeing with ``sign`` (0 where none agrees), summed value by value (no
+    stack of all of them in float64)."""
+    total = torch.zeros(sign.shape, dtype=torch.float64)
+    counts = torch.zeros(sign.shape, dtype=torch.int32)
+    for v in values:
+        agree = torch.where(sign > 0, v > 0, v < 0)
+        total += torch.where(agree, v.double(), 0.0)
+        counts += agree
+    return (total / counts.clamp(min=1)).to(values[0].dtype)
+
+
+def resolve_signs(vectors: Sequence[Vector], sparsify: Sparsify) -> dict[str, torch.Tensor]:
+    """Sign election and disjoint mean over the sparsified ``vectors``, one parameter at a time: a first pass
+    finds the majority sign over all entries (the sign of entries whose values cancel), a second builds each
+    parameter's mean. Only one parameter's tensors of every vector are held at once."""
+    keys = list(vectors[0])
+
+    def kept(key: str) -> list[torch.Tensor]:
+        return [sparsify(i, key, vector[key]) for i, vector in enumerate(vectors)]
+
+    majority = torch.sign(sum(elected_sign(kept(key)).sum() for key in keys))
+    merged = {}
+    for key in keys:
+        values = kept(key)
+        sign = elected_sign(values)
+        sign[sign == 0] = majority
+        merged[key] = disjoint_mean(values, sign)
+    return merged
 
 
 def ties_merge(vectors: Iterable[Vector], *, k: float = TIES_DEFAULT_K,
                lam: float = TIES_DEFAULT_LAMBDA) -> dict[str, torch.Tensor]:
-    """lam * TIES(vectors): trim to the top-k fraction, elect signs, disjoint mean (see module docstring)."""
-    trimmed = [trim(v, k) for v in checked(vectors, "TIES-merging")]  # each input vector dropped once trimmed
-    merged = disjoint_mean(trimmed, elect_signs(trimmed))
-    kept = sum(int((t != 0).sum()) for v in trimmed for t in v.values())
-    total = sum(t.numel() for v in trimmed for t in v.values())
-    log.info("TIES-merged %d vectors (k=%g, %d of %d entries kept after trimming)", len(trimmed), k, kept, total)
+    """lam * TIES(vectors): trim to the top-k fraction, elect signs, disjoint mean (see module docstring).
+    ``vectors`` are read several times each (a bank's readers and LoRA weight-update views stay lazy)."""
+    vectors = list(checked(vectors, "TIES-merging"))
+    thresholds = [trim_threshold(v, k) for v in vectors]
+    merged = resolve_signs(vectors, lambda i, key, t: trimmed(t, thresholds[i]))
+    log.info("TIES-merged %d vectors (k=%g, thresholds %s)", len(vectors), k, ", ".join(f"{x:.3g}" for x in thresholds))
     return {key: value * lam for key, value in merged.items()} if lam != 1.0 else merged
 
 
