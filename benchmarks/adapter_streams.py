@@ -5,16 +5,17 @@ For each scenario (default ``offline-vision`` and ``offline-text``) and each var
 
 - ``full``: the scenario's recipe in ``--mode`` (default taujp), every trainable parameter;
 - ``adapter``: the same recipe with a LoRA adapter (``adapter = "lora"``; in taujp mode L-LoRA + the penalty)
-  at ``--lora-rank`` / ``--lora-alpha`` and the adapter's learning rate (``--adapter-lr SCENARIO=LR``: LoRA
-  factors move the weights through a product of small matrices and want a larger step than full
-  fine-tuning; the defaults below were chosen on the streams' own merged scores, one run each).
+  at the scenario's ``lora_rank`` / ``lora_alpha`` / ``lora_lr`` (LoRA factors move the weights through a
+  product of small matrices and want a larger step than full fine-tuning; the scenario files hold the
+  settings chosen on the streams' own merged scores), or ``--lora-rank`` / ``--lora-alpha`` /
+  ``--adapter-lr SCENARIO=LR``.
 
 Reported per variant: absolute / normalized accuracy of the final merged model at alpha = 1 (the stream's
 own), seconds per training step (mean over the experiences, each one's ``seconds_per_step``) and its ratio to
 the full step, peak RSS of the process, bytes of one banked vector and its share of the full vector's.
 
     python benchmarks/adapter_streams.py [--scenarios offline-vision,offline-text] [--mode taujp]
-                                         [--lora-rank 6] [--lora-alpha 12] [--adapter-lr offline-text=1e-2]
+                                         [--lora-rank R] [--lora-alpha A] [--adapter-lr offline-text=1e-2]
                                          [--json runs/adapter_streams.json]
 """
 
@@ -28,12 +29,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-#: The adapter's learning rate per scenario (the full recipe's stays the scenario's own).
-ADAPTER_LR = {"offline-vision": 2e-3, "offline-text": 1e-2}
 VARIANTS = ("full", "adapter")
 
 
-def one(scenario: str, variant: str, mode: str, rank: int, alpha: float, lr: float | None) -> dict:
+def one(scenario: str, variant: str, mode: str, rank: int | None, alpha: float | None, lr: float | None) -> dict:
     """One stream in this process; returns its record (peak RSS read at the end: the process's own peak)."""
     import editkit  # noqa: F401
     from editkit.runs.stream import run_scenario
@@ -41,7 +40,7 @@ def one(scenario: str, variant: str, mode: str, rank: int, alpha: float, lr: flo
 
     overrides: dict = {"mode": mode}
     if variant == "adapter":
-        overrides.update(adapter="lora", lora_rank=rank, lora_alpha=alpha, lr=lr)
+        overrides.update(adapter="lora", lora_rank=rank, lora_alpha=alpha, lora_lr=lr)  # None: the scenario's
     with tempfile.TemporaryDirectory() as tmp:
         result, report = run_scenario(scenario, bank=Path(tmp) / "bank", run_dir=Path(tmp) / "run", **overrides)
         sizes = [p.stat().st_size for p in (Path(tmp) / "bank").glob("*.safetensors")]
@@ -58,14 +57,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", default="offline-vision,offline-text")
     parser.add_argument("--mode", default="taujp")
-    parser.add_argument("--lora-rank", type=int, default=6)
-    parser.add_argument("--lora-alpha", type=float, default=12.0)
+    parser.add_argument("--lora-rank", type=int, default=None, help="default: the scenario's lora_rank")
+    parser.add_argument("--lora-alpha", type=float, default=None, help="default: the scenario's lora_alpha")
     parser.add_argument("--adapter-lr", action="append", default=[], metavar="SCENARIO=LR",
-                        help=f"the adapter's learning rate for a scenario (defaults: {ADAPTER_LR})")
+                        help="the adapter's learning rate for a scenario (default: the scenario's lora_lr)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # SCENARIO:VARIANT, in a child process
     args = parser.parse_args()
-    lrs = {**ADAPTER_LR, **{k: float(v) for k, _, v in (item.partition("=") for item in args.adapter_lr)}}
+    lrs = {k: float(v) for k, _, v in (item.partition("=") for item in args.adapter_lr)}
     if args.one:
         scenario, variant = args.one.split(":")
         record = one(scenario, variant, args.mode, args.lora_rank, args.lora_alpha, lrs.get(scenario))
@@ -75,8 +74,9 @@ def main() -> None:
     for scenario in args.scenarios.split(","):
         for variant in VARIANTS:
             command = [sys.executable, __file__, "--one", f"{scenario}:{variant}", "--mode", args.mode,
-                       "--lora-rank", str(args.lora_rank), "--lora-alpha", str(args.lora_alpha),
-                       *[f"--adapter-lr={k}={v}" for k, v in lrs.items()]]
+                       *[f"--adapter-lr={k}={v}" for k, v in lrs.items()],
+                       *[arg for name in ("lora_rank", "lora_alpha") if getattr(args, name) is not None
+                         for arg in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]]
             done = subprocess.run(command, capture_output=True, text=True)
             line = next((l for l in done.stdout.splitlines() if l.startswith("RECORD ")), None)
             if done.returncode != 0 or line is None:
