@@ -421,6 +421,9 @@ def run_scenario(
     loggers = parse_loggers(loggers)
     spec = load_scenario(scenario)
     recipe = spec.recipe.with_overrides(**overrides)
+    if overrides.get("lr") is not None and recipe.adapter != "none" and recipe.lora_lr is not None:
+        log.warning("lr %g is not used: adapter runs train at lora_lr (%g here); give that instead", recipe.lr,
+                    recipe.lora_lr)
     recipes = task_recipes(spec, **overrides)
     merge = merge or spec.merge or default_merge(recipe.mode)
     bank_dir = Path(bank) if bank is not None else default_bank_dir(spec.name, recipe.label)
