@@ -290,7 +290,9 @@ class CostSection(TypedDict):
 
     finetune_seconds: float
     steps: int
-    seconds_per_step: float | None
+    seconds_per_step: float | None  # finetune_seconds / steps: warm-up and slow spells included
+    setup_seconds: float | None  # before the first steps and in the warm-up steps, summed over tasks
+    steady_seconds_per_step: float | None  # each task's median step after warm-up, weighted by its steps
     peak_rss_bytes: int | None
     peak_rss_mib: float | None
     merge_seconds: float
@@ -697,10 +699,14 @@ def _cost(state: _ModeState, result: Mapping[str, Any], tasks: Sequence[str]) ->
     steps = int(sum(entries[t].metrics.get("train_steps", entries[t].recipe.get("steps", 0)) for t in tasks))
     rss = [m[RSS_METRIC] for m in metrics if isinstance(m.get(RSS_METRIC), (int, float))]
     merge = result["merge_seconds"]
+    timed = steps and all(m.get("steady_seconds_per_step") is not None for m in metrics)  # banks before: None
     return {
         "finetune_seconds": finetune,
         "steps": steps,
         "seconds_per_step": finetune / steps if steps else None,
+        "setup_seconds": sum(m["setup_seconds"] + m["warmup_seconds"] for m in metrics) if timed else None,
+        "steady_seconds_per_step": (sum(m["steady_seconds_per_step"] * m["train_steps"] for m in metrics) / steps
+                                    if timed else None),
         "peak_rss_bytes": int(max(rss)) if rss else None,
         "peak_rss_mib": max(rss) / 2**20 if rss else None,
         "merge_seconds": merge,
