@@ -19,7 +19,7 @@ split; registered here:
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 from torch.utils.data import Dataset
@@ -80,6 +80,12 @@ class TokenSequences(Dataset):
     def states(self) -> list[torch.Tensor]:
         """Every text's prefix states (all computed)."""
         return [self.state(i) for i in range(len(self))]
+
+    def precompute(self, index: Iterable[int]) -> None:
+        """Compute now the states of the chunks holding texts ``index`` (the ones a training run will read):
+        the same chunks, so the same states, as reading them later would compute, but outside the steps."""
+        for i in index:
+            self.state(i)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.state(index), self.text_targets(index) if self.targets is None else self.targets[index]

@@ -35,7 +35,10 @@ class TrainingCost:
     """What fine-tuning one experience cost and where it ran.
 
     A field is None where it was not recorded (banks written before the timings
-    were); ``peak_gpu_bytes`` (CUDA only) is written only when present.
+    were); ``peak_gpu_bytes`` (CUDA only) and the split of the time (``setup_seconds`` before the first
+    step, ``warmup_seconds`` of the first steps, ``steady_seconds_per_step`` the median step after them;
+    see ``editkit.train.timing``) are written only when present. ``seconds_per_step`` is
+    ``train_seconds / train_steps``: warm-up included, and any slow spell of the machine too.
     """
 
     train_seconds: float | None = None
@@ -44,12 +47,19 @@ class TrainingCost:
     train_size: int | None = None
     runtime: str | None = None
     peak_gpu_bytes: int | None = None
+    setup_seconds: float | None = None
+    warmup_seconds: float | None = None
+    steady_seconds_per_step: float | None = None
 
     @classmethod
     def of(cls, result: FineTuneResult, steps: int, train_size: int, runtime: Runtime) -> TrainingCost:
         """The cost of one fine-tuning run of ``steps`` steps over ``train_size`` examples."""
+        times = result.times
         return cls(train_seconds=result.seconds, seconds_per_step=result.seconds_per_step, train_steps=steps,
-                   train_size=train_size, runtime=runtime.describe(), peak_gpu_bytes=result.peak_gpu_bytes)
+                   train_size=train_size, runtime=runtime.describe(), peak_gpu_bytes=result.peak_gpu_bytes,
+                   setup_seconds=times.setup if times.steps else None,
+                   warmup_seconds=times.warmup if times.steps else None,
+                   steady_seconds_per_step=times.steady_per_step)
 
 
 @dataclass
@@ -74,7 +84,8 @@ class StepRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
     _SCORES: ClassVar[tuple[str, ...]] = ("step", "task", "pretrained", "single_task")
-    _OPTIONAL: ClassVar[tuple[str, ...]] = ("peak_gpu_bytes", "merged")  # keys written only when set
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ("peak_gpu_bytes", "setup_seconds", "warmup_seconds",
+                                            "steady_seconds_per_step", "merged")  # keys written only when set
 
     def metrics(self) -> dict[str, Any]:
         """What the bank stores in the vector's entry: every key but ``resumed``."""

@@ -34,10 +34,11 @@ from torch.utils.data import DataLoader, Dataset
 from editkit.core.batching import Batching, TensorBatching, labelled_collate
 from editkit.errors import ConfigError
 from editkit.train.runtime import GlobalBatchSampler, Runtime, default_runtime
+from editkit.train.timing import StepClock, StepTimes
 from editkit.core.linearize import LinearizedModel, build_task_model
 from editkit.core.objectives import head_loss
 from editkit.train.recipe import Recipe
-from editkit.core.taujp import Regularizer
+from editkit.core.taujp import Regularizer, precompute
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +47,15 @@ TrainStepCallback = Callable[[int, dict[str, float]], None]  # (step, its losses
 
 @dataclass
 class FineTuneResult:
-    """The task vector and what it cost."""
+    """The task vector and what it cost: ``seconds`` from the first step to the last, ``times`` split into
+    setup, warm-up and steady steps (see :mod:`editkit.train.timing`)."""
 
     task_vector: dict[str, torch.Tensor]
     seconds: float
     steps: int
     history: list[dict[str, float]] = field(default_factory=list)
     peak_gpu_bytes: int | None = None
+    times: StepTimes = field(default_factory=StepTimes)
 
     @property
     def seconds_per_step(self) -> float:
@@ -171,6 +174,29 @@ def reg_batch_stream(regularizer: Regularizer | None, steps: int) -> Iterator[li
             yield current
 
 
+def planned_indices(sampler: GlobalBatchSampler, batches: int) -> list[int]:
+    """This process's example indices in the first ``batches`` batches ``sampler`` yields, epoch after epoch
+    (read from its seeded permutations, which drawing them again later reproduces)."""
+    index: list[int] = []
+    epoch = 0
+    while batches > 0:
+        for batch in sampler.global_batches(epoch)[:batches]:
+            index += sampler.shard(batch)
+            batches -= 1
+        epoch += 1
+    return index
+
+
+def encode_ahead(train: Dataset, sampler: GlobalBatchSampler, recipe: Recipe, regularizer: Regularizer | None) -> None:
+    """Before the first step, let the task data and the reg sources encode what the run's steps will read
+    (:func:`~editkit.core.taujp.precompute`: a text's frozen-prefix states). Encoding is then setup, paid
+    once and apart from the steps, whatever mode runs first over a shared dataset; the steps read what
+    they would have computed, so every number is unchanged."""
+    precompute(train, planned_indices(sampler, recipe.steps * recipe.accumulation))
+    if regularizer is not None:
+        regularizer.prepare(recipe.steps)
+
+
 class StepComputer:
     """Forward pass and loss of one micro-batch for a given mode.
 
@@ -270,6 +296,7 @@ def fine_tune(
     runtime: Runtime | None = None,
     batching: Batching | None = None,
     start: Mapping[str, torch.Tensor] | None = None,
+    time_parts: bool = False,
 ) -> FineTuneResult:
     """Fine-tune ``module`` (theta_0, left untouched) on ``train`` with ``head`` fixed.
 
@@ -288,8 +315,11 @@ def fine_tune(
         as for images); the regularizer's sources must yield batches of the same kind.
     on_step: called with each step's index and its ``ce``, ``penalty``, ``grad_norm`` and ``lr``,
         in order, once the next step has run (the last at the end; see :class:`LaggedStats`).
+    time_parts: also time each part of every step (:data:`~editkit.train.timing.PARTS`) into the result's
+        ``times.parts``; on a GPU this synchronizes the device between parts, so it is for profiling only.
     """
     runtime = runtime or default_runtime(module)
+    clock = StepClock(parts=time_parts, device=runtime.device)
     torch.manual_seed(recipe.seed)
     model = runtime.place(build_task_model(module, recipe.mode))
     if start is not None:
@@ -304,6 +334,7 @@ def fine_tune(
     ce_weight = sampler.shard_fraction  # 1.0 unless processes hold unequal slices
     batches = labelled_batches(train, recipe.batch_size, recipe.seed, runtime=runtime, sampler=sampler,
                                batching=computer.batching)
+    encode_ahead(train, sampler, recipe, computer.regularizer)
     reg_stream = reg_batch_stream(computer.regularizer, recipe.steps)
     device, non_blocking = runtime.device, runtime.device.type == "cuda"
     if device.type == "cuda":
@@ -317,11 +348,14 @@ def fine_tune(
                 on_step(step, record)
 
     stats = LaggedStats()
+    clock.begin_steps()
     began = time.perf_counter()
     for step in range(recipe.steps):
         optimizer.zero_grad(set_to_none=True)
         reg_batches = [b.to(device, non_blocking=non_blocking) for b in next(reg_stream)]
-        totals = _accumulate_gradients(step_loss, batches, reg_batches, recipe.accumulation, ce_weight, runtime)
+        clock.lap("reg_batch")
+        totals = _accumulate_gradients(step_loss, batches, reg_batches, recipe.accumulation, ce_weight, runtime,
+                                       clock)
         grads = [p for p in params if p.grad is not None]
         if runtime.distributed:
             if len(grads) < len(params):
@@ -331,7 +365,9 @@ def fine_tune(
         lr = schedule.get_last_lr()[0]
         optimizer.step()
         schedule.step()
+        clock.lap("optimizer")
         report(stats.push(step, torch.cat([totals, grad_norm.detach().float().reshape(1)]), lr))
+        clock.end_step()
     report(stats.flush())
     peak = None
     if device.type == "cuda":
@@ -341,11 +377,11 @@ def fine_tune(
     reg_stream.close()
     log.info("fine-tuned %d steps in %.1fs (%s, %s)", recipe.steps, seconds, recipe.mode, runtime.describe())
     tau = {name: value.cpu().contiguous() for name, value in model.task_vector().items()}  # whatever the layout
-    return FineTuneResult(tau, seconds, recipe.steps, history, peak)
+    return FineTuneResult(tau, seconds, recipe.steps, history, peak, clock.times)
 
 
 def _accumulate_gradients(step_loss: nn.Module, batches: Iterator[tuple[Any, torch.Tensor]], reg_batches: list[Any],
-                          accumulation: int, ce_weight: float, runtime: Runtime) -> torch.Tensor:
+                          accumulation: int, ce_weight: float, runtime: Runtime, clock: StepClock) -> torch.Tensor:
     """Forward and backward of one optimizer step's micro-batches; returns its (ce, penalty) on the device.
 
     CE is averaged over the micro-batches (scaled by ``ce_weight`` where processes hold unequal
@@ -356,12 +392,15 @@ def _accumulate_gradients(step_loss: nn.Module, batches: Iterator[tuple[Any, tor
     for micro in range(accumulation):
         x, y = next(batches)
         x, y = x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
+        clock.lap("task_batch")
         with runtime.gradient_sync(step_loss, sync=micro == accumulation - 1):
             with runtime.autocast():
                 ce, reg, stats = step_loss(x, y, reg_batches if micro == 0 else [])
             if ce_weight != 1.0:
                 ce = ce * ce_weight
+            clock.lap("forward")
             (ce / accumulation + (reg if reg is not None else 0.0)).backward()
+            clock.lap("backward")
         totals += torch.stack([stats["ce"].float() / accumulation, stats["penalty"].float()])
     return totals
 

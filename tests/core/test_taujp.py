@@ -311,3 +311,44 @@ def test_fine_tune_taujp_never_reads_regularizer_labels(make_mlp):
         assert result.steps == 2
         assert result.history[0]["penalty"] == 0.0  # theta = theta_0 at step 0
         assert result.history[1]["penalty"] > 0.0  # the regularizer really ran
+
+
+class Precomputing(TensorDataset):
+    """A dataset that records which items it was asked to encode ahead and which it was read at."""
+
+    def __init__(self, inputs: torch.Tensor) -> None:
+        super().__init__(inputs)
+        self.encoded: set[int] = set()
+        self.read: list[int] = []
+
+    def precompute(self, index) -> None:
+        self.encoded.update(int(i) for i in index)
+
+    def __getitem__(self, index: int):
+        self.read.append(int(index))
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize("schedule", ["cyclic", "strict"])
+def test_prepare_encodes_what_the_steps_will_draw_and_draws_the_same(schedule):
+    """The indices a run prepares are those its steps then load (past a source's first epoch), and preparing
+    moves no source: the batches equal those of an unprepared twin."""
+    def regularizer() -> Regularizer:
+        sources = [LazyUnlabeledSource(f"s{seed}", Precomputing(index_source(n, seed).inputs), seed=seed)
+                   for seed, n in enumerate((13, 7, 5))]
+        return Regularizer(sources, lam=0.1, schedule=schedule, batch_size=4)
+
+    prepared, plain = regularizer(), regularizer()
+    prepared.prepare(11)
+    assert all(s.dataset.read == [] for s in prepared.sources)  # nothing loaded while preparing
+    batches = [[b.tolist() for b in prepared.batches(step)] for step in range(11)]
+    assert batches == [[b.tolist() for b in plain.batches(step)] for step in range(11)]
+    for source in prepared.sources:
+        assert source.dataset.encoded == set(source.dataset.read) and source.dataset.read
+
+
+def test_an_eager_source_prepares_nothing_and_keeps_its_draws():
+    source, twin = index_source(9, 2), index_source(9, 2)
+    assert source.upcoming(4, 5) == [int(v) for _ in range(5) for v in twin.next_batch(4).flatten().tolist()]
+    source.prepare(range(9))
+    assert source.next_indices(20) == index_source(9, 2).next_indices(20)

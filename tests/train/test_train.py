@@ -335,3 +335,55 @@ def test_accumulation_equals_one_larger_batch(mode):
         assert two.history[step]["grad_norm"] == pytest.approx(one.history[step]["grad_norm"], rel=1e-4), step
     for n in one.task_vector:
         torch.testing.assert_close(two.task_vector[n], one.task_vector[n], rtol=1e-3, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- timing and encoding ahead
+
+
+class EncodedAhead(torch.utils.data.Dataset):
+    """Labelled examples that record which items the loop asked to encode ahead, and which it then read."""
+
+    def __init__(self) -> None:
+        self.inputs, self.targets = TRAIN_X.clone(), TRAIN_Y.clone()
+        self.encoded: list[int] = []
+        self.read: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def precompute(self, index) -> None:
+        self.encoded += list(index)
+
+    def __getitem__(self, i: int):
+        self.read.append(int(i))
+        return self.inputs[i], self.targets[i]
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_the_loop_encodes_ahead_exactly_the_items_its_steps_read(accumulation):
+    """7 steps of 16 (or 2 x 16) over 48 examples run into a third epoch (or a fifth); the items encoded before the first step are
+    the items read, in order, and the vector is the one of a dataset that cannot encode ahead."""
+    train = EncodedAhead()
+    result = fine_tune(backbone(), fixed_head(), train, recipe("taujp", steps=7, accumulation=accumulation),
+                       regularizer())
+    assert train.encoded == train.read and len(train.read) == 7 * accumulation * 16
+    plain = fine_tune(backbone(), fixed_head(), train_set(), recipe("taujp", steps=7, accumulation=accumulation),
+                      regularizer())
+    for name, value in plain.task_vector.items():
+        assert torch.equal(result.task_vector[name], value)
+
+
+def test_step_times_split_setup_warmup_and_steady_steps():
+    from editkit.train.timing import PARTS, WARMUP_STEPS, StepTimes
+
+    result = fine_tune(backbone(), fixed_head(), train_set(), recipe("taujp", steps=9), regularizer(),
+                       time_parts=True)
+    times = result.times
+    assert len(times.steps) == 9 and times.setup > 0
+    assert set(times.parts) == set(PARTS)
+    assert sum(times.parts.values()) == pytest.approx(sum(times.steps[WARMUP_STEPS:]), abs=1e-3)
+    assert sum(times.steps) == pytest.approx(result.seconds, abs=1e-2)
+    by_hand = StepTimes(setup=1.0, steps=[5.0, 3.0, 0.4, 0.2, 0.3, 9.0], parts={"forward": 2.0})
+    assert by_hand.warmup == 8.0 and by_hand.steady_per_step == 0.35  # median of 0.4, 0.2, 0.3, 9.0
+    assert by_hand.parts_per_step() == {"forward": 0.5}
+    assert fine_tune(backbone(), fixed_head(), train_set(), recipe("linear", steps=3)).times.parts == {}
