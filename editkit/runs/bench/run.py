@@ -224,7 +224,8 @@ class BenchConfig:
             if len(pair) != 2 or pair[0] == pair[1]:
                 raise ConfigError(f"--xi-pair needs two different task names 'a,b', got {self.xi_pair!r}")
         return replace(
-            self, modes=modes, methods=methods, adapters=adapters, log=parse_loggers(self.log), bank_root=Path(self.bank_root),
+            self, modes=modes, methods=methods, adapters=adapters, log=parse_loggers(self.log),
+            bank_root=Path(self.bank_root),
             run_dir=Path(self.run_dir) if self.run_dir is not None else None, recipe=recipe,
             grid=len(alphas), alphas=tuple(alphas), negation_grid=len(negation_alphas),
             negation_alphas=tuple(negation_alphas), negation_max=max(negation_alphas), ties_k=float(self.ties_k),
