@@ -126,8 +126,6 @@ class LazyUnlabeledSource(UnlabeledSource):
     ``batching.collate`` for inputs of different lengths.
     """
 
-    lazy = True
-
     def __init__(self, name: str, dataset: Dataset, *, seed: int = 0,
                  collate: Callable[[list[Any]], Any] | None = None) -> None:
         if len(dataset) == 0:
@@ -149,6 +147,14 @@ class LazyUnlabeledSource(UnlabeledSource):
 
     def load(self, index: list[int]) -> Any:
         return self._collate([self._get(i) for i in index])
+
+    @property
+    def lazy(self) -> bool:
+        """Whether a draw loads data worth loading in a thread beside the step (decoding images): not where the
+        dataset encodes ahead (:func:`precompute`), whose draws then only collate what :meth:`prepare`
+        computed. There a second thread only competes with the step for the cores: on offline-text's 2-core
+        CPU the tauJp stream's steady step was 1.46x the linear one's with it, 1.19x drawn in the loop."""
+        return not callable(getattr(self.dataset, "precompute", None))
 
     def prepare(self, index: Iterable[int]) -> None:
         """Encode ahead what loading ``index`` derives, where the dataset can (:func:`precompute`)."""

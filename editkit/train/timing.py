@@ -10,13 +10,18 @@ With ``parts=True`` the clock also splits each step into :data:`PARTS`. On a GPU
 queued asynchronously, so a part's wall time is the host's, not the device's, unless the device is
 synchronized at each boundary: the clock does that, which is why parts are a profiling option and off
 in ordinary runs (where a step never waits for the device; see ``editkit.train.loop.LaggedStats``).
+:func:`profiled` turns it on for every run inside a block, however the runs are started (a stream's,
+the bench's), and collects their times.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
@@ -59,15 +64,35 @@ class StepTimes:
         return {part: seconds / count for part, seconds in self.parts.items()}
 
 
+_PROFILED: ContextVar[list[StepTimes] | None] = ContextVar("editkit_profiled_runs", default=None)
+
+
+@contextlib.contextmanager
+def profiled() -> Iterator[list[StepTimes]]:
+    """Time the parts of every step of the runs started inside the block, and collect each run's
+    :class:`StepTimes` in the list it yields, in the order the runs started. A benchmark of whole streams
+    uses it: the stream's own loop, sources and schedule run as a user's do, with their times recorded."""
+    runs: list[StepTimes] = []
+    token = _PROFILED.set(runs)
+    try:
+        yield runs
+    finally:
+        _PROFILED.reset(token)
+
+
 class StepClock:
     """Times a run's setup and steps (one ``perf_counter`` read per step) and, with ``parts``, each part.
 
     Use: :meth:`begin_steps` after setup, :meth:`lap` after each part of a step (a no-op without ``parts``),
     :meth:`end_step` after each step. ``device``: where the step runs; a CUDA device is synchronized at
-    each lap (with ``parts`` only)."""
+    each lap (with ``parts`` only). Inside :func:`profiled` parts are timed and the times collected."""
 
     def __init__(self, *, parts: bool = False, device: torch.device | None = None) -> None:
         self.times = StepTimes()
+        collected = _PROFILED.get()
+        if collected is not None:
+            collected.append(self.times)
+            parts = True
         self._parts = parts
         self._sync = parts and device is not None and device.type == "cuda"
         self._created = self._last = time.perf_counter()

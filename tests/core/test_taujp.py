@@ -352,3 +352,10 @@ def test_an_eager_source_prepares_nothing_and_keeps_its_draws():
     assert source.upcoming(4, 5) == [int(v) for _ in range(5) for v in twin.next_batch(4).flatten().tolist()]
     source.prepare(range(9))
     assert source.next_indices(20) == index_source(9, 2).next_indices(20)
+
+
+def test_only_a_source_that_cannot_encode_ahead_is_loaded_in_a_thread():
+    inputs = index_source(6, 0).inputs
+    assert LazyUnlabeledSource("decoded", TensorDataset(inputs)).lazy
+    assert not LazyUnlabeledSource("encoded", Precomputing(inputs)).lazy
+    assert not Regularizer([LazyUnlabeledSource("encoded", Precomputing(inputs))], lam=0.1).lazy

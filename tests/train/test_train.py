@@ -387,3 +387,13 @@ def test_step_times_split_setup_warmup_and_steady_steps():
     assert by_hand.warmup == 8.0 and by_hand.steady_per_step == 0.35  # median of 0.4, 0.2, 0.3, 9.0
     assert by_hand.parts_per_step() == {"forward": 0.5}
     assert fine_tune(backbone(), fixed_head(), train_set(), recipe("linear", steps=3)).times.parts == {}
+
+
+def test_profiled_times_the_parts_of_every_run_inside_it():
+    from editkit.train.timing import PARTS, profiled
+
+    with profiled() as runs:
+        first = fine_tune(backbone(), fixed_head(), train_set(), recipe("linear", steps=4))
+        second = fine_tune(backbone(), fixed_head(), train_set(), recipe("taujp", steps=5), regularizer())
+    assert runs == [first.times, second.times] and set(second.times.parts) == set(PARTS)
+    assert fine_tune(backbone(), fixed_head(), train_set(), recipe("linear", steps=3)).times.parts == {}
