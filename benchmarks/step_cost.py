@@ -1,8 +1,8 @@
 """Cost of one training step per mode, measured in one process.
 
 Runs ``editkit.train.loop.fine_tune`` for each mode on the same task, batch and
-sources; times every step through the ``on_step`` callback (median after warm-up)
-and samples the process's resident memory while each mode runs. Prints ratios
+sources; takes every step's own duration from the run (``FineTuneResult.times``; median after
+warm-up) and samples the process's resident memory while each mode runs. Prints ratios
 against the plain (non-linear) step and writes them as JSON.
 
 - classification scenarios (default ``offline-vision``; ``offline-text`` too): nonlinear,
@@ -18,11 +18,13 @@ The allocator is tuned as ``editkit`` commands tune it on a CPU (freed memory ke
 reuse, ``editkit.util.memory.keep_freed_memory``), and each mode's memory window starts
 with the freed memory handed back, so the modes' peaks do not carry each other's.
 ``--channels-last`` runs every mode with the backbone's weights channels-last (the runtime
-option of the same name). ``--rounds R`` (classification scenarios) runs the modes in turn R
-times and takes each mode's median over all its timed steps: a slow spell of a shared host
-then falls on every mode alike instead of on whichever mode ran during it.
+option of the same name). ``--rounds R`` (classification scenarios, default 3) runs the modes in turn
+R times; each ratio is the median over rounds of the ratio of the two modes' median steps in that round,
+so the two steps compared ran minutes apart at most and a slow spell of the host spoils one round, not
+the result (the rounds' ratios are printed, so a spread shows). ``--threads`` pins torch's threads (default:
+the cores torch sees), recorded with the results.
 
-    python benchmarks/step_cost.py [--scenario toxic] [--steps 12] [--warmup 3] [--rounds 1]
+    python benchmarks/step_cost.py [--scenario toxic] [--steps 30] [--warmup 5] [--rounds 3] [--threads N]
                                    [--channels-last] [--json runs/step_cost.json]
 """
 
@@ -31,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -44,6 +45,12 @@ from editkit.core.taujp import UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
 from editkit.train.runtime import Runtime
 
+RATIOS = {  # name -> (label over label), each the median over rounds of the round's ratio
+    "linear_over_nonlinear": ("linear", "nonlinear"),
+    "taujp_over_linear": ("taujp", "linear"),
+    "strict_over_linear": ("taujp_strict", "linear"),
+    "taujp_nonlinear_over_nonlinear": ("taujp_nonlinear", "nonlinear"),
+}
 MODES = {  # label -> (mode, schedule)
     "nonlinear": ("nonlinear", "cyclic"),
     "linear": ("linear", "cyclic"),
@@ -53,28 +60,17 @@ MODES = {  # label -> (mode, schedule)
 }
 
 
-def timed_steps(stamps: list[float], warmup: int) -> list[float]:
-    """Seconds of each step after the first ``warmup``, from the times the loop reported the steps.
-
-    The loop reports step s once step s + 1 has run (it reads a step's statistics a step late) and
-    its last step right after the one before, so the gap between reports s and s + 1 is the time of
-    step s + 2, and the last gap times nothing."""
-    gaps = [b - a for a, b in zip(stamps[:-2], stamps[1:-1])]  # gaps[i]: step i + 2
-    return gaps[max(0, warmup - 2):]
-
-
 def measure(built, recipe: Recipe, sources: list[UnlabeledSource], warmup: int,
             runtime: Runtime) -> tuple[list[float], float]:
     """(seconds of each timed step, peak RSS in MB) of one fine-tune of the first task."""
     task = built.tasks[0]
-    regularizer = recipe.regularizer(sources)
-    stamps: list[float] = []
-    with PeakRSS(interval=0.001) as rss:
-        fine_tune(built.backbone.module, built.heads[task.name], task.train, recipe, regularizer,
-                  batching=built.backbone.batching, runtime=runtime,
-                  on_step=lambda step, record: stamps.append(time.perf_counter()))
+    for source in sources:
+        source.restart()  # every run draws the same reg batches
+    with PeakRSS() as rss:
+        result = fine_tune(built.backbone.module, built.heads[task.name], task.train, recipe,
+                           recipe.regularizer(sources), batching=built.backbone.batching, runtime=runtime)
         peak = rss.window()
-    return timed_steps(stamps, warmup), peak / 2**20
+    return result.times.steps[warmup:], peak / 2**20
 
 
 def measure_language(spec, built, args) -> dict:
@@ -95,19 +91,16 @@ def measure_language(spec, built, args) -> dict:
                           limit=recipe0.batch_size * args.steps)
         clean = sequences(backbone, corpus_split(generic.get("corpus", "clean-news"), "train"), length,
                           limit=recipe0.reg_batch_size * args.steps)
-        for data in (train, clean):
-            data.states  # noqa: B018 - computes and keeps every block's prefix states before timing, as a run does
         source = LazyUnlabeledSource("clean", clean, collate=backbone.batching.collate)
         per_mode = {}
         for mode in ("nonlinear", "linear", "taujp"):
             recipe = recipe0.with_overrides(mode=mode, steps=args.steps)
             regularizer = recipe.regularizer([source])
-            stamps: list[float] = []
-            with PeakRSS(interval=0.001) as rss:
-                fine_tune(backbone.module, backbone.head, train, recipe, regularizer, batching=backbone.batching,
-                          on_step=lambda step, record: stamps.append(time.perf_counter()))
+            with PeakRSS() as rss:
+                result = fine_tune(backbone.module, backbone.head, train, recipe, regularizer,
+                                   batching=backbone.batching)
                 peak = rss.window()
-            durations = timed_steps(stamps, args.warmup)
+            durations = result.times.steps[args.warmup:]
             per_mode[mode] = {"seconds_per_step": statistics.median(durations), "peak_rss_mb": peak / 2**20}
             print(f"K={blocks:>3} {mode:>9}: {per_mode[mode]['seconds_per_step']:.3f} s/step  "
                   f"peak RSS {per_mode[mode]['peak_rss_mb']:.0f} MB", flush=True)
@@ -123,10 +116,11 @@ def measure_language(spec, built, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", default="offline-vision")
-    parser.add_argument("--steps", type=int, default=12, help="steps per mode, warm-up included")
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30, help="steps per mode, warm-up included")
+    parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--blocks", default="1,4,all", help="language scenarios: trainable decoder blocks to measure")
-    parser.add_argument("--rounds", type=int, default=1, help="times every mode runs, in turn (classification)")
+    parser.add_argument("--rounds", type=int, default=3, help="times every mode runs, in turn (classification)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads, pinned")
     parser.add_argument("--channels-last", action="store_true", help="the backbone's 4-D weights channels-last")
     parser.add_argument("--json", type=Path, default=Path("runs/step_cost.json"))
     args = parser.parse_args()
@@ -134,6 +128,7 @@ def main() -> None:
         parser.error("need at least 5 timed steps (steps - warmup >= 5)")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    torch.set_num_threads(args.threads)
     keep_freed_memory()
 
     spec = load_scenario(args.scenario)
@@ -147,18 +142,19 @@ def main() -> None:
     sources = [unlabeled_source(t.name, t.train, collate=built.backbone.batching.collate) for t in built.tasks[1:]]
     if built.generic is not None:
         sources.append(built.generic)
-    for data in (built.tasks[0].train, *(t.train for t in built.tasks[1:]), getattr(built.generic, "dataset", None)):
-        getattr(data, "states", None)  # text: every prefix state computed and kept before timing, as a run keeps them
     # One untimed pass first: the process's first training steps pay one-off costs (allocator, kernels'
     # first calls) that the per-mode warm-up alone does not absorb.
     runtime = Runtime(channels_last=args.channels_last)
     measure(built, spec.recipe.with_overrides(mode="taujp", steps=args.warmup + 1), sources, args.warmup, runtime)
+    rounds: list[dict[str, float]] = []  # per round, each mode's median step
     durations: dict[str, list[float]] = {label: [] for label in MODES}
     peaks: dict[str, list[float]] = {label: [] for label in MODES}
     for _ in range(args.rounds):
+        rounds.append({})
         for label, (mode, schedule) in MODES.items():
             recipe = spec.recipe.with_overrides(mode=mode, schedule=schedule, steps=args.steps)
             timed, peak = measure(built, recipe, sources, args.warmup, runtime)
+            rounds[-1][label] = statistics.median(timed)
             durations[label] += timed
             peaks[label].append(peak)
     results = {label: {"seconds_per_step": statistics.median(durations[label]), "steps_timed": len(durations[label]),
@@ -166,7 +162,6 @@ def main() -> None:
     for label, result in results.items():
         print(f"{label:>15}: {result['seconds_per_step']:.3f} s/step  peak RSS {result['peak_rss_mb']:.0f} MB")
 
-    sec = {k: v["seconds_per_step"] for k, v in results.items()}
     mem = {k: v["peak_rss_mb"] for k, v in results.items()}
     report = {
         "scenario": spec.name,
@@ -176,16 +171,16 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "runtime": runtime.describe(),
         "rounds": args.rounds,
-        "seconds_per_step": sec,
-        "linear_over_nonlinear": sec["linear"] / sec["nonlinear"],
-        "taujp_over_linear": sec["taujp"] / sec["linear"],
-        "strict_over_linear": sec["taujp_strict"] / sec["linear"],
-        "taujp_nonlinear_over_nonlinear": sec["taujp_nonlinear"] / sec["nonlinear"],
+        "seconds_per_step": {k: v["seconds_per_step"] for k, v in results.items()},
+        "seconds_per_step_rounds": rounds,
+        **{name: statistics.median(r[top] / r[bottom] for r in rounds) for name, (top, bottom) in RATIOS.items()},
+        "ratio_rounds": {name: [r[top] / r[bottom] for r in rounds] for name, (top, bottom) in RATIOS.items()},
         "peak_rss_mb": mem,
         "memory_over_nonlinear": {k: v / mem["nonlinear"] for k, v in mem.items()},
     }
-    ratios = ("linear_over_nonlinear", "taujp_over_linear", "strict_over_linear", "taujp_nonlinear_over_nonlinear")
-    print(json.dumps({k: report[k] for k in ratios}, indent=2))
+    print(json.dumps({k: report[k] for k in RATIOS}, indent=2))
+    print("per round: " + "; ".join(f"{k} " + " / ".join(f"{v:.3f}" for v in values)
+                                    for k, values in report["ratio_rounds"].items()))
     _write(args.json, report)
 
 
