@@ -191,6 +191,8 @@ class TauJpPlugin(SupervisedPlugin):
         head = model.head(exp.task_label)
         model.step = StepComputer(model.task_model, head, self._regularizer(exp.current_experience, recipe),
                                   model.backbone.batching)
+        if model.step.regularizer is not None:  # encode ahead what the reg draws will read, as a stream's run does
+            model.step.regularizer.prepare(recipe.steps)
         self._reg_stream = reg_batch_stream(model.step.regularizer, recipe.steps)
         optimizer, self._schedule = optimizer_for(list(model.task_model.theta), recipe)
         self._saved = {"optimizer": strategy.optimizer, "train_epochs": strategy.train_epochs}
