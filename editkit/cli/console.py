@@ -114,13 +114,21 @@ def step_table(step: StepRecord, single: Mapping[str, float], *, perplexity: boo
     perplexity: the scores are test perplexities (language tasks), shown as numbers, without the
     normalized column (a ratio of perplexities is not the paper's normalized accuracy)."""
     merged = step.merged
-    title = (f"after {step.task} (step {step.step + 1})" + ("  [resumed from bank]" if step.resumed else "")
-             + f"  —  {step.cost.seconds_per_step or 0:.2f} s/step")
+    title = f"after {step.task} (step {step.step + 1})" + ("  [resumed from bank]" if step.resumed else "") + _cost(step)
     if perplexity:
         return accuracy_table(title + "  —  test perplexity", merged["per_task"], pretrained={step.task: step.pretrained},
                               fmt=_ppl)
     return accuracy_table(title, merged["per_task"], single={t: single[t] for t in merged["per_task"]},
                           summary={"absolute": merged["absolute"], "normalized": merged["normalized"]})
+
+
+def _cost(step: StepRecord) -> str:
+    """The step's fine-tuning cost: the median steady step (what one more step costs, as the bench's cost table
+    reads it), or, for a bank written before steps were timed, seconds over steps."""
+    steady = step.cost.steady_seconds_per_step
+    if steady is not None:
+        return f"  —  {steady:.3f} s/step (steady), {step.cost.train_seconds or 0:.1f} s fine-tuning"
+    return f"  —  {step.cost.seconds_per_step or 0:.2f} s/step"
 
 
 def accuracy_table(title: str, per_task: Mapping[str, float], single: Mapping[str, float] | None = None,

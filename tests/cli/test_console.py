@@ -9,7 +9,8 @@ import io
 import pytest
 from rich.table import Table
 
-from editkit.cli.console import LogConsole, RichProgress, redraws
+from editkit.cli.console import LogConsole, RichProgress, redraws, step_table
+from editkit.runs.records import StepRecord, TrainingCost
 
 from helpers.cli import FINISHED_TASK
 
@@ -78,3 +79,20 @@ def test_an_interrupted_task_prints_nothing():
             bar.advance(3)
             raise KeyboardInterrupt
     assert console.file.getvalue() == ""
+
+
+def step_title(cost: TrainingCost) -> str:
+    merged = {"per_task": {"a": 0.9}, "absolute": 90.0, "normalized": 100.0}
+    step = StepRecord(step=0, task="a", pretrained=0.5, single_task=0.9, cost=cost, merged=merged)
+    return step_table(step, {"a": 0.9}).title
+
+
+def test_a_stream_step_shows_its_median_steady_step_beside_its_fine_tuning_seconds():
+    # 2 warm-up steps of 1.0 s and 8 steady steps of 0.2 s: 2.6 s, 0.26 s over all 10 steps
+    cost = TrainingCost(train_seconds=2.6, seconds_per_step=0.26, train_steps=10, steady_seconds_per_step=0.2)
+    assert step_title(cost).endswith("0.200 s/step (steady), 2.6 s fine-tuning")
+
+
+def test_a_bank_from_before_steps_were_timed_shows_seconds_over_steps():
+    cost = TrainingCost(train_seconds=2.6, seconds_per_step=0.26, train_steps=10)
+    assert step_title(cost).endswith("0.26 s/step")
