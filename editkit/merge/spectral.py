@@ -54,8 +54,19 @@ def mean_of(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def svd(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The reduced SVD ``U diag(S) Vh`` of ``matrix``, singular values descending."""
-    return torch.linalg.svd(matrix, full_matrices=False)
+    """The reduced SVD ``U diag(S) Vh`` of ``matrix``, singular values descending.
+
+    LAPACK's divide-and-conquer SVD (what torch runs on a CPU) can fail to converge in float32 on a matrix
+    whose singular values cluster: it did on a 384 x 384 basis of gathered singular vectors that Iso-CTS
+    orthonormalizes (offline-text, ``taujp-nonlinear`` vectors). The same matrix in float64 converges, so a
+    float32 failure is retried there and the factors cast back."""
+    try:
+        return torch.linalg.svd(matrix, full_matrices=False)
+    except torch.linalg.LinAlgError:
+        if matrix.dtype == torch.float64:
+            raise
+        u, s, vh = torch.linalg.svd(matrix.double(), full_matrices=False)
+        return u.to(matrix.dtype), s.to(matrix.dtype), vh.to(matrix.dtype)
 
 
 def orthonormalized(basis: torch.Tensor) -> torch.Tensor:

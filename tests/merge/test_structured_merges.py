@@ -18,7 +18,7 @@ from editkit.errors import ConfigError, CorruptVectorError, IncompatibleVectorsE
 from editkit.merge.arithmetic import merged_vector
 from editkit.merge.cart import cart_merge
 from editkit.merge.isotropic import common_rank, isotropic_merge
-from editkit.merge.spectral import orthonormalized
+from editkit.merge.spectral import orthonormalized, svd
 from editkit.merge.tsv import tsv_merge
 
 BASE = "sha256:" + "cd" * 32
@@ -168,3 +168,31 @@ def test_add_reads_banked_vectors_tensor_by_tensor_and_merges_them_alike(tmp_pat
     (tmp_path / "bank" / "t1.safetensors").write_bytes(b"not a vector")
     with pytest.raises(CorruptVectorError, match="t1"):
         merged_vector(bank, {"t0": 1.0, "t1": 1.0}, "iso-c", {})
+
+
+def test_a_float32_svd_that_fails_to_converge_is_retried_in_float64(monkeypatch):
+    """LAPACK's float32 SVD failed to converge on a real Iso-CTS basis (a bench crashed on it); the float64 SVD
+    of the same matrix converges. Simulated here: float32 refuses, and the result is still the known SVD
+    (singular values 3 and 1 of a rotated diagonal matrix), in float32."""
+    real_svd = torch.linalg.svd
+
+    def float32_fails(matrix, full_matrices=True):
+        if matrix.dtype == torch.float32:
+            raise torch.linalg.LinAlgError("linalg.svd: The algorithm failed to converge")
+        return real_svd(matrix, full_matrices=full_matrices)
+
+    monkeypatch.setattr(torch.linalg, "svd", float32_fails)
+    rotation = orthogonal(2, seed=3)
+    u, s, vh = svd((rotation @ diag(3.0, 1.0)).float())
+    assert u.dtype == s.dtype == vh.dtype == torch.float32
+    assert torch.allclose(s, torch.tensor([3.0, 1.0]), atol=1e-6)
+    assert torch.allclose(u.abs(), rotation.float().abs(), atol=1e-6) and torch.allclose(vh.abs(), torch.eye(2), atol=1e-6)
+
+
+def test_a_float64_svd_that_fails_to_converge_is_raised(monkeypatch):
+    def fails(matrix, full_matrices=True):
+        raise torch.linalg.LinAlgError("linalg.svd: The algorithm failed to converge")
+
+    monkeypatch.setattr(torch.linalg, "svd", fails)
+    with pytest.raises(torch.linalg.LinAlgError):  # nowhere further to go
+        svd(diag(3.0, 1.0))
