@@ -346,6 +346,8 @@ def test_diagnostics_negation_and_cost(bench_run):
         assert cost["trained_now"] == TASKS
         assert cost["total_seconds"] == pytest.approx(cost["finetune_seconds"] + cost["merge_seconds"])
         assert set(cost["method_seconds"]) == set(report["methods"]) and cost["ties_seconds"] is not None
+        linear_step = report["cost"]["linear"]["steady_seconds_per_step"]  # the cost table's "vs linear"
+        assert cost["steady_over_linear"] == pytest.approx(cost["steady_seconds_per_step"] / linear_step)
     claims = report["claims"]  # taujp at alpha = 1 against nonlinear and linear, apart from taujp's other rows
     assert claims["margin"] == BenchConfig.claim_margin
     assert {r["mode"] for r in claims["baselines"]} == {None, "nonlinear", "linear"}
@@ -567,6 +569,7 @@ def test_a_bench_shows_adapter_and_full_rows_side_by_side(tmp_path):
     assert sorted(p.name for p in (tmp_path / "banks").iterdir()) == sorted(f"bench-mini-{v}" for v in labels)
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["modes"] == labels and list(report["cost"]) == labels
+    assert all(report["cost"][label]["steady_over_linear"] is None for label in labels)  # no linear stream to compare
     for label in labels:
         bank = Bank(tmp_path / "banks" / f"bench-mini-{label}")
         lora = label.endswith("-lora")

@@ -82,7 +82,7 @@ from editkit.merge.ties import TIES_DEFAULT_K
 from editkit.util.progress import NullProgress, Progress
 from editkit.core.adapters import ADAPTERS
 from editkit.core.modes import PAPER_MODES, Mode
-from editkit.train.recipe import Recipe
+from editkit.train.recipe import Recipe, label_parts
 from editkit.eval.sweep import SPLITS, ModeEvaluator, SharedModels, TaskSplits
 
 if TYPE_CHECKING:  # annotations only
@@ -294,6 +294,7 @@ class CostSection(TypedDict):
     seconds_per_step: float | None  # finetune_seconds / steps: warm-up and slow spells included
     setup_seconds: float | None  # before the first steps and in the warm-up steps, summed over tasks
     steady_seconds_per_step: float | None  # each task's median step after warm-up, weighted by its steps
+    steady_over_linear: float | None  # that step over the linear stream's of the same adapter (None without one)
     peak_rss_bytes: int | None
     peak_rss_mib: float | None
     merge_seconds: float
@@ -719,6 +720,17 @@ def _cost(state: _ModeState, result: Mapping[str, Any], tasks: Sequence[str]) ->
     }
 
 
+def _with_step_ratios(cost: dict[str, CostSection]) -> dict[str, CostSection]:
+    """Each stream's steady step over the linear stream's of the same adapter (``taujp-lora`` against
+    ``linear-lora``): what a mode's step costs against the linearized step, without one-off work."""
+    for label, section in cost.items():
+        adapter = label_parts(label)[1]
+        linear = cost.get("linear" if adapter == "none" else f"linear-{adapter}", {}).get("steady_seconds_per_step")
+        steady = section["steady_seconds_per_step"]
+        section["steady_over_linear"] = steady / linear if steady and linear else None
+    return cost
+
+
 class Comparison(TypedDict):
     """One claim of ``report["claims"]``: tauJp at alpha = 1 against the row ``against`` on one accuracy."""
 
@@ -821,7 +833,7 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
         "negation": {m: results[m]["negation"] for m in states},
         **diagnostics,
         "streams": streams,
-        "cost": {m: _cost(states[m], results[m], tasks) for m in states},
+        "cost": _with_step_ratios({m: _cost(states[m], results[m], tasks) for m in states}),
         "claims": claims(rows, config.claim_margin),
     })
 

@@ -119,19 +119,14 @@ def cost_table(report: Mapping[str, Any]):
     """Fine-tuning and merging cost per stream. "s/step" is fine-tune seconds over steps; "steady s/step" the
     median step after warm-up (setup and warm-up apart, in "setup s"), and "vs linear" its ratio to the linear
     stream's of the same adapter: a step's cost, without one-off work or a slow spell of the machine."""
-    from editkit.train.recipe import label_parts
-
     table = Table(title="cost (this machine; fine-tuning from the bank's per-step records)", title_justify="left")
     for column in ("mode", "fine-tune s", "steps", "s/step", "setup s", "steady s/step", "vs linear", "peak RSS MiB",
                    "merge s", "TIES merge s", "total s"):
         table.add_column(column, justify="left" if column == "mode" else "right")
-    steady = {label: c.get("steady_seconds_per_step") for label, c in report["cost"].items()}
     for label, c in report["cost"].items():
-        adapter = label_parts(label)[1]
-        linear = steady.get("linear" if adapter == "none" else f"linear-{adapter}")
-        ratio = steady[label] / linear if steady[label] and linear else None
         table.add_row(label, _num(c["finetune_seconds"], 1), str(c["steps"]), _num(c["seconds_per_step"], 3),
-                      _num(c.get("setup_seconds"), 1), _num(steady[label], 3), _num(ratio, 2),
+                      _num(c.get("setup_seconds"), 1), _num(c.get("steady_seconds_per_step"), 3),
+                      _num(c.get("steady_over_linear"), 2),
                       _num(c["peak_rss_mib"], 0), _num(c["merge_seconds"], 3), _num(c["ties_seconds"], 3),
                       _num(c["total_seconds"], 1))
     return table
