@@ -51,7 +51,7 @@ from editkit.eval.scorers import task_scorer
 from editkit.util.progress import NullProgress, Progress
 from editkit.runs.loggers import RunLogger, open_loggers, parse_loggers
 from editkit.runs.records import MergedScores, StepRecord, StreamResult, StreamStepCallback, TrainingCost
-from editkit.train.recipe import Recipe, attach_adapter
+from editkit.train.recipe import Recipe, attach_adapter, recipe_differences
 from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
 from editkit.scenario.options import BuildOptions
@@ -232,7 +232,7 @@ class StreamRunner:
         if name not in self.bank:
             return None
         entry = self.bank.get(name)
-        if entry.scenario != self.scenario or entry.recipe != self.recipe_for(t).to_dict():
+        if entry.scenario != self.scenario or recipe_differences(entry.recipe, self.recipe_for(t).to_dict()):
             raise BankError(
                 f"bank {self.bank.root} holds a vector {name!r} from another run (scenario {entry.scenario!r}, "
                 f"mode {entry.mode!r}); use another --bank directory or remove it"

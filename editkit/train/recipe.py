@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # the penalty runs on torch; the recipe is read by commands t
 SCHEDULES = ("cyclic", "strict")
 SCOPES = ("seen", "all")
 PENALTY_TARGETS = ("features", "logits")
+#: Fields only the tauJp penalty reads: a mode without the penalty trains the same vector whatever they are.
+PENALTY_FIELDS = ("lam", "schedule", "scope", "reg_batch", "squared", "penalty_on", "generic")
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,17 @@ def label_parts(label: str) -> tuple[str, str]:
         if adapter != "none" and label.endswith(f"-{adapter}"):
             return label[: -len(adapter) - 1], adapter
     return label, "none"
+
+
+def recipe_differences(recorded: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    """The fields (sorted) in which a banked vector's recorded recipe and a run's recipe (both as
+    :meth:`Recipe.to_dict` writes them) differ. In a mode without the penalty its fields are not compared:
+    they did not shape the vector, so a bank of plain vectors stays usable when a scenario changes its reg
+    batch."""
+    keys = set(recorded) | set(wanted)
+    if not Mode(wanted["mode"]).penalized:
+        keys -= set(PENALTY_FIELDS)
+    return sorted(k for k in keys if recorded.get(k) != wanted.get(k))
 
 
 def from_mapping(values: Mapping[str, Any], base: Recipe | None = None) -> Recipe:

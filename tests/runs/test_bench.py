@@ -496,10 +496,12 @@ def test_mismatched_banks_are_refused_before_training(tmp_path):
     other.append("digits", {"w": torch.zeros(2)}, task="digits", mode="linear", base=fingerprint,
                  scenario="bench-mini", recipe=recipe)
     refused(args, "recipe", "steps 7 vs 1")
-    # everything recorded matches, but the tensors do not fit the backbone
+    # everything recorded matches (a reg batch is not compared in a mode without the penalty: it did not shape
+    # the vector), but the tensors do not fit the backbone
     other.remove("digits")
+    recipe = spec.recipe.with_overrides(mode="linear", steps=1, reg_batch=7).to_dict()
     other.append("digits", {"w": torch.zeros(2)}, task="digits", mode="linear", base=fingerprint,
-                 scenario="bench-mini", recipe=spec.recipe.with_overrides(mode="linear", steps=1).to_dict())
+                 scenario="bench-mini", recipe=recipe)
     refused(args, "does not fit", "'w'")
     assert (run / "report.json").read_text() == "previous"
     assert [p.name for p in run.iterdir()] == ["report.json"]

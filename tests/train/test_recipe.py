@@ -14,7 +14,7 @@ import pytest
 from editkit.core.modes import Mode
 from editkit.errors import ConfigError
 from editkit.scenario.spec import parse_scenario, task_recipes
-from editkit.train.recipe import Recipe, from_mapping, label_parts
+from editkit.train.recipe import Recipe, from_mapping, label_parts, recipe_differences
 
 
 def scenario(recipe: dict, *tasks: dict):
@@ -110,3 +110,18 @@ def test_refusals_name_the_problem():
         from_mapping({"steps": 3, "epochs": 1})
     with pytest.raises(ConfigError, match="unknown recipe field"):
         scenario({}, {"recipe": {"lrr": 1}})
+
+
+def test_a_bank_compares_the_penalty_fields_only_where_the_mode_has_the_penalty():
+    """A scenario that changes its reg batch (offline-text: 4 -> 2) changes tauJp's vectors, not plain ones."""
+    before, now = Recipe(reg_batch=4, lam=0.1), Recipe(reg_batch=2, lam=0.2)
+    for mode in ("nonlinear", "linear", "sequential"):
+        recorded = before.with_overrides(mode=mode).to_dict()
+        assert recipe_differences(recorded, now.with_overrides(mode=mode).to_dict()) == []
+        assert recipe_differences(recorded, now.with_overrides(mode=mode, lr=1e-3).to_dict()) == ["lr"]
+    for mode in ("taujp", "taujp-nonlinear"):
+        recorded = before.with_overrides(mode=mode).to_dict()
+        assert recipe_differences(recorded, now.with_overrides(mode=mode).to_dict()) == ["lam", "reg_batch"]
+    # another mode is a difference whatever else is, and a field one side lacks is one too
+    assert recipe_differences(Recipe(mode="taujp").to_dict(), Recipe(mode="linear").to_dict()) == ["mode"]
+    assert recipe_differences({**Recipe(mode="linear").to_dict(), "epochs": 2.0}, Recipe(mode="linear").to_dict()) == ["epochs"]
