@@ -720,7 +720,7 @@ def _cost(state: _ModeState, result: Mapping[str, Any], tasks: Sequence[str]) ->
     }
 
 
-def _with_step_ratios(cost: dict[str, CostSection]) -> dict[str, CostSection]:
+def with_step_ratios(cost: dict[str, CostSection]) -> dict[str, CostSection]:
     """Each stream's steady step over the linear stream's of the same adapter (``taujp-lora`` against
     ``linear-lora``): what a mode's step costs against the linearized step, without one-off work."""
     for label, section in cost.items():
@@ -833,7 +833,7 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
         "negation": {m: results[m]["negation"] for m in states},
         **diagnostics,
         "streams": streams,
-        "cost": _with_step_ratios({m: _cost(states[m], results[m], tasks) for m in states}),
+        "cost": with_step_ratios({m: _cost(states[m], results[m], tasks) for m in states}),
         "claims": claims(rows, config.claim_margin),
     })
 
