@@ -5,28 +5,19 @@ resident memory above its level before the merge is compared with the sizes invo
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+
+from helpers.benchmarks import benchmark_script
 
 TASKS, LAYERS, WIDTH = 8, 8, 1024
 MODEL = LAYERS * WIDTH**2 * 4  # M: the merged vector's float32 updates (32 MiB)
 LAYER = WIDTH**2 * 4  # m: one layer's (4 MiB)
 
 
-def merge_memory():
-    path = Path(__file__).parents[2] / "benchmarks" / "merge_memory.py"
-    spec = importlib.util.spec_from_file_location("merge_memory", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("method", ["ties", "dare", "magmax", "opcm"])
 def test_a_merge_holds_one_model_plus_about_one_layer_per_vector(method):
-    record = merge_memory().run_child(method, ["--layers", str(LAYERS), "--width", str(WIDTH), "--rank", "4",
-                                               "--tasks", str(TASKS)])
+    arguments = ["--layers", str(LAYERS), "--width", str(WIDTH), "--rank", "4", "--tasks", str(TASKS)]
+    record = benchmark_script("merge_memory").run_child(method, arguments)
     assert record["model_bytes"] == MODEL and record["outputs"] == 1
     # M for the merged vector, M more for TIES' one-vector threshold pass (the two never coexist, but the
     # allocator's high-water mark may keep both), T layers and a few layers of float64 work: 3M + T m = 128 MiB,

@@ -4,25 +4,16 @@ Also: a dataset whose inputs lie on the training device is batched in this proce
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
 from editkit.data.tasks import TensorTaskDataset
 from editkit.train.loop import _held_on_device
 from editkit.train.runtime import Runtime
-
-
-def gpu_step_cost():
-    path = Path(__file__).parents[2] / "benchmarks" / "gpu_step_cost.py"
-    spec = importlib.util.spec_from_file_location("gpu_step_cost", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers.benchmarks import benchmark_script
 
 
 def test_the_gpu_benchmark_reports_each_mode_and_its_ratios(tmp_path, monkeypatch):
@@ -30,7 +21,7 @@ def test_the_gpu_benchmark_reports_each_mode_and_its_ratios(tmp_path, monkeypatc
     monkeypatch.setattr(sys, "argv", ["gpu_step_cost.py", "--model", "editkit-tiny-clip", "--device", "cpu",
                                       "--batch", "8", "--steps", "7", "--warmup", "2", "--rounds", "2",
                                       "--modes", "nonlinear,linear,taujp", "--json", str(out)])
-    gpu_step_cost().main()
+    benchmark_script("gpu_step_cost").main()
     report = json.loads(out.read_text())
     assert report["batch_size"] == 8 and report["reg_batch"] == 1 and report["penalty_sources"] == 7
     assert report["runtime"] == "cpu, bf16" and report["data"] == "device"
