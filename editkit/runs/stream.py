@@ -232,12 +232,15 @@ class StreamRunner:
         if name not in self.bank:
             return None
         entry = self.bank.get(name)
-        if entry.scenario != self.scenario or recipe_differences(entry.recipe, self.recipe_for(t).to_dict()):
-            raise BankError(
-                f"bank {self.bank.root} holds a vector {name!r} from another run (scenario {entry.scenario!r}, "
-                f"mode {entry.mode!r}); use another --bank directory or remove it"
-            )
-        return StepRecord.from_dict(entry.metrics)
+        wanted = self.recipe_for(t).to_dict()
+        if entry.scenario != self.scenario:
+            why = f"scenario {entry.scenario!r}, not {self.scenario!r}"
+        elif differences := recipe_differences(entry.recipe, wanted):
+            why = "recipe: " + ", ".join(f"{k} {entry.recipe.get(k)!r} banked, {wanted.get(k)!r} now" for k in differences)
+        else:
+            return StepRecord.from_dict(entry.metrics)
+        raise BankError(f"bank {self.bank.root} holds a vector {name!r} from another run ({why}); "
+                        f"use another --bank directory or remove it")
 
     def run(self, *, resume: bool, on_step: StreamStepCallback | None = None) -> StreamResult:
         self._check_processes()

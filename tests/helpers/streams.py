@@ -39,7 +39,8 @@ def experiences(names=NAMES) -> list[Experience]:
     return [Experience(i, n, i, sets[n], sets[n], None, 3) for i, n in enumerate(names)]
 
 
-def stream(bank, mode="taujp", names=NAMES, **kwargs):
-    recipe = Recipe(mode=mode, steps=3, batch_size=10, lr=5e-2, warmup=0, generic=False, reg_batch=4)
+def stream(bank, mode="taujp", names=NAMES, recipe_fields=None, **kwargs):
+    fields = dict(mode=mode, steps=3, batch_size=10, lr=5e-2, warmup=0, generic=False, reg_batch=4)
+    recipe = Recipe(**{**fields, **(recipe_fields or {})})
     return run_stream(experiences(names), Backbone("mlp", network(), 6), data()[1], recipe, bank, scenario="tiny",
                       **kwargs)

@@ -7,9 +7,11 @@ that restarted the sources would bank different vectors for every task after the
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from editkit.bank.store import Bank
+from editkit.errors import BankError
 
 from helpers.streams import NAMES, stream
 
@@ -42,3 +44,12 @@ def test_the_reg_batches_matter_to_the_vectors(tmp_path, monkeypatch):
     fresh, restarted = vectors(tmp_path / "fresh"), vectors(tmp_path / "restarted")
     assert bit_equal({n: fresh[n] for n in NAMES[:2]}, {n: restarted[n] for n in NAMES[:2]})
     assert not bit_equal({n: fresh[n] for n in NAMES[2:]}, {n: restarted[n] for n in NAMES[2:]})
+
+
+def test_a_resume_with_another_recipe_is_refused_by_field_and_changes_nothing(tmp_path):
+    stream(tmp_path / "bank", names=NAMES[:2])
+    before = vectors(tmp_path / "bank")
+    with pytest.raises(BankError, match=r"vector 'a' from another run \(recipe: lam 0\.1 banked, 0\.5 now, "
+                                        r"lr 0\.05 banked, 0\.01 now\)"):
+        stream(tmp_path / "bank", resume=True, recipe_fields={"lam": 0.5, "lr": 1e-2})
+    assert bit_equal(vectors(tmp_path / "bank"), before)
