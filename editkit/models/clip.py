@@ -68,7 +68,6 @@ TINY_CLIP_CONFIG: dict[str, Any] = {
 }
 
 _registered: dict[str, str] = {}  # model name -> json of its config, registered in this process
-_config_dir: Path | None = None
 
 
 # --------------------------------------------------------------------------- configs
@@ -78,23 +77,23 @@ def register_model_config(name: str, config: dict[str, Any]) -> str:
     """Make ``name`` an open_clip model name for ``config`` in this process; return ``name``.
 
     ``config`` is an open_clip model config (``embed_dim``, ``vision_cfg``,
-    ``text_cfg``, ...). It is written to a private temporary directory and handed to
-    ``open_clip.add_model_config``. Registering the same name twice with the same
-    config is a no-op; with a different config it replaces the earlier one.
+    ``text_cfg``, ...). ``open_clip.add_model_config`` reads it from a file, once: the file
+    is written to a temporary directory that is removed right after (open_clip keeps the
+    config it read, and skips files that are gone when it rescans). Registering the same
+    name twice with the same config is a no-op; with a different config it replaces the
+    earlier one.
     """
     import open_clip
 
-    global _config_dir
     if not all(key in config for key in ("embed_dim", "vision_cfg", "text_cfg")):
         raise ConfigError(f"open_clip model config {name!r} needs embed_dim, vision_cfg and text_cfg")
     text = json.dumps(config, sort_keys=True)
     if _registered.get(name) == text and name in open_clip.list_models():
         return name
-    if _config_dir is None:
-        _config_dir = Path(tempfile.mkdtemp(prefix="editkit-open-clip-configs-"))
-    path = _config_dir / f"{name}.json"
-    path.write_text(text)
-    open_clip.add_model_config(path)
+    with tempfile.TemporaryDirectory(prefix="editkit-open-clip-config-") as directory:
+        path = Path(directory) / f"{name}.json"
+        path.write_text(text)
+        open_clip.add_model_config(path)
     _registered[name] = text
     log.debug("registered open_clip model config %s", name)
     return name

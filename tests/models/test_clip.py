@@ -253,3 +253,16 @@ def test_check_weights_lines():
     assert check_weights(TINY_MODEL_NAME, None) is None
     line = check_weights("ViT-B-32", "openai")
     assert line and "ViT-B-32/openai" in line and "\n" not in line
+
+
+def test_a_registered_config_leaves_no_file_behind_and_can_be_replaced(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the registration's temporary files go
+    config = copy.deepcopy(clip.TINY_CLIP_CONFIG)
+    clip.register_model_config("editkit-test-replaced", config)
+    assert build_clip("editkit-test-replaced", pretrained=None).module.conv1.out_channels == 32
+    config["vision_cfg"]["width"] = 48
+    clip.register_model_config("editkit-test-replaced", config)
+    assert build_clip("editkit-test-replaced", pretrained=None).module.conv1.out_channels == 48
+    assert list(tmp_path.iterdir()) == []
