@@ -19,7 +19,7 @@ so the ratios are the steps' own.
     python benchmarks/gpu_step_cost.py [--model ViT-B-32] [--steps 40] [--warmup 10] [--rounds 2]
                                        [--precision bf16] [--parts] [--json runs/gpu_step_cost.json]
 
-On a CPU it runs too (``--device cpu --model tiny --batch 8``: what the tests do), which is only a check
+On a CPU it runs too (``--device cpu --model editkit-tiny-clip --batch 8``: what the tests do), which is only a check
 that the script works.
 """
 
@@ -28,7 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -38,6 +40,7 @@ from editkit.models.clip import TINY_MODEL_NAME, build_clip
 from editkit.models.heads import ZeroShotHead
 from editkit.scenario.spec import load_scenario
 from editkit.train.loop import FineTuneResult, fine_tune
+from editkit.train.recipe import Recipe
 from editkit.train.runtime import Runtime, setup
 
 #: label -> (mode, schedule)
@@ -55,6 +58,9 @@ RATIOS = {
     "strict_over_linear": ("taujp_strict", "linear"),
     "taujp_nonlinear_over_nonlinear": ("taujp_nonlinear", "nonlinear"),
 }
+#: vision8's number of tasks: the first is trained, the other seven are the penalty's sources
+TASKS = 8
+CLASSES = 10
 PAPER = {"linear_s": 0.361, "taujp_s": 0.374, "taujp_over_linear": 0.374 / 0.361, "memory_taujp_over_linear": 1.032}
 
 
@@ -67,11 +73,87 @@ def generated_tasks(count: int, examples: int, image_size: int, classes: int,
             for _ in range(count)]
 
 
-def run_mode(backbone, head, tasks, recipe, runtime: Runtime, *, parts: bool = False) -> FineTuneResult:
-    """One fine-tune of the first task, the other tasks as the penalty's sources (restarted: same draws)."""
-    sources = [UnlabeledSource(f"task{i}", task.inputs) for i, task in enumerate(tasks[1:], start=1)]
-    return fine_tune(backbone.module, head, tasks[0], recipe, recipe.regularizer(sources), runtime=runtime,
-                     time_parts=parts)
+@dataclass
+class Setting:
+    """What every run of the benchmark shares: the tower at theta_0, its head, the tasks, the recipe, the device."""
+
+    backbone: Any
+    head: ZeroShotHead
+    tasks: list[TensorTaskDataset]
+    recipe: Recipe
+    runtime: Runtime
+
+    def run(self, label: str, steps: int, *, parts: bool = False) -> FineTuneResult:
+        """One fine-tune of the first task in mode ``label``, the other tasks as the penalty's sources (built
+        anew, so every run draws the same reg batches)."""
+        mode, schedule = MODES[label]
+        recipe = self.recipe.with_overrides(mode=mode, schedule=schedule, steps=steps)
+        sources = [UnlabeledSource(f"task{i}", task.inputs) for i, task in enumerate(self.tasks[1:], start=1)]
+        return fine_tune(self.backbone.module, self.head, self.tasks[0], recipe, recipe.regularizer(sources),
+                         runtime=self.runtime, time_parts=parts)
+
+
+def build_setting(args: argparse.Namespace) -> Setting:
+    runtime = setup(args.device, args.precision)
+    recipe = load_scenario("vision8").recipe
+    if args.batch:
+        recipe = recipe.with_overrides(batch_size=args.batch, reg_batch=max(1, args.batch // 8))
+    backbone = build_clip(args.model, pretrained=None, allow_download=False)
+    size = backbone.module.image_size
+    size = size[0] if isinstance(size, (tuple, list)) else size
+    generator = torch.Generator().manual_seed(1)
+    head = ZeroShotHead(torch.nn.functional.normalize(torch.randn(CLASSES, backbone.feature_dim, generator=generator),
+                                                      dim=-1), logit_scale=100.0)
+    where = runtime.device if args.data == "device" else torch.device("cpu")
+    return Setting(backbone, head, generated_tasks(TASKS, 2 * recipe.batch_size, size, CLASSES, where), recipe, runtime)
+
+
+def timed_rounds(setting: Setting, labels: list[str], steps: int, warmup: int,
+                 rounds: int) -> tuple[list[dict[str, float]], dict[str, list[float]], dict[str, int]]:
+    """Every mode in turn, ``rounds`` times, after one untimed round of ``warmup`` steps each (the process's
+    one-off costs: kernels chosen, the allocator's growth). Returns each round's median step per mode, every
+    timed step per mode, and each mode's largest peak of CUDA memory (empty on a CPU)."""
+    for label in labels:
+        setting.run(label, warmup)
+    medians: list[dict[str, float]] = []
+    durations: dict[str, list[float]] = {label: [] for label in labels}
+    peaks: dict[str, int] = {}
+    for r in range(1, rounds + 1):
+        medians.append({})
+        for label in labels:
+            result = setting.run(label, steps)
+            timed = result.times.steps[warmup:]
+            medians[-1][label] = statistics.median(timed)
+            durations[label] += timed
+            if result.peak_gpu_bytes is not None:
+                peaks[label] = max(peaks.get(label, 0), result.peak_gpu_bytes)
+            print(f"round {r} {label:>16}: {medians[-1][label]:.4f} s/step"
+                  + (f"  peak {result.peak_gpu_bytes / 2**30:.2f} GiB" if result.peak_gpu_bytes else ""), flush=True)
+    return medians, durations, peaks
+
+
+def ratios(medians: list[dict[str, float]], peaks: dict[str, int]) -> dict[str, Any]:
+    """Each ratio of :data:`RATIOS` whose two modes ran (median over rounds of the round's ratio), and the
+    memory ratios when CUDA memory was measured."""
+    out: dict[str, Any] = {name: statistics.median(r[top] / r[bottom] for r in medians)
+                           for name, (top, bottom) in RATIOS.items() if top in medians[0] and bottom in medians[0]}
+    if peaks:
+        out["peak_gpu_gib"] = {label: value / 2**30 for label, value in peaks.items()}
+        if "nonlinear" in peaks:
+            out["memory_over_nonlinear"] = {label: value / peaks["nonlinear"] for label, value in peaks.items()}
+        if "taujp" in peaks and "linear" in peaks:
+            out["memory_taujp_over_linear"] = peaks["taujp"] / peaks["linear"]
+    return out
+
+
+def parts_ms(setting: Setting, labels: list[str], steps: int) -> dict[str, dict[str, float]]:
+    """Per mode, the mean milliseconds of each part of a steady step (the device synchronised at each part)."""
+    out = {}
+    for label in labels:
+        result = setting.run(label, steps, parts=True)
+        out[label] = {part: 1e3 * s for part, s in result.times.parts_per_step().items()}
+        print(f"parts {label:>16}: " + ", ".join(f"{p} {v:.1f}" for p, v in out[label].items()) + " ms", flush=True)
+    return out
 
 
 def main() -> None:
@@ -96,77 +178,30 @@ def main() -> None:
         parser.error(f"unknown modes {unknown}; known: {', '.join(MODES)}")
     if args.steps - args.warmup < 5:
         parser.error("need at least 5 timed steps (steps - warmup >= 5)")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
 
-    runtime = setup(args.device, args.precision)
-    base = load_scenario("vision8").recipe
-    if args.batch:
-        base = base.with_overrides(batch_size=args.batch, reg_batch=max(1, args.batch // 8))
-    backbone = build_clip(args.model, pretrained=None, allow_download=False)
-    size = backbone.module.image_size
-    size = size[0] if isinstance(size, (tuple, list)) else size
-    classes = 10
-    generator = torch.Generator().manual_seed(1)
-    head = ZeroShotHead(torch.nn.functional.normalize(torch.randn(classes, backbone.feature_dim, generator=generator),
-                                                      dim=-1), logit_scale=100.0)
-    n_tasks = 8  # vision8's count: the first is trained, the other seven are the penalty's sources
-    tasks = generated_tasks(n_tasks, 2 * base.batch_size, size, classes,
-                            runtime.device if args.data == "device" else torch.device("cpu"))
-
-    rounds: list[dict[str, float]] = []
-    steps: dict[str, list[float]] = {label: [] for label in labels}
-    peaks: dict[str, list[int]] = {label: [] for label in labels}
-    for r in range(args.rounds + 1):  # round 0: untimed, the process's one-off costs (kernels, allocator)
-        timed = r > 0
-        rounds.append({}) if timed else None
-        for label in labels:
-            mode, schedule = MODES[label]
-            recipe = base.with_overrides(mode=mode, schedule=schedule,
-                                         steps=args.steps if timed else args.warmup)
-            result = run_mode(backbone, head, tasks, recipe, runtime)
-            if not timed:
-                continue
-            durations = result.times.steps[args.warmup:]
-            rounds[-1][label] = statistics.median(durations)
-            steps[label] += durations
-            if result.peak_gpu_bytes is not None:
-                peaks[label].append(result.peak_gpu_bytes)
-            print(f"round {r} {label:>16}: {rounds[-1][label]:.4f} s/step"
-                  + (f"  peak {result.peak_gpu_bytes / 2**30:.2f} GiB" if result.peak_gpu_bytes else ""), flush=True)
-
+    setting = build_setting(args)
+    medians, durations, peaks = timed_rounds(setting, labels, args.steps, args.warmup, args.rounds)
     report = {
-        "device": torch.cuda.get_device_name(runtime.device) if runtime.device.type == "cuda" else "cpu",
+        "device": torch.cuda.get_device_name(setting.runtime.device) if setting.runtime.device.type == "cuda" else "cpu",
         "torch": torch.__version__,
-        "runtime": runtime.describe(),
+        "runtime": setting.runtime.describe(),
         "model": args.model,
         "weights": "random",
         "data": args.data,
-        "batch_size": base.batch_size,
-        "reg_batch": base.reg_batch_size,
-        "penalty_sources": n_tasks - 1,
+        "batch_size": setting.recipe.batch_size,
+        "reg_batch": setting.recipe.reg_batch_size,
+        "penalty_sources": TASKS - 1,
         "steps_timed_per_run": args.steps - args.warmup,
         "rounds": args.rounds,
-        "seconds_per_step": {label: statistics.median(steps[label]) for label in labels},
-        "seconds_per_step_rounds": rounds,
+        "seconds_per_step": {label: statistics.median(durations[label]) for label in labels},
+        "seconds_per_step_rounds": medians,
         "paper": PAPER,
+        **ratios(medians, peaks),
     }
-    for name, (top, bottom) in RATIOS.items():
-        if top in labels and bottom in labels:
-            report[name] = statistics.median(rnd[top] / rnd[bottom] for rnd in rounds)
-    if all(peaks.values()):
-        peak = {label: max(values) for label, values in peaks.items()}
-        report["peak_gpu_gib"] = {label: value / 2**30 for label, value in peak.items()}
-        report["memory_over_nonlinear"] = {label: value / peak[labels[0]] for label, value in peak.items()}
-        if "taujp" in peak and "linear" in peak:
-            report["memory_taujp_over_linear"] = peak["taujp"] / peak["linear"]
     if args.parts:
-        report["parts_ms"] = {}
-        for label in labels:
-            mode, schedule = MODES[label]
-            result = run_mode(backbone, head, tasks, base.with_overrides(mode=mode, schedule=schedule, steps=args.steps),
-                              runtime, parts=True)
-            report["parts_ms"][label] = {part: 1e3 * s for part, s in result.times.parts_per_step().items()}
-            print(f"parts {label:>16}: " + ", ".join(f"{p} {v:.1f}" for p, v in report["parts_ms"][label].items())
-                  + " ms", flush=True)
+        report["parts_ms"] = parts_ms(setting, labels, args.steps)
     print(json.dumps({k: v for k, v in report.items() if k not in ("seconds_per_step_rounds", "parts_ms")}, indent=2))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
