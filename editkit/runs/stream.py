@@ -236,7 +236,8 @@ class StreamRunner:
         if entry.scenario != self.scenario:
             why = f"scenario {entry.scenario!r}, not {self.scenario!r}"
         elif differences := recipe_differences(entry.recipe, wanted):
-            why = "recipe: " + ", ".join(f"{k} {entry.recipe.get(k)!r} banked, {wanted.get(k)!r} now" for k in differences)
+            why = "recipe: " + ", ".join(f"{k} {entry.recipe.get(k)!r} banked, {wanted.get(k)!r} now"
+                                         for k in differences)
         else:
             return StepRecord.from_dict(entry.metrics)
         raise BankError(f"bank {self.bank.root} holds a vector {name!r} from another run ({why}); "
