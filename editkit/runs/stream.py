@@ -51,7 +51,7 @@ from editkit.eval.scorers import task_scorer
 from editkit.util.progress import NullProgress, Progress
 from editkit.runs.loggers import RunLogger, open_loggers, parse_loggers
 from editkit.runs.records import MergedScores, StepRecord, StreamResult, StreamStepCallback, TrainingCost
-from editkit.train.recipe import Recipe, attach_adapter, recipe_differences
+from editkit.train.recipe import Recipe, attach_adapter, describe_differences
 from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
 from editkit.scenario.options import BuildOptions
@@ -235,9 +235,8 @@ class StreamRunner:
         wanted = self.recipe_for(t).to_dict()
         if entry.scenario != self.scenario:
             why = f"scenario {entry.scenario!r}, not {self.scenario!r}"
-        elif differences := recipe_differences(entry.recipe, wanted):
-            why = "recipe: " + ", ".join(f"{k} {entry.recipe.get(k)!r} banked, {wanted.get(k)!r} now"
-                                         for k in differences)
+        elif differences := describe_differences(entry.recipe, wanted):
+            why = f"recipe: {differences}"
         else:
             return StepRecord.from_dict(entry.metrics)
         raise BankError(f"bank {self.bank.root} holds a vector {name!r} from another run ({why}); "

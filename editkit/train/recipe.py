@@ -216,6 +216,13 @@ def recipe_differences(recorded: Mapping[str, Any], wanted: Mapping[str, Any]) -
     return sorted(k for k in keys if recorded.get(k) != wanted.get(k))
 
 
+def describe_differences(recorded: Mapping[str, Any], wanted: Mapping[str, Any]) -> str:
+    """:func:`recipe_differences` as one line for a refusal, each field with both values
+    (``"lam 0.1 banked, 0.5 now, steps 100 banked, 50 now"``); empty when the recipes agree."""
+    return ", ".join(f"{k} {recorded.get(k)!r} banked, {wanted.get(k)!r} now"
+                     for k in recipe_differences(recorded, wanted))
+
+
 def from_mapping(values: Mapping[str, Any], base: Recipe | None = None) -> Recipe:
     """Build a recipe from a scenario file's table, refusing unknown keys by name."""
     known = {f.name for f in dataclasses.fields(Recipe)}

@@ -495,7 +495,7 @@ def test_mismatched_banks_are_refused_before_training(tmp_path):
     recipe = spec.recipe.with_overrides(mode="linear", steps=7).to_dict()
     other.append("digits", {"w": torch.zeros(2)}, task="digits", mode="linear", base=fingerprint,
                  scenario="bench-mini", recipe=recipe)
-    refused(args, "recipe", "steps 7 vs 1")
+    refused(args, "recipe", "steps 7 banked, 1 now")
     # everything recorded matches (a reg batch is not compared in a mode without the penalty: it did not shape
     # the vector), but the tensors do not fit the backbone
     other.remove("digits")

@@ -82,7 +82,7 @@ from editkit.merge.ties import TIES_DEFAULT_K
 from editkit.util.progress import NullProgress, Progress
 from editkit.core.adapters import ADAPTERS
 from editkit.core.modes import PAPER_MODES, Mode
-from editkit.train.recipe import Recipe, label_parts, recipe_differences
+from editkit.train.recipe import Recipe, describe_differences, label_parts
 from editkit.eval.sweep import SPLITS, ModeEvaluator, SharedModels, TaskSplits
 
 if TYPE_CHECKING:  # annotations only
@@ -359,9 +359,7 @@ def check_bank(bank: Bank, *, scenario: str, tasks: Sequence[str], mode: str, re
         if entry.scenario != scenario:
             raise BankError(f"{where} from scenario {entry.scenario!r}, not {scenario!r}; pass another --bank-root")
         wanted = dict(recipes[entry.name])
-        diff = recipe_differences(entry.recipe, wanted)
-        if diff:
-            detail = ", ".join(f"{k} {entry.recipe.get(k)!r} vs {wanted.get(k)!r}" for k in diff)
+        if detail := describe_differences(entry.recipe, wanted):
             raise BankError(f"{where} fine-tuned with another recipe ({detail}); use the same recipe options "
                             "(--steps, --seed...) or another --bank-root")
         if shapes is not None:
