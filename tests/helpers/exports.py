@@ -81,7 +81,7 @@ def rude_scenario(root: Path, prefix: str) -> Iterator[tuple[Path, Path]]:
         yield path, model_dir
 
 
-def test_blocks() -> dict[str, list[list[int]]]:
+def held_out_blocks() -> dict[str, list[list[int]]]:
     """The rude (target) and clean (control) test texts as the scenario packs them, token ids."""
     tokenizer = char_tokenizer()
     return {"target": [b.tolist() for b in pack(tokenizer, RUDE["test"], MAX_LENGTH, limit=EVAL_BLOCKS)],

@@ -26,7 +26,7 @@ from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import load_scenario
 from helpers import models
 from helpers.cli import invoke, one_line_refusal
-from helpers.exports import plain_transformers, rude_scenario, test_blocks
+from helpers.exports import held_out_blocks, plain_transformers, rude_scenario
 
 @pytest.fixture(scope="module")
 def language(tmp_path_factory):
@@ -52,7 +52,7 @@ def test_negate_out_writes_a_model_plain_transformers_loads_with_the_reported_pe
     for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "README.md",
                  "editkit.json"):
         assert (out / name).is_file(), name
-    hand = plain_transformers(out, test_blocks())
+    hand = plain_transformers(out, held_out_blocks())
     assert hand["editkit_imported"] is False and hand["generation_config"]
     assert hand["target"] == pytest.approx(row["target"], rel=1e-5)
     assert hand["control"] == pytest.approx(row["control"], rel=1e-5)
