@@ -58,6 +58,23 @@ class DecoderTail(BlockTail):
         return self.norm(super().forward(hidden, attention_mask))
 
 
+class LogitTail(DecoderTail):
+    """A :class:`DecoderTail` followed by an untied copy of the LM head, both theta: prefix hidden states -> logits.
+
+    The output embedding is where a language model says which token comes next, so an edit there can lower
+    a few tokens' logits and leave the rest of the vocabulary alone; the tail's hidden states cannot do that
+    without moving every token's logit. The copy is untied from the input embedding, which (part of the
+    prefix) stays theta_0. Block and norm parameters keep the names they have in a :class:`DecoderTail`.
+    """
+
+    def __init__(self, base: nn.Module, blocks: int, total: int, head: nn.Linear) -> None:
+        super().__init__(base, blocks, total)
+        self.lm_head = head
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.lm_head(super().forward(hidden, attention_mask))
+
+
 class LanguageModelHead(nn.Module):
     """Final hidden states -> next-token logits, fixed (theta_0's output embedding, tied or not).
 
@@ -69,14 +86,15 @@ class LanguageModelHead(nn.Module):
 
     objective = "language-modeling"
 
-    def __init__(self, output: nn.Linear) -> None:
+    def __init__(self, output: nn.Linear | None) -> None:
         super().__init__()
-        if output.bias is not None:
+        if output is not None and output.bias is not None:
             raise ConfigError("the language-model head has a bias: its tangent would not be the head of the tangent")
-        self.weight = output.weight  # shared with the model (tied embeddings stay tied and frozen)
+        # Shared with the model (tied embeddings stay tied and frozen); None when the tail ends in the head.
+        self.weight = None if output is None else output.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.weight.detach().t()
+        return hidden if self.weight is None else hidden @ self.weight.detach().t()
 
     loss = staticmethod(next_token_loss)
 
@@ -97,29 +115,45 @@ class CausalLMBackbone(TailBackbone):
         return state_fingerprint(self.lm.state_dict())
 
     def tail_parameters(self) -> dict[str, str]:
-        """Tail parameter name -> the full model's name (``layers.27.mlp.up_proj.weight`` ->
-        ``model.layers.27.mlp.up_proj.weight``), for applying a vector to :attr:`lm`."""
+        """Theta's parameter name -> the full model's name (``layers.27.mlp.up_proj.weight`` ->
+        ``model.layers.27.mlp.up_proj.weight``; ``lm_head.weight`` with a trainable head), for applying a
+        vector to :attr:`lm`."""
         names = {id(p): n for n, p in self.lm.named_parameters(remove_duplicate=False)}
-        return {n: names[id(p)] for n, p in self.tail.named_parameters()}
+        return {n: names[id(p)] for n, p in self.module.named_parameters()}
+
+
+def untied_output(lm: nn.Module) -> nn.Linear:
+    """The model's output embedding, given its own copy of the weights when tied to the input embedding."""
+    output = lm.get_output_embeddings()
+    if output.weight is lm.get_input_embeddings().weight:
+        output.weight = nn.Parameter(output.weight.detach().clone(), requires_grad=False)
+        lm.config.tie_word_embeddings = False
+    return output
 
 
 def causal_lm_backbone(lm: nn.Module, tokenizer: Any, *, trainable_blocks: int | str = 4,
-                       name: str = "causal-lm") -> CausalLMBackbone:
-    """Split a loaded causal LM (theta_0) into prefix, tail and head."""
+                       trainable_head: bool = False, name: str = "causal-lm") -> CausalLMBackbone:
+    """Split a loaded causal LM (theta_0) into prefix, tail and head; with ``trainable_head`` the (untied) LM
+    head is part of the tail, whose output is then the logits."""
     lm.eval().requires_grad_(False)
     total = lm.config.num_hidden_layers
     blocks = resolve_blocks(trainable_blocks, total)
-    tail = DecoderTail(lm.base_model, blocks, total)
     batching = SequenceBatching(pad_id=0, per_token=True)  # inputs are hidden states: padded with zeros
-    return CausalLMBackbone(name=f"{name}[tail {blocks}/{total}]", module=tail, feature_dim=lm.config.hidden_size,
-                            batching=batching, lm=lm, tokenizer=tokenizer,
-                            head=LanguageModelHead(lm.get_output_embeddings()))
+    if trainable_head:
+        module, output = LogitTail(lm.base_model, blocks, total, untied_output(lm)), None
+        name, width = f"{name}[tail {blocks}/{total} + head]", lm.config.vocab_size
+    else:
+        module, output = DecoderTail(lm.base_model, blocks, total), lm.get_output_embeddings()
+        name, width = f"{name}[tail {blocks}/{total}]", lm.config.hidden_size
+    return CausalLMBackbone(name=name, module=module, feature_dim=width, batching=batching, lm=lm,
+                            tokenizer=tokenizer, head=LanguageModelHead(output))
 
 
-def _family(model: str = "smollm2-135m-instruct", trainable_blocks: int | str = 4,
+def _family(model: str = "smollm2-135m-instruct", trainable_blocks: int | str = 4, trainable_head: bool = False,
             hub_cache: str | None = None) -> CausalLMBackbone:
     lm, tokenizer = load_causal_lm(model, hub_cache=hub_cache)
-    return causal_lm_backbone(lm, tokenizer, trainable_blocks=trainable_blocks, name=model)
+    return causal_lm_backbone(lm, tokenizer, trainable_blocks=trainable_blocks, trainable_head=trainable_head,
+                              name=model)
 
 
 def _lm_head(backbone: Backbone, task: Any, dataset: str, seed: int) -> LanguageModelHead:
@@ -132,5 +166,6 @@ BACKBONES.register("causal-lm", Record.of(_family, check=weights_check("smollm2-
     "model": "a packaged model name (smollm2-135m-instruct), a local directory or .gguf file, or a hub id "
              "found in the local Hugging Face cache",
     "trainable_blocks": "the last K decoder blocks (plus the final norm) are fine-tuned; 'all' for every block",
+    "trainable_head": "the LM head (untied from the input embedding) is fine-tuned too; the tail then outputs logits",
     "hub_cache": "Hugging Face hub cache directory to look hub ids up in (default: HF_HOME's)"}, paths=MODEL_PATHS))
 HEADS.register("lm", Record.of(_lm_head))

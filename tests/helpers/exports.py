@@ -67,16 +67,17 @@ PROMPTS = {"train": ["so then"], "val": ["you are", "he said"], "test": ["well, 
 
 
 @contextlib.contextmanager
-def rude_scenario(root: Path, prefix: str) -> Iterator[tuple[Path, Path]]:
+def rude_scenario(root: Path, prefix: str, backbone: dict | None = None) -> Iterator[tuple[Path, Path]]:
     """A two-block random Llama and its rude-text scenario ``<prefix>-rude`` (the last block, 3 taujp steps at lr
     1e-2; a negation over alphas 1 and 2 of 3 short samples, scored by the "!" scorer), whose corpora and scorer
-    are registered inside the block. Yields (scenario file, checkpoint directory)."""
+    are registered inside the block; ``backbone`` adds ``[backbone]`` options. Yields (scenario file, checkpoint
+    directory)."""
     corpora = {f"{prefix}-rude": RUDE, f"{prefix}-clean": CLEAN, f"{prefix}-prompts": PROMPTS}
     path, model_dir = write_language_scenario(
         root, f"{prefix}-rude", task_corpus=f"{prefix}-rude", control=f"{prefix}-clean", prompts=f"{prefix}-prompts",
         scorer=f"{prefix}-bang", max_length=MAX_LENGTH, eval_blocks=EVAL_BLOCKS, steps=3, lr=1e-2,
         negation={"alphas": [1.0, 2.0], "samples": 3, "max_new_tokens": 4, "eval_blocks": EVAL_BLOCKS,
-                  "batch_size": 2})
+                  "batch_size": 2}, backbone=backbone)
     with registered_bang_scorer(f"{prefix}-bang"), registered_corpora(corpora):
         yield path, model_dir
 

@@ -48,7 +48,8 @@ def write_toml(data: dict[str, Any], path: Path) -> Path:
 def write_language_scenario(directory: Path, name: str, *, task_corpus: str, control: str | Sequence[str],
                             prompts: str, scorer: str, negation: Mapping[str, Any] | None = None,
                             max_length: int = 16, eval_blocks: int | None = None, generic_corpus: str | None = None,
-                            steps: int, lr: float, seed: int = 0) -> tuple[Path, Path]:
+                            steps: int, lr: float, seed: int = 0,
+                            backbone: Mapping[str, Any] | None = None) -> tuple[Path, Path]:
     """A two-block random Llama with the character tokenizer saved as ``<directory>/tiny-llama-<seed>``, and
     ``<directory>/<name>.toml``: the causal-LM scenario that fine-tunes its last block (taujp, batch 4, reg
     batch 2, ``steps`` at ``lr``) on one task ``rude`` of the text corpus ``task_corpus``.
@@ -56,11 +57,12 @@ def write_language_scenario(directory: Path, name: str, *, task_corpus: str, con
     Its ``[negation]`` table names the ``control`` text corpus (or corpora), the ``prompts`` corpus and the
     toxicity ``scorer``, then the options in ``negation``; ``negation=None`` leaves the table out. ``[data]``
     holds ``max_length`` and ``eval_blocks`` (when given); ``generic_corpus`` adds a ``[generic]`` table of
-    that text corpus. Returns (scenario file, checkpoint directory).
+    that text corpus; ``backbone`` adds options to ``[backbone]``. Returns (scenario file, checkpoint directory).
     """
     model_dir = models.char_llama_checkpoint(directory / f"tiny-llama-{seed}", seed=seed)
     data: dict[str, Any] = {"name": name,
-                            "backbone": {"family": "causal-lm", "model": str(model_dir), "trainable_blocks": 1},
+                            "backbone": {"family": "causal-lm", "model": str(model_dir), "trainable_blocks": 1,
+                                         **(backbone or {})},
                             "heads": {"kind": "lm"}, "data": {"max_length": max_length}}
     if eval_blocks is not None:
         data["data"]["eval_blocks"] = eval_blocks

@@ -18,6 +18,7 @@ from torch import nn
 from editkit.core.linearize import LinearizedModel
 from editkit.errors import ConfigError
 from editkit.models.blocks import ALL_BLOCKS
+from editkit.eval.lm_negation import edited_weights
 from editkit.models.causal_lm import LanguageModelHead, causal_lm_backbone
 from helpers import models
 from helpers.tangents import central_difference, random_direction
@@ -78,11 +79,11 @@ TANGENT_CHECKS = {"gpt2": (1e-6, 1e-6), "llama": (1e-3, 1e-3)}
 
 
 @pytest.mark.parametrize("family", sorted(TANGENT_CHECKS))
-@pytest.mark.parametrize("blocks", [2, ALL_BLOCKS])
-def test_linearized_tail_tangent_matches_central_differences_with_padding(family, blocks):
+@pytest.mark.parametrize("blocks,head", [(2, False), (ALL_BLOCKS, False), (2, True)])
+def test_linearized_tail_tangent_matches_central_differences_with_padding(family, blocks, head):
     eps, tolerance = TANGENT_CHECKS[family]
     lm = FAMILIES[family]().double()
-    backbone = causal_lm_backbone(lm, None, trainable_blocks=blocks)
+    backbone = causal_lm_backbone(lm, None, trainable_blocks=blocks, trainable_head=head)
     ids, mask = padded_batch(seed=3)
     hidden = backbone.prefix(ids, mask)
     assert hidden.dtype == torch.float64
@@ -189,3 +190,58 @@ def test_prefix_in_another_thread_never_disturbs_the_tail(lm):
         assert torch.equal(backbone.module(hidden), expected)
     worker.join()
     assert not failures
+
+
+# --------------------------------------------------------------------------- a trainable (untied) LM head
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_trainable_head_tail_outputs_the_full_models_logits(family):
+    lm = FAMILIES[family]()
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        want = lm(input_ids=ids, attention_mask=mask).logits
+    backbone = causal_lm_backbone(lm, None, trainable_blocks=1, trainable_head=True)
+    assert backbone.feature_dim == lm.config.vocab_size and backbone.name.endswith("[tail 1/3 + head]")
+    got = logits_through_the_split(backbone, ids, mask)  # the fixed head is now the identity
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+
+
+def test_a_trainable_head_is_untied_from_the_input_embedding():
+    """Llama's head is tied: editing the head must leave the embedding (the prefix, theta_0) as it was."""
+    lm = FAMILIES["llama"]()
+    assert lm.get_output_embeddings().weight is lm.get_input_embeddings().weight
+    embedding = lm.get_input_embeddings().weight.detach().clone()
+    backbone = causal_lm_backbone(lm, None, trainable_blocks=1, trainable_head=True)
+    head = lm.get_output_embeddings().weight
+    assert head is not lm.get_input_embeddings().weight and not lm.config.tie_word_embeddings
+    torch.testing.assert_close(head, embedding, rtol=0, atol=0)
+    assert backbone.tail_parameters()["lm_head.weight"] == "lm_head.weight"
+    assert backbone.module.lm_head.weight is head
+    with torch.no_grad():
+        head.add_(1.0)
+    assert torch.equal(lm.get_input_embeddings().weight, embedding)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_head_vector_applied_to_the_whole_model_gives_the_tails_logits(family):
+    """What sampling and --out use (the whole model, theta_0 + delta by full names) against the tail's own
+    output at theta_0 + delta."""
+    lm = FAMILIES[family]()
+    backbone = causal_lm_backbone(lm, None, trainable_blocks=1, trainable_head=True)
+    delta = random_direction(backbone.module, seed=2, scale=0.01)
+    ids, mask = padded_batch(seed=4)
+    hidden = backbone.prefix(ids, mask)
+    with torch.no_grad():
+        want = torch.func.functional_call(backbone.module, {n: p + delta[n] for n, p in
+                                                            backbone.module.named_parameters()},
+                                          (hidden,), {"attention_mask": mask})
+        with edited_weights(backbone, delta) as edited:
+            got = edited(input_ids=ids, attention_mask=mask).logits
+        restored = lm(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got[real], restored[real], atol=1e-3)  # the vector moved the logits, and was undone:
+    torch.testing.assert_close(restored[real], backbone.module(hidden, attention_mask=mask)[real], rtol=1e-5,
+                               atol=1e-5)

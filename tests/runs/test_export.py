@@ -73,6 +73,28 @@ def test_negate_out_writes_a_model_plain_transformers_loads_with_the_reported_pe
     assert f"{row['target_flin']:.4g}" in exported and "f_lin" in card
 
 
+def test_a_vector_with_the_lm_head_exports_an_untied_model_with_the_reported_perplexities(tmp_path):
+    """``trainable_head``: the tiny Llama's head is tied to its embedding; the export must keep the embedding at
+    theta_0, the head edited, and say so in its config, or transformers would tie them again on loading."""
+    from safetensors.torch import load_file
+
+    with rude_scenario(tmp_path, "exporthead", backbone={"trainable_head": True}) as (scenario, model_dir):
+        bank, out, run_dir = tmp_path / "bank", tmp_path / "out", tmp_path / "run"
+        result = invoke("stream", "--scenario", scenario, "--bank", bank, "--run-dir", tmp_path / "stream")
+        assert result.exit_code == 0, result.output
+        assert "lm_head.weight" in Bank(bank).shapes("rude")
+        result = invoke("negate", "rude", "--bank", bank, "--alpha", 2, "--run-dir", run_dir, "--out", out)
+        assert result.exit_code == 0, result.output
+    row = next(r for r in json.loads((run_dir / "report.json").read_text())["rows"] if r["alpha"] == 2.0)
+    hand = plain_transformers(out, held_out_blocks())
+    assert hand["target"] == pytest.approx(row["target"], rel=1e-5)
+    assert hand["control"] == pytest.approx(row["control"], rel=1e-5)
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
+    theta0, written = load_file(str(model_dir / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert torch.equal(written["model.embed_tokens.weight"], theta0["model.embed_tokens.weight"])
+    assert not torch.equal(written["lm_head.weight"], theta0["model.embed_tokens.weight"])
+
+
 def test_negate_out_refuses_a_non_empty_directory_before_any_work(language, tmp_path):
     _, _, _, bank = language
     out = tmp_path / "taken"
