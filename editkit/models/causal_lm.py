@@ -11,7 +11,9 @@ on a CPU is many times a plain step. editkit splits the decoder instead:
   ``nonlinear`` fine-tunes it. Its output is the final hidden state of every
   position ``(N, T, D)``: what the tauJp penalty measures by default;
 - the **LM head** (usually tied to the embeddings) is the task's fixed head,
-  :class:`LanguageModelHead`, whose loss is the next-token loss over real positions.
+  :class:`LanguageModelHead`, whose loss is the next-token loss over real positions;
+  with ``trainable_head = true`` an untied copy of it ends the tail instead (:class:`LogitTail`),
+  so it is theta and the module outputs logits.
 
 The tail is a :class:`~editkit.models.blocks.BlockTail` (the model's own blocks called
 with the arguments the model itself gives them), so any decoder-only architecture works
@@ -76,7 +78,8 @@ class LogitTail(DecoderTail):
 
 
 class LanguageModelHead(nn.Module):
-    """Final hidden states -> next-token logits, fixed (theta_0's output embedding, tied or not).
+    """Final hidden states -> next-token logits, fixed (theta_0's output embedding, tied or not); the identity
+    when the tail ends in a trainable head (:class:`LogitTail`) and already outputs the logits.
 
     ``loss`` is the next-token loss over real positions (labels are token ids with
     ``IGNORE_INDEX`` at padding); the train loop uses it instead of cross-entropy.

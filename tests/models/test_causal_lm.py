@@ -17,8 +17,8 @@ from torch import nn
 
 from editkit.core.linearize import LinearizedModel
 from editkit.errors import ConfigError
-from editkit.models.blocks import ALL_BLOCKS
 from editkit.eval.lm_negation import edited_weights
+from editkit.models.blocks import ALL_BLOCKS
 from editkit.models.causal_lm import LanguageModelHead, causal_lm_backbone
 from helpers import models
 from helpers.tangents import central_difference, random_direction
