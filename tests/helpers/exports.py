@@ -13,7 +13,10 @@ import textwrap
 from pathlib import Path
 from typing import Iterator
 
+import pytest
+
 from editkit.data.text import pack
+from helpers.cli import invoke
 from helpers.models import char_tokenizer
 from helpers.scenarios import write_language_scenario
 from helpers.text import CLEAN, RUDE, registered_bang_scorer, registered_corpora
@@ -87,3 +90,15 @@ def held_out_blocks() -> dict[str, list[list[int]]]:
     tokenizer = char_tokenizer()
     return {"target": [b.tolist() for b in pack(tokenizer, RUDE["test"], MAX_LENGTH, limit=EVAL_BLOCKS)],
             "control": [b.tolist() for b in pack(tokenizer, CLEAN["test"], MAX_LENGTH, limit=EVAL_BLOCKS)]}
+
+
+def negated_out_matches_report(bank: Path, run_dir: Path, out: Path, alpha: float = 2.0) -> dict:
+    """``editkit negate rude --alpha A --out OUT``; asserts that plain transformers' hand perplexities of the
+    held-out blocks under the written model are the ones the report gives its row, and returns that row."""
+    result = invoke("negate", "rude", "--bank", bank, "--alpha", alpha, "--run-dir", run_dir, "--out", out)
+    assert result.exit_code == 0, result.output
+    row = next(r for r in json.loads((run_dir / "report.json").read_text())["rows"] if r["alpha"] == alpha)
+    hand = plain_transformers(out, held_out_blocks())
+    assert hand["target"] == pytest.approx(row["target"], rel=1e-5)
+    assert hand["control"] == pytest.approx(row["control"], rel=1e-5)
+    return row

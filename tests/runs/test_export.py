@@ -26,7 +26,7 @@ from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import load_scenario
 from helpers import models
 from helpers.cli import invoke, one_line_refusal
-from helpers.exports import held_out_blocks, plain_transformers, rude_scenario
+from helpers.exports import held_out_blocks, negated_out_matches_report, plain_transformers, rude_scenario
 
 @pytest.fixture(scope="module")
 def language(tmp_path_factory):
@@ -83,12 +83,7 @@ def test_a_vector_with_the_lm_head_exports_an_untied_model_with_the_reported_per
         result = invoke("stream", "--scenario", scenario, "--bank", bank, "--run-dir", tmp_path / "stream")
         assert result.exit_code == 0, result.output
         assert "lm_head.weight" in Bank(bank).shapes("rude")
-        result = invoke("negate", "rude", "--bank", bank, "--alpha", 2, "--run-dir", run_dir, "--out", out)
-        assert result.exit_code == 0, result.output
-    row = next(r for r in json.loads((run_dir / "report.json").read_text())["rows"] if r["alpha"] == 2.0)
-    hand = plain_transformers(out, held_out_blocks())
-    assert hand["target"] == pytest.approx(row["target"], rel=1e-5)
-    assert hand["control"] == pytest.approx(row["control"], rel=1e-5)
+        negated_out_matches_report(bank, run_dir, out)
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
     theta0, written = load_file(str(model_dir / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert torch.equal(written["model.embed_tokens.weight"], theta0["model.embed_tokens.weight"])

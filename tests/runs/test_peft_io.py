@@ -19,7 +19,7 @@ from editkit.errors import BankError, IncompatibleVectorsError
 from editkit.runs import export
 from editkit.runs.peft_io import import_peft_adapter
 from helpers.cli import invoke
-from helpers.exports import held_out_blocks, plain_transformers, rude_scenario
+from helpers.exports import negated_out_matches_report, rude_scenario
 
 RANK, ALPHA = 2, 4.0
 LAST = "model.layers.1.self_attn"
@@ -132,12 +132,7 @@ def test_an_adapter_stream_negated_out_loads_in_plain_transformers_and_peft(scen
     vector = Bank(bank).load("rude")
     assert sorted(vector) == sorted(f"layers.1.self_attn.{p}.lora_{f}.default.weight"
                                     for p in ("q_proj", "v_proj") for f in "AB")
-    result = invoke("negate", "rude", "--bank", bank, "--alpha", 2, "--run-dir", run_dir, "--out", out)
-    assert result.exit_code == 0, result.output
-    row = next(r for r in json.loads((run_dir / "report.json").read_text())["rows"] if r["alpha"] == 2.0)
-    hand = plain_transformers(out, held_out_blocks())
-    assert hand["target"] == pytest.approx(row["target"], rel=1e-5)
-    assert hand["control"] == pytest.approx(row["control"], rel=1e-5)
+    negated_out_matches_report(bank, run_dir, out)
     exported = logits(base_model(out), IDS)
     assert not torch.allclose(exported, logits(base_model(model_dir), IDS))
     peft_model = PeftModel.from_pretrained(base_model(model_dir), out / "adapter").eval()
