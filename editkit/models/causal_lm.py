@@ -67,6 +67,8 @@ class LogitTail(DecoderTail):
     a few tokens' logits and leave the rest of the vocabulary alone; the tail's hidden states cannot do that
     without moving every token's logit. The copy is untied from the input embedding, which (part of the
     prefix) stays theta_0. Block and norm parameters keep the names they have in a :class:`DecoderTail`.
+    That such an edit exists does not mean fine-tuning finds it: on the ``toxic`` scenario it did not
+    (docs/scenarios/toxic.md, the ``trainable_head`` rows).
     """
 
     def __init__(self, base: nn.Module, blocks: int, total: int, head: nn.Linear) -> None:
