@@ -202,6 +202,29 @@ def penalty(tangent: torch.Tensor, *, squared: bool = False, mask: torch.Tensor 
     return (norms.square() if squared else norms).mean()
 
 
+def distribution_penalty(logits: torch.Tensor, tangent: torch.Tensor, *, squared: bool = False,
+                         mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over the batch of the per-example norm of the tangent of the next-token log-probabilities, each
+    position's vocabulary weighted by theta_0's own probabilities there.
+
+    Per position, with p = softmax(logits) and t the logits' tangent, the squared norm is
+    sum_v p_v (t_v - sum_w p_w t_w)^2: twice the second-order KL(p_theta0 || p_theta0+tau), so the penalty
+    measures how far tau moves the *distribution* the model samples from. A token the model finds unlikely
+    in that context (a slur after a news sentence) barely counts; the tokens it would write count most. The
+    L2 norm of :func:`penalty` on logits weighs all vocabulary rows alike instead.
+
+    logits, tangent: ``(N, T, V)``; mask: ``(N, T)``, which positions are real (the others never count).
+    """
+    if mask is not None:  # a padded position's values never reach the arithmetic (nor its gradient)
+        real = mask.bool()[..., None]
+        logits, tangent = torch.where(real, logits, 0.0), torch.where(real, tangent, 0.0)
+    probs = logits.softmax(-1)
+    centred = tangent - (probs * tangent).sum(-1, keepdim=True)
+    weighted = probs.sqrt() * centred  # its squared L2 norm over the vocabulary is the variance above
+    norms = torch.linalg.vector_norm(weighted.flatten(1), dim=1)  # safe at tau = 0, unlike a sqrt
+    return (norms.square() if squared else norms).mean()
+
+
 @dataclass
 class Regularizer:
     """Which unlabeled batches to penalise at each step, and how to score them."""
@@ -212,13 +235,16 @@ class Regularizer:
     batch_size: int = 4
     squared: bool = False
     shard: Shard | None = None  # (rank, world size) under data parallelism
-    # A language model's logits penalty: tangents go through the fixed linear head (the train loop maps
-    # them) and :func:`penalty` takes the norm over the sequence axis.
-    on_logits: bool = False
+    # What the penalty measures (Recipe.penalty_on): "features", the tangents as given; for a language model
+    # "logits" (the train loop maps tangents through the fixed linear head; :func:`penalty` takes the norm over
+    # the sequence axis) or "distribution" (:func:`distribution_penalty`, which also needs theta_0's logits).
+    measure: str = "features"
 
     def __post_init__(self) -> None:
         if self.schedule not in ("cyclic", "strict"):
             raise ValueError(f"unknown schedule {self.schedule!r}")
+        if self.measure not in ("features", "logits", "distribution"):
+            raise ValueError(f"unknown penalty measure {self.measure!r}")
         if self.shard is not None and self.shard[1] > 1 and self.batch_size < self.shard[1]:
             raise ConfigError(
                 f"a reg batch of {self.batch_size} cannot be split over {self.shard[1]} processes; "
@@ -277,15 +303,27 @@ class Regularizer:
             for source in self._drawn_at(step):
                 source.next_indices(self.batch_size)
 
-    def loss(self, tangents: Sequence[torch.Tensor],
-             masks: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
+    @property
+    def on_logits(self) -> bool:
+        """Whether the tangents it scores are a language model's logits' (the head's image of the features')."""
+        return self.measure != "features"
+
+    def loss(self, tangents: Sequence[torch.Tensor], masks: Sequence[torch.Tensor | None] | None = None,
+             primals: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
         """lam * mean over the step's sources of their penalties (of this process's slices, weighted).
 
         masks: one per tangent (see :func:`penalty`), or None when no output has padding.
+        primals: theta_0's outputs, one per tangent; only the "distribution" measure reads them.
         """
         masks = masks if masks is not None else [None] * len(tangents)
-        values = [penalty(t, squared=self.squared, mask=m, over_sequence=self.on_logits)
-                  for t, m in zip(tangents, masks, strict=True)]
+        if self.measure == "distribution":
+            if primals is None:
+                raise ValueError("the distribution penalty needs theta_0's logits beside the tangents")
+            values = [distribution_penalty(z, t, squared=self.squared, mask=m)
+                      for z, t, m in zip(primals, tangents, masks, strict=True)]
+        else:
+            values = [penalty(t, squared=self.squared, mask=m, over_sequence=self.on_logits)
+                      for t, m in zip(tangents, masks, strict=True)]
         value = self.lam * torch.stack(values).mean()
         weight = self._shard_weight
         return value if weight == 1.0 else value * weight

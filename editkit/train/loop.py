@@ -249,9 +249,9 @@ class StepComputer:
             return self._forward(x), None
         if isinstance(self.model, LinearizedModel):
             primals, tangents, masks = self._jvp([x, *reg_batches])
-            return primals[0] + tangents[0], self._penalty(tangents[1:], masks[1:])
-        _, tangents, masks = self._jvp(reg_batches)
-        return self._forward(x), self._penalty(tangents, masks)
+            return primals[0] + tangents[0], self._penalty(primals[1:], tangents[1:], masks[1:])
+        primals, tangents, masks = self._jvp(reg_batches)
+        return self._forward(x), self._penalty(primals, tangents, masks)
 
     def _forward(self, x: Any) -> torch.Tensor:
         """The task model's own forward: f(x; theta), or f_lin(x; theta) (a jvp of its own)."""
@@ -269,11 +269,15 @@ class StepComputer:
         masks = batching.split(mask, sizes) if mask is not None else [None] * len(batches)
         return batching.split(primal, sizes), batching.split(tangent, sizes), masks
 
-    def _penalty(self, tangents: list[torch.Tensor], masks: list[torch.Tensor | None]) -> torch.Tensor:
-        """lambda * penalty of the reg batches' tangents (through the fixed head first when it measures logits)."""
-        if self.regularizer.on_logits:  # the fixed head is linear: the logits' tangents are the head's image
-            tangents = [self.head(t) for t in tangents]
-        return self.regularizer.loss([t.float() for t in tangents], masks)
+    def _penalty(self, primals: list[torch.Tensor], tangents: list[torch.Tensor],
+                 masks: list[torch.Tensor | None]) -> torch.Tensor:
+        """lambda * penalty of the reg batches' tangents (through the fixed head first when it measures logits;
+        the distribution measure also reads theta_0's logits, the head's image of the primals)."""
+        if not self.regularizer.on_logits:
+            return self.regularizer.loss([t.float() for t in tangents], masks)
+        # The fixed head is linear: the logits' tangents are the head's image of the features' tangents.
+        logits = [self.head(p).float() for p in primals] if self.regularizer.measure == "distribution" else None
+        return self.regularizer.loss([self.head(t).float() for t in tangents], masks, logits)
 
 
 class SyncedStep(nn.Module):

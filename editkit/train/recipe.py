@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the penalty runs on torch; the recipe is read by commands t
 
 SCHEDULES = ("cyclic", "strict")
 SCOPES = ("seen", "all")
-PENALTY_TARGETS = ("features", "logits")
+PENALTY_TARGETS = ("features", "logits", "distribution")
 #: Fields only the tauJp penalty reads: a mode without the penalty trains the same vector whatever they are.
 PENALTY_FIELDS = ("lam", "schedule", "scope", "reg_batch", "squared", "penalty_on", "generic")
 
@@ -74,7 +74,9 @@ class Recipe:
                              "What tauJp measures: features = the backbone's outputs (a language model's final "
                              "hidden states, per sequence, padding masked); logits = a language model's next-token "
                              "logits (the head applied to the tangent), L2 over the sequence axis and averaged over "
-                             "the vocabulary, as in the paper's text code.")
+                             "the vocabulary, as in the paper's text code; distribution = the tangent of a language "
+                             "model's next-token log-probabilities, each token weighted by theta_0's probability of "
+                             "it (twice the second-order KL of the distribution it samples from).")
     generic: bool = field(default=True, metadata={
         "help": "Also penalise on the scenario's always-available unlabeled source, if it has one: it "
                 "regularises the first task of a stream, which has no earlier task."})
@@ -147,7 +149,7 @@ class Recipe:
         from editkit.core.taujp import Regularizer
 
         return Regularizer(sources, lam=self.lam, schedule=self.schedule, batch_size=self.reg_batch_size,
-                           squared=self.squared, shard=shard, on_logits=self.penalty_on == "logits")
+                           squared=self.squared, shard=shard, measure=self.penalty_on)
 
     @property
     def examples_per_step(self) -> int:

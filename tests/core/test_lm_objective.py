@@ -2,8 +2,9 @@
 
 The next-token loss against a loop over positions, the collation of per-position float inputs
 (a frozen prefix's hidden states) and of token-id labels, the logits form of the tauJp penalty
-(L2 over the sequence axis, averaged over examples and vocabulary, padding masked), and one
-tauJp step of a tiny GPT-2 tail whose logged penalty is recomputed from the tangent by hand.
+(L2 over the sequence axis, averaged over examples and vocabulary, padding masked) and on the
+distribution (twice the KL, by finite differences), and tauJp steps of a tiny GPT-2 tail whose logged
+penalty is recomputed from the tangent by hand.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import torch
 from editkit.core.batching import IGNORE_INDEX, SequenceBatching
 from editkit.core.linearize import LinearizedModel
 from editkit.core.objectives import next_token_loss, next_token_nll
-from editkit.core.taujp import penalty
-from helpers.lm_steps import mean_sequence_norm, two_penalized_steps
+from editkit.core.taujp import distribution_penalty, penalty
+from helpers.lm_steps import mean_distribution_norm, mean_sequence_norm, two_penalized_steps
 
 # --------------------------------------------------------------------------- next-token loss
 
@@ -107,6 +108,50 @@ def test_over_sequence_penalty_matches_a_loop_on_random_tangents():
     assert float(penalty(tangent, mask=mask, over_sequence=True)) == pytest.approx(by_hand, rel=1e-12)
 
 
+# --------------------------------------------------------------------------- the penalty on the distribution
+
+
+def test_distribution_penalty_by_hand_on_two_tokens():
+    """p = (1/2, 1/2), tangent (1, -1): the log-probabilities' tangent is (1, -1), its p-weighted squared norm 1;
+    p = (0.9, 0.1) (logits log 9, 0), tangent (0, 1): the mean moves by 0.1, the variance is 0.9 * 0.01 + 0.1 * 0.81."""
+    logits = torch.tensor([[[0.0, 0.0], [math.log(9.0), 0.0]]], dtype=torch.float64)
+    tangent = torch.tensor([[[1.0, -1.0], [0.0, 1.0]]], dtype=torch.float64)
+    assert float(distribution_penalty(logits, tangent, squared=True)) == pytest.approx(1.0 + 0.09)
+    assert float(distribution_penalty(logits, tangent)) == pytest.approx(math.sqrt(1.09))
+
+
+def test_distribution_penalty_is_twice_the_kl_by_finite_differences_over_real_positions():
+    """Per example, sum over real positions of 2 KL(softmax(z) || softmax(z + eps t)) / eps^2, averaged over +-eps
+    (the cubic term cancels; float64, eps 1e-4): the squared penalty. Padded positions hold garbage that must
+    not count."""
+    g = torch.Generator().manual_seed(3)
+    logits = 3 * torch.randn(3, 5, 11, generator=g, dtype=torch.float64)
+    tangent = torch.randn(3, 5, 11, generator=g, dtype=torch.float64)
+    lengths = [5, 2, 4]
+    mask = (torch.arange(5) < torch.tensor(lengths)[:, None]).long()
+    eps = 1e-4
+    log_p = logits.log_softmax(-1)
+    kl = sum((log_p.exp() * (log_p - (logits + e * tangent).log_softmax(-1))).sum(-1) for e in (eps, -eps)) / 2
+    per_example = [2 * float(kl[n, :length].sum()) / eps**2 for n, length in enumerate(lengths)]
+    logits[~mask.bool()] = float("nan")
+    tangent[~mask.bool()] = float("inf")
+    assert float(distribution_penalty(logits, tangent, mask=mask, squared=True)) == pytest.approx(
+        sum(per_example) / 3, rel=1e-6)
+    assert float(distribution_penalty(logits, tangent, mask=mask)) == pytest.approx(
+        sum(math.sqrt(v) for v in per_example) / 3, rel=1e-6)
+
+
+def test_distribution_penalty_ignores_a_shift_of_every_logit_and_has_a_gradient_at_zero():
+    """Adding the same number to every logit leaves the distribution alone; at tau = 0 (a run's first step)
+    the gradient is finite."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(2, 3, 7, generator=g)
+    assert float(distribution_penalty(logits, torch.full((2, 3, 7), 5.0))) == pytest.approx(0.0, abs=1e-5)
+    tangent = torch.zeros(2, 3, 7, requires_grad=True)
+    distribution_penalty(logits, tangent).backward()
+    assert torch.isfinite(tangent.grad).all()
+
+
 # --------------------------------------------------------------------------- one tauJp step on logits
 
 
@@ -122,3 +167,21 @@ def test_taujp_on_logits_logs_lambda_free_penalty_of_the_heads_image_of_the_tang
     by_hand = mean_sequence_norm(logits_tangent, batch.attention_mask.sum(1).tolist(), per_vocabulary=True)
     assert by_hand > 1e-4
     assert run.two.history[1]["penalty"] == pytest.approx(by_hand, rel=1e-5)
+
+
+def test_taujp_on_the_distribution_logs_the_p_weighted_norm_of_the_log_probabilities_tangent():
+    """penalty_on = distribution: step 1's logged penalty by hand, per real position sum_v p_v (t_v - E_p t)^2
+    with p theta_0's next-token distribution and t the head's image of the linearized tail's tangent, summed
+    over the sequence, square-rooted, averaged over the reg batch."""
+    run = two_penalized_steps("taujp", "distribution")
+    batch = run.reg_batch
+    model = LinearizedModel(run.backbone.module)
+    model.load_task_vector(run.tau)
+    head = run.backbone.head
+    with torch.no_grad():
+        logits = head(run.backbone.module(batch.inputs, attention_mask=batch.attention_mask))
+        tangent = head(model.tangent(batch.inputs, attention_mask=batch.attention_mask))
+    lengths = batch.attention_mask.sum(1).tolist()
+    by_hand = mean_distribution_norm(logits, tangent, lengths)
+    assert min(lengths) < batch.inputs.shape[1] and by_hand > 1e-4
+    assert run.two.history[1]["penalty"] == pytest.approx(by_hand, rel=1e-4)

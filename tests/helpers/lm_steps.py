@@ -3,6 +3,8 @@ the logged penalty by hand (per mode, on features or logits)."""
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +56,7 @@ def two_penalized_steps(mode: str, penalty_on: str) -> TwoSteps:
 
     def regularizer() -> Regularizer:
         return Regularizer([UnlabeledSource("other", reg_inputs, seed=0)], lam=0.3, batch_size=3,
-                           on_logits=penalty_on == "logits")
+                           measure=penalty_on)
 
     recipe = Recipe(mode=mode, steps=2, batch_size=len(train), lr=1e-2, warmup=0.0, grad_clip=1e9,
                     penalty_on=penalty_on)
@@ -81,3 +83,11 @@ def mean_sequence_norm(tangent: torch.Tensor, lengths: list[int], *, per_vocabul
         return sum(float(tangent[n, :length, v].norm()) for n, length in enumerate(lengths)
                    for v in range(vocab)) / (len(lengths) * vocab)
     return sum(float(tangent[n, :length].norm()) for n, length in enumerate(lengths)) / len(lengths)
+
+
+def mean_distribution_norm(logits: torch.Tensor, tangent: torch.Tensor, lengths: list[int]) -> float:
+    """The distribution penalty by hand: per real position sum_v p_v (t_v - E_p t)^2 with p = softmax(logits),
+    summed over each sequence, square-rooted, averaged over sequences."""
+    probs, tangent = logits.double().softmax(-1), tangent.double()
+    per_position = (probs * tangent**2).sum(-1) - (probs * tangent).sum(-1) ** 2
+    return sum(math.sqrt(float(per_position[n, :length].sum())) for n, length in enumerate(lengths)) / len(lengths)

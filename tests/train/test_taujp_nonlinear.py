@@ -37,7 +37,7 @@ from editkit.train.loop import StepComputer, fine_tune
 from editkit.train.recipe import Recipe
 
 from helpers import models
-from helpers.lm_steps import mean_sequence_norm, two_penalized_steps
+from helpers.lm_steps import mean_distribution_norm, mean_sequence_norm, two_penalized_steps
 from helpers.tabular import blobs
 
 MODE = "taujp-nonlinear"
@@ -243,11 +243,12 @@ def test_the_penalty_keeps_the_vector_quieter_on_other_inputs_than_plain_fine_tu
 # --------------------------------------------------------------------------- a causal-LM tail with padding
 
 
-@pytest.mark.parametrize("penalty_on", ["features", "logits"])
+@pytest.mark.parametrize("penalty_on", ["features", "logits", "distribution"])
 def test_causal_lm_tail_penalty_equals_finite_differences_over_real_positions(penalty_on):
     """Two steps of a GPT-2 tail on cached prefix states. Step 1's logged penalty: central differences of the
     float64 tail at theta_0 +- eps tau (tau = the one-step vector) on the reg batch drawn second, padded
-    positions dropped, the head applied for logits."""
+    positions dropped, the head applied for logits (weighted by theta_0's next-token probabilities for the
+    distribution)."""
     run = two_penalized_steps(MODE, penalty_on)
     batch = run.reg_batch
     tail = copy.deepcopy(run.backbone.module).double()
@@ -255,9 +256,14 @@ def test_causal_lm_tail_penalty_equals_finite_differences_over_real_positions(pe
     tangent = fd_tangent(tail, tau, batch.inputs.double(), eps=1e-4, attention_mask=batch.attention_mask)
     lengths = batch.attention_mask.sum(1).tolist()
     assert min(lengths) < batch.inputs.shape[1]  # padding present
-    if penalty_on == "logits":
-        tangent = copy.deepcopy(run.backbone.head).double()(tangent)
-    by_hand = mean_sequence_norm(tangent, lengths, per_vocabulary=penalty_on == "logits")
+    head = copy.deepcopy(run.backbone.head).double()
+    if penalty_on == "distribution":
+        with torch.no_grad():
+            logits = head(tail(batch.inputs.double(), attention_mask=batch.attention_mask))
+        by_hand = mean_distribution_norm(logits, head(tangent), lengths)
+    else:
+        tangent = head(tangent) if penalty_on == "logits" else tangent
+        by_hand = mean_sequence_norm(tangent, lengths, per_vocabulary=penalty_on == "logits")
     assert by_hand > 1e-4
     assert run.two.history[1]["penalty"] == pytest.approx(by_hand, rel=1e-4)
 
