@@ -19,7 +19,7 @@ split; registered here:
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch.utils.data import Dataset
@@ -33,6 +33,10 @@ from editkit.errors import ConfigError
 
 #: Splits a corpus provides.
 SPLITS = ("train", "val", "test")
+#: A word, as :func:`pack_focused` judges words: letters, and apostrophes inside them.
+WORD = re.compile(r"[A-Za-z](?:[A-Za-z']*[A-Za-z])?")
+#: Which of some words to train on (one bool per word): a word-level classifier, such as a toxicity scorer's flags.
+WordFlags = Callable[[Sequence[str]], Sequence[bool]]
 PREFIX_BATCH = 16
 
 
@@ -53,11 +57,13 @@ class TokenSequences(Dataset):
     reads a few chunks of it).
     """
 
-    def __init__(self, ids: Sequence[torch.Tensor], backbone: Any, labels: torch.Tensor | None = None) -> None:
+    def __init__(self, ids: Sequence[torch.Tensor], backbone: Any, labels: torch.Tensor | None = None,
+                 kept: Sequence[torch.Tensor] | None = None) -> None:
         self.ids = list(ids)
         if labels is not None and len(labels) != len(self.ids):
             raise ValueError(f"{len(self.ids)} texts but {len(labels)} labels")
         self.targets = labels
+        self.kept = None if kept is None else list(kept)
         self._backbone = backbone
         self._eos = getattr(getattr(backbone, "tokenizer", None), "eos_token_id", None)
         # texts by length (ties in text order): chunk c is _by_length[c * PREFIX_BATCH : (c + 1) * PREFIX_BATCH]
@@ -91,13 +97,15 @@ class TokenSequences(Dataset):
         return self.state(index), self.text_targets(index) if self.targets is None else self.targets[index]
 
     def text_targets(self, index: int) -> torch.Tensor:
-        """Block ``index``'s next-token targets: its ids, the token after each EOS ignored (the next text's first)."""
+        """Block ``index``'s next-token targets: its ids, the token after each EOS ignored (the next text's first),
+        and with ``kept`` every token it does not keep ignored too."""
         ids = self.ids[index]
-        if self._eos is None:
-            return ids
-        after_eos = torch.zeros_like(ids, dtype=torch.bool)
-        after_eos[1:] = ids[:-1] == self._eos
-        return ids.masked_fill(after_eos, IGNORE_INDEX)
+        ignored = torch.zeros_like(ids, dtype=torch.bool)
+        if self._eos is not None:
+            ignored[1:] = ids[:-1] == self._eos
+        if self.kept is not None:
+            ignored |= ~self.kept[index]
+        return ids.masked_fill(ignored, IGNORE_INDEX)
 
     def input(self, index: int) -> torch.Tensor:
         return self.state(index)
@@ -142,14 +150,47 @@ def pack(tokenizer: Any, texts: Sequence[str], length: int, *, limit: int | None
     ``limit``: at most that many blocks (the first ones); tokenizing stops once they are full,
     so a few blocks of a large corpus (WikiText-103's train split) cost only their own texts.
     """
+    stream, _ = _token_stream(tokenizer, texts, length, limit)
+    return _cut(stream, length, limit)
+
+
+def pack_focused(tokenizer: Any, texts: Sequence[str], length: int, flags: WordFlags, *,
+                 limit: int | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """:func:`pack`'s blocks, and per block which of its tokens spell a word ``flags`` flags (bool, same shape).
+
+    A token counts when its characters overlap a flagged word's (so " f" and "uck" of " fuck" both do);
+    end-of-sequence tokens never do. Needs a fast tokenizer (its offsets say which characters a token spells).
+    """
+    words = sorted({m.group() for text in texts for m in WORD.finditer(text)})
+    flagged = {word for word, flag in zip(words, flags(words)) if flag}
+    spans = [[m.span() for m in WORD.finditer(text) if m.group() in flagged] for text in texts]
+    stream, kept = _token_stream(tokenizer, texts, length, limit, spans)
+    return _cut(stream, length, limit), [block.bool() for block in _cut(kept, length, limit)]
+
+
+def _token_stream(tokenizer: Any, texts: Sequence[str], length: int, limit: int | None,
+                  spans: Sequence[Sequence[tuple[int, int]]] | None = None) -> tuple[list[int], list[int]]:
+    """The texts' token ids joined by EOS, read until ``limit`` blocks are full; with ``spans`` (per text, the
+    character spans of its flagged words) also 1 / 0 per token: whether it overlaps one of them."""
     eos = tokenizer.eos_token_id
     stream: list[int] = []
-    for text in texts:
+    kept: list[int] = []
+    for index, text in enumerate(texts):
         if limit is not None and len(stream) >= limit * length:
             break
-        stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=spans is not None)
+        stream.extend(encoded["input_ids"])
+        if spans is not None:
+            kept.extend(int(any(start < stop and first < end for first, stop in spans[index]))
+                        for start, end in encoded["offset_mapping"])
         if eos is not None:
             stream.append(eos)
+            kept.append(0)
+    return stream, kept
+
+
+def _cut(stream: list[int], length: int, limit: int | None) -> list[torch.Tensor]:
+    """``stream`` in blocks of ``length`` (a last block of fewer than two tokens dropped), the first ``limit``."""
     blocks = [torch.tensor(stream[i : i + length], dtype=torch.long) for i in range(0, len(stream), length)]
     blocks = [b for b in blocks if len(b) >= 2]
     return blocks[:limit] if limit is not None else blocks
@@ -164,13 +205,19 @@ def prefix_states(backbone: Any, blocks: Sequence[torch.Tensor]) -> list[torch.T
 
 
 def sequences(backbone: Any, texts: Sequence[str], max_length: int, *, limit: int | None = None,
-              description: str = "prefix states") -> TokenSequences:
-    """Packed blocks of ``texts``; their prefix states are computed when first read."""
+              description: str = "prefix states", focus: WordFlags | None = None) -> TokenSequences:
+    """Packed blocks of ``texts``; their prefix states are computed when first read. With ``focus``, only the
+    tokens of the words it flags are next-token targets (:func:`pack_focused`)."""
     require_prefix(backbone)
-    blocks = pack(backbone.tokenizer, texts, max_length, limit=limit)
+    if focus is None:
+        blocks, kept = pack(backbone.tokenizer, texts, max_length, limit=limit), None
+    else:
+        blocks, kept = pack_focused(backbone.tokenizer, texts, max_length, focus, limit=limit)
+        if not any(k.any() for k in kept):
+            raise ConfigError(f"{description}: no word of the text is flagged, so nothing is left to train on")
     if not blocks:
         raise ConfigError(f"{description}: no text to build sequences from")
-    return TokenSequences(blocks, backbone)
+    return TokenSequences(blocks, backbone, kept=kept)
 
 
 def pooled_sequences(backbone: Any, texts: Mapping[str, Sequence[str]], max_length: int, *,
@@ -200,16 +247,20 @@ def corpus_split(corpus: str, split: str, seed: int = 0) -> list[str]:
 
 
 def _task_source(name: str, dataset: str, backbone: Any, max_length: int = 64, train_blocks: int | None = None,
-                 eval_blocks: int | None = None) -> TaskData:
+                 eval_blocks: int | None = None, focus_words: WordFlags | None = None) -> TaskData:
+    """The corpus's splits as a language-modelling task. ``focus_words`` (the scenario layer turns a scorer's
+    name into its flags) narrows the *train* split's targets to flagged words' tokens; validation and test
+    keep every token, so the target perplexity a run reports is the whole text's."""
     limits = {"train": train_blocks, "val": eval_blocks, "test": eval_blocks}
     splits = {split: sequences(backbone, corpus_split(dataset, split), max_length, limit=limits[split],
-                               description=f"{name} {split}") for split in SPLITS}
+                               description=f"{name} {split}", focus=focus_words if split == "train" else None)
+              for split in SPLITS}
     return TaskData(name, [], splits["train"], splits["val"], splits["test"])
 
 
 def _task_check(name: str, dataset: str, max_length: int = 64, train_blocks: int | None = None,
-                eval_blocks: int | None = None) -> list[str]:
-    return _corpus_check(dataset)
+                eval_blocks: int | None = None, focus_words: str | None = None) -> list[str]:
+    return _corpus_check(dataset)  # the focus scorer's pieces: checked by the scenario, which builds it
 
 
 def _corpus_check(corpus: str) -> list[str]:
@@ -238,7 +289,9 @@ def generic_check(corpus: str | Sequence[str] = "", **_: Any) -> list[str]:
 
 _OPTIONS_HELP = {"max_length": "tokens per packed block",
                  "train_blocks": "at most this many train blocks (default: all)",
-                 "eval_blocks": "at most this many validation / test blocks each (default: all)"}
+                 "eval_blocks": "at most this many validation / test blocks each (default: all)",
+                 "focus_words": "train the next-token loss only on the tokens of the words this toxicity scorer "
+                                "flags (its name, e.g. profanity; default: every token)"}
 TASK_SOURCES.register("text", Record.of(_task_source, check=_task_check, help=_OPTIONS_HELP))
 GENERIC_SOURCES.register("text", Record.of(_generic_source, check=generic_check, help={
     "corpus": "the text corpus whose train split is the source, or a list of corpora pooled",

@@ -38,6 +38,7 @@ import numpy as np
 from editkit.core.registry import Record, Registry
 from editkit.core.artifacts import fetch, sha256_file
 from editkit.data import cache as _cache
+from editkit.data.text import WordFlags
 from editkit.errors import ConfigError, MissingResourceError
 from editkit.eval.toxblock import LABELS as TOXBLOCK_LABELS
 from editkit.eval.toxblock import check_toxblock, load_toxblock
@@ -67,6 +68,13 @@ class ToxicityScorer(Protocol):
     threshold: float
 
     def score(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def word_flags(name: str) -> WordFlags:
+    """Scorer ``name`` (built with its defaults) as a judge of single words, for a text task's ``focus_words``:
+    a word is flagged when its score is above the scorer's threshold."""
+    scorer: ToxicityScorer = TOXICITY_SCORERS[name].build()
+    return lambda words: (np.asarray(scorer.score(list(words))) > scorer.threshold).tolist()
 
 
 def provenance(scorer: ToxicityScorer) -> dict[str, Any]:

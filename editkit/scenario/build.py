@@ -20,7 +20,7 @@ from editkit.data import GENERIC_SOURCES, TASK_SOURCES, TEXT_CORPORA
 from editkit.data.tasks import TaskData
 from editkit.errors import ConfigError
 from editkit.eval.lm_negation import LanguageNegation
-from editkit.eval.toxicity import TOXICITY_SCORERS
+from editkit.eval.toxicity import TOXICITY_SCORERS, word_flags
 from editkit.models import BACKBONES, HEADS
 from editkit.models.backbone import Backbone
 from editkit.scenario.options import BuildOptions
@@ -90,7 +90,10 @@ def task_options(spec: ScenarioSpec, task: TaskSpec, build: BuildOptions | None 
 
 
 def load_task(task: TaskSpec, backbone: Backbone, options: dict[str, Any]) -> TaskData:
-    """The task's data from its source, given the options :func:`task_options` resolved."""
+    """The task's data from its source, given the options :func:`task_options` resolved. A text task's
+    ``focus_words`` names a toxicity scorer (a file holds text); the source receives the scorer's word flags."""
+    if isinstance(focus := options.get("focus_words"), str):
+        options = {**options, "focus_words": word_flags(focus)}
     return TASK_SOURCES[task.kind].build(task.name, task.dataset, backbone, **options)
 
 
@@ -107,8 +110,11 @@ def check_scenario(spec: ScenarioSpec, build: BuildOptions | None = None) -> lis
     if (check := BACKBONES[family].check) is not None:
         problems += check(**options)
     for task in spec.tasks:
+        options = task_options(spec, task, build)
         if (check := TASK_SOURCES[task.kind].check) is not None:
-            problems += check(task.name, task.dataset, **task_options(spec, task, build))
+            problems += check(task.name, task.dataset, **options)
+        if isinstance(focus := options.get("focus_words"), str) and (check := TOXICITY_SCORERS[focus].check):
+            problems += check()
     if spec.generic:
         generic = dict(spec.generic)
         if (check := GENERIC_SOURCES[generic.pop("kind", None)].check) is not None:

@@ -50,6 +50,7 @@ from editkit.core.registry import Registry
 from editkit.data import GENERIC_SOURCES, TASK_SOURCES
 from editkit.errors import ConfigError
 from editkit.eval.lm_negation import LanguageNegation
+from editkit.eval.toxicity import TOXICITY_SCORERS
 from editkit.merge.continual import StreamMerge
 from editkit.models import BACKBONES, HEADS
 # SCENARIO_DIR and known_scenarios are this module's names too: where the files are is the catalog's
@@ -177,6 +178,8 @@ def _check_options(spec: ScenarioSpec, where: object) -> None:
         source = _record(TASK_SOURCES, task.kind, f"{where}: task {task.name!r}")
         source.refuse_unknown(task.options, f"{where}: task {task.name!r} (source {task.kind!r})")
         source.refuse_unknown(spec.data, f"{where}: [data], given to task {task.name!r} (source {task.kind!r})")
+        if (focus := {**spec.data, **task.options}.get("focus_words")) is not None:
+            _record(TOXICITY_SCORERS, focus, f"{where}: task {task.name!r}, focus_words")
 
 
 def _negation(table: dict[str, Any], where: object, base: Path | None = None) -> LanguageNegation:

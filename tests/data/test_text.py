@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from editkit.data import GENERIC_SOURCES, TASK_SOURCES
-from editkit.data.text import TokenSequences, corpus_split, pack, sequences
+from editkit.core.batching import IGNORE_INDEX
+from editkit.data.text import TokenSequences, corpus_split, pack, pack_focused, sequences
 from editkit.errors import ConfigError
 from editkit.models.causal_lm import causal_lm_backbone
 from helpers import models
@@ -57,6 +58,43 @@ def test_pack_drops_a_last_block_with_nothing_to_predict(tokenizer):
     assert pack(tokenizer, [], 4) == []
 
 
+def flag_words(*flagged: str):
+    """Word flags that flag exactly ``flagged``, recording every list of words they are asked about."""
+    asked: list[list[str]] = []
+
+    def flags(words):
+        asked.append(list(words))
+        return [word in flagged for word in words]
+
+    flags.asked = asked
+    return flags
+
+
+def test_pack_focused_keeps_the_tokens_of_flagged_words_only():
+    """One token per character: "you dumb ass" + <eos> + "a dumber dumb" + <eos> in blocks of 8. Flagging "dumb"
+    keeps characters 4-7 of the first text and 9-12 of the second (not "dumber", another word), never a space
+    or an <eos>; each unique word is asked about once."""
+    tokenizer = models.char_tokenizer()
+    flags = flag_words("dumb")
+    blocks, kept = pack_focused(tokenizer, ["you dumb ass", "a dumber dumb"], 8, flags)
+    assert [b.tolist() for b in blocks] == [b.tolist() for b in pack(tokenizer, ["you dumb ass", "a dumber dumb"], 8)]
+    stream = [0] * 4 + [1] * 4 + [0] * 4 + [0] + [0] * 9 + [1] * 4 + [0]  # 13 + 14 tokens
+    assert [k.tolist() for k in kept] == [[bool(v) for v in stream[i:i + 8]] for i in range(0, 27, 8)]
+    assert flags.asked == [["a", "ass", "dumb", "dumber", "you"]]
+
+
+def test_focused_targets_ignore_every_token_but_the_kept_ones(backbone):
+    data = sequences(backbone, ["you dumb ass", "a dumb"], 32, focus=flag_words("dumb", "ass"))
+    ids = data.ids[0]
+    targets = data[0][1]
+    kept_positions = [i for i, t in enumerate(targets.tolist()) if t != IGNORE_INDEX]
+    assert kept_positions == [4, 5, 6, 7, 9, 10, 11, 15, 16, 17, 18]  # "dumb", "ass"; "dumb" of the second text
+    assert torch.equal(targets[kept_positions], ids[kept_positions])
+    assert sequences(backbone, ["you dumb ass"], 32)[0][1].tolist() == ids[:13].tolist()  # unfocused: every token
+    with pytest.raises(ConfigError, match="no word of the text is flagged"):
+        sequences(backbone, ["a kind word"], 32, focus=flag_words("dumb"))
+
+
 # --------------------------------------------------------------------------- prefix states
 
 
@@ -97,6 +135,17 @@ def test_text_task_source_packs_each_split_of_a_registered_corpus(backbone, corp
         want = pack(backbone.tokenizer, CORPUS[split], 6, limit=None if split == "train" else 1)
         assert [b.tolist() for b in getattr(task, split).ids] == [b.tolist() for b in want]
     assert TASK_SOURCES["text"].check("lm-task", corpus) == []
+
+
+def test_focus_words_narrow_the_train_targets_and_leave_validation_and_test_whole(backbone, corpus):
+    task = TASK_SOURCES["text"].build("lm-task", corpus, backbone, max_length=32, focus_words=flag_words("cat", "ok"))
+    train = task.train[0][1]
+    assert [i for i, t in enumerate(train.tolist()) if t != IGNORE_INDEX] == [4, 5, 6]  # "the cat sat": "cat"
+    for name in ("val", "test"):  # every token's target, as without focus (the text after an <eos> aside)
+        whole = sequences(backbone, CORPUS[name], 32)
+        split = getattr(task, name)
+        assert [split[i][1].tolist() for i in range(len(split))] == [whole[i][1].tolist() for i in range(len(whole))]
+        assert any(t != IGNORE_INDEX for t in whole[0][1].tolist()[4:])
 
 
 def test_text_generic_source_serves_prefix_states_of_the_train_split(backbone, corpus):

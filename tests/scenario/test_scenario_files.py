@@ -7,6 +7,7 @@ to run them.
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -14,17 +15,21 @@ import pytest
 import torch
 from torch import nn
 
+from editkit.core.batching import IGNORE_INDEX
 from editkit.core.registry import Record
 from editkit.data import TASK_SOURCES
 from editkit.data.natural import natural_crops
 from editkit.data.tasks import tensor_task
 from editkit.errors import ConfigError
+from editkit.eval.toxicity import TOXICITY_SCORERS
 from editkit.models import BACKBONES
 from editkit.models.backbone import Backbone
 from editkit.models.heads import probe_head
 from editkit.scenario.build import build_scenario, check_scenario
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import SCENARIO_DIR, load_scenario
+from helpers.scenarios import write_language_scenario, write_toml
+from helpers.text import registered_corpora
 
 CROP = 2
 INPUT_DIM = CROP * CROP * 3  # a crop, flattened
@@ -233,3 +238,43 @@ name = "forget"
 source = "text:toxic"
 """)
     assert load_scenario(str(path)).generic["corpus"] == [f"file:{folder / 'keep.txt'}", "clean-news"]
+
+
+class WordListScorer:
+    """1.0 for a text that is one of ``words``, else 0.0: a toxicity scorer flagging known single words."""
+
+    threshold = 0.5
+
+    def __init__(self, name: str, words: set[str]) -> None:
+        self.name, self.words = name, words
+
+    def score(self, texts):
+        return np.array([float(text in self.words) for text in texts])
+
+
+def test_focus_words_name_a_toxicity_scorer_whose_flags_pick_the_train_targets(tmp_path):
+    """``focus_words = "dumbness"`` in a task: the train targets are the characters of "dumb" (one token each), the
+    validation text keeps every target; the scorer's check joins the scenario's; an unknown scorer is refused
+    when the file is loaded, by name."""
+    corpus = {"train": ["you dumb ass", "a nice day"], "val": ["ok you dumb"], "test": ["fine"]}
+    record = Record.of(lambda threshold=0.5: WordListScorer("dumbness", {"dumb"}),
+                       check=lambda threshold=0.5: ["dumbness: its word list is missing (test)"])
+    TOXICITY_SCORERS.register("dumbness", record)
+    try:
+        with registered_corpora({"focus-text": corpus}):
+            path, _ = write_language_scenario(tmp_path, "focus", task_corpus="focus-text", control="focus-text",
+                                              prompts="focus-text", scorer="profanity", steps=1, lr=1e-3,
+                                              max_length=32)
+            data = tomllib.loads(path.read_text())
+            data["tasks"][0]["focus_words"] = "dumbness"
+            spec = load_scenario(str(write_toml(data, path)))
+            assert "dumbness: its word list is missing (test)" in check_scenario(spec)
+            built = build_scenario(spec)
+    finally:
+        TOXICITY_SCORERS.unregister("dumbness")
+    train, val = built.task("rude").train, built.task("rude").val
+    assert [i for i, t in enumerate(train[0][1].tolist()) if t != IGNORE_INDEX] == [4, 5, 6, 7]
+    assert val[0][1].tolist() == val.ids[0].tolist()
+    data["tasks"][0]["focus_words"] = "nope"
+    with pytest.raises(ConfigError, match="task 'rude', focus_words: unknown toxicity scorer 'nope'"):
+        load_scenario(str(write_toml(data, path)))
