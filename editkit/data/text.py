@@ -161,6 +161,8 @@ def pack_focused(tokenizer: Any, texts: Sequence[str], length: int, flags: WordF
     A token counts when its characters overlap a flagged word's (so " f" and "uck" of " fuck" both do);
     end-of-sequence tokens never do. Needs a fast tokenizer (its offsets say which characters a token spells).
     """
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError(f"focus_words needs a fast tokenizer (its character offsets), not {type(tokenizer).__name__}")
     words = sorted({m.group() for text in texts for m in WORD.finditer(text)})
     flagged = {word for word, flag in zip(words, flags(words)) if flag}
     spans = [[m.span() for m in WORD.finditer(text) if m.group() in flagged] for text in texts]

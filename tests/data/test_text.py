@@ -83,6 +83,15 @@ def test_pack_focused_keeps_the_tokens_of_flagged_words_only():
     assert flags.asked == [["a", "ass", "dumb", "dumber", "you"]]
 
 
+def test_pack_focused_refuses_a_tokenizer_without_character_offsets():
+    class Slow:
+        eos_token_id = 0
+        is_fast = False
+
+    with pytest.raises(ConfigError, match="focus_words needs a fast tokenizer .*not Slow"):
+        pack_focused(Slow(), ["you dumb ass"], 8, flag_words("dumb"))
+
+
 def test_focused_targets_ignore_every_token_but_the_kept_ones(backbone):
     data = sequences(backbone, ["you dumb ass", "a dumb"], 32, focus=flag_words("dumb", "ass"))
     ids = data.ids[0]
