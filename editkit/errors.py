@@ -39,6 +39,11 @@ class CorruptVectorError(BankError):
     """A stored vector is truncated, unreadable or fails its checksum."""
 
 
+class ExportError(EditkitError):
+    """An edited model cannot be written or read as a program: an op without a tangent rule, a program that does
+    not reproduce the model it was written from, a directory that is not an export."""
+
+
 def check_choices(settings: Any, what: str) -> None:
     """Refuse a settings dataclass whose field holds a value outside its ``metadata["choices"]``.
 
