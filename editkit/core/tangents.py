@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 from torch.fx import GraphModule, Interpreter, Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from editkit.core.linearize import forward_ad_safe_attention
 from editkit.errors import ExportError
@@ -58,9 +59,14 @@ def _plus(*terms: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _shaped(tangent: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
-    """A tangent broadcast to its output's shape (an operand smaller than the result, e.g. a bias). Always a view
-    by ``expand_as``: comparing symbolic shapes first would fix the batch size in the program (a guard)."""
-    return None if tangent is None else tangent.expand_as(like)
+    """A tangent broadcast to its output's shape (an operand smaller than the result, e.g. a bias). Shapes are
+    compared only where that is known without a guard (a guard on a symbolic size would fix the batch size in
+    the program); otherwise ``expand_as`` makes a view."""
+    if tangent is None:
+        return None
+    if tangent.dim() == like.dim() and all(statically_known_true(a == b) for a, b in zip(tangent.shape, like.shape)):
+        return tangent
+    return tangent.expand_as(like)
 
 
 def _or_zeros(tangent: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -105,7 +111,7 @@ def _add(sign: float) -> Rule:
         scale = sign * kwargs.get("alpha", 1)
         if other is not None and scale != 1:
             other = other * scale
-        return _plus(_shaped(tangents[0], out), _shaped(other, out))
+        return _shaped(_plus(tangents[0], other), out)
 
     return rule
 
@@ -116,7 +122,7 @@ def _mul(out, args, kwargs, tangents):
 
 
 def _div(out, args, kwargs, tangents):
-    (a, b), (ta, tb) = args, tangents
+    (_, b), (ta, tb) = args, tangents
     return _shaped(_plus(None if ta is None else ta / b, None if tb is None else -(out * tb) / b), out)
 
 
@@ -139,7 +145,7 @@ def _addmm(out, args, kwargs, tangents):
         product = product * alpha
     if tbias is not None and beta != 1:
         tbias = tbias * beta
-    return _plus(product, _shaped(tbias, out))
+    return _shaped(_plus(product, tbias), out)
 
 
 def _convolution(out, args, kwargs, tangents):
@@ -147,8 +153,8 @@ def _convolution(out, args, kwargs, tangents):
     tx, tw, tb = tangents[:3]
     through_input = None if tx is None else aten.convolution(tx, weight, None, *rest)
     through_weight = None if tw is None else aten.convolution(x, tw, None, *rest)
-    through_bias = None if tb is None else _shaped(tb.reshape(_channel_shape(out)), out)
-    return _plus(through_input, through_weight, through_bias)
+    through_bias = None if tb is None else tb.reshape(_channel_shape(out))
+    return _shaped(_plus(through_input, through_weight, through_bias), out)
 
 
 def _batch_norm_eval(out, args, kwargs, tangents):
@@ -160,8 +166,8 @@ def _batch_norm_eval(out, args, kwargs, tangents):
     scale = invstd if weight is None else invstd * weight
     through_input = None if tx is None else tx * scale.reshape(shape)
     through_weight = None if tw is None else (x - running_mean.reshape(shape)) * (invstd * tw).reshape(shape)
-    through_bias = None if tb is None else _shaped(tb.reshape(shape), out[0])
-    return (_plus(through_input, through_weight, through_bias), None, None)
+    through_bias = None if tb is None else tb.reshape(shape)
+    return (_shaped(_plus(through_input, through_weight, through_bias), out[0]), None, None)
 
 
 def _layer_norm(out, args, kwargs, tangents):
@@ -176,7 +182,7 @@ def _layer_norm(out, args, kwargs, tangents):
         txhat = rstd * (tx - tx.mean(dims, keepdim=True) - xhat * (xhat * tx).mean(dims, keepdim=True))
         through_input = txhat if weight is None else txhat * weight
     through_weight = None if tw is None else xhat * tw
-    return (_plus(through_input, through_weight, _shaped(tb, y)), None, None)
+    return (_shaped(_plus(through_input, through_weight, tb), y), None, None)
 
 
 def _softmax(out, args, kwargs, tangents):
@@ -202,14 +208,28 @@ def _silu_derivative(out, x):
     return s * (1 + x * (1 - s))
 
 
-def _between(out, x, low=None, high=None, *, closed: bool = False):
-    """1 where ``x`` lies between the bounds (``closed``: bounds included, as clamp's derivative counts them), else 0."""
-    inside = torch.ones_like(x, dtype=torch.bool)
+def gated(inside: Callable[..., torch.Tensor]) -> Rule:
+    """Piecewise-linear functions of their first operand (relu, hardtanh, clamp): the tangent where
+    ``inside(x, *args)`` holds (slope 1), zero elsewhere; a selection, not a product with a 0/1 mask."""
+
+    def rule(out, args, kwargs, tangents):
+        t = tangents[0]
+        if t is None:
+            return None
+        return torch.where(inside(*args, **kwargs), t, 0.0)
+
+    return rule
+
+
+def _within(x, low=None, high=None, *, closed: bool = False) -> torch.Tensor:
+    """Where ``x`` lies between the bounds (``closed``: bounds included, as clamp's derivative counts them)."""
+    inside = torch.ones_like(x, dtype=torch.bool) if low is None and high is None else None
     if low is not None:
-        inside = inside & ((x >= low) if closed else (x > low))
+        inside = (x >= low) if closed else (x > low)
     if high is not None:
-        inside = inside & ((x <= high) if closed else (x < high))
-    return inside.to(x.dtype)
+        above = (x <= high) if closed else (x < high)
+        inside = above if inside is None else inside & above
+    return inside
 
 
 def _where(out, args, kwargs, tangents):
@@ -285,9 +305,9 @@ RULES: dict[Any, Rule] = {
     aten._softmax.default: _softmax, aten._log_softmax.default: _log_softmax,
     aten.gelu.default: pointwise(_gelu_derivative),
     aten.silu.default: pointwise(_silu_derivative),
-    aten.relu.default: pointwise(lambda out, x: _between(out, x, low=0)),
-    aten.hardtanh.default: pointwise(lambda out, x, low=-1.0, high=1.0: _between(out, x, low, high)),
-    aten.clamp.default: pointwise(lambda out, x, low=None, high=None: _between(out, x, low, high, closed=True)),
+    aten.relu.default: gated(lambda x: x > 0),
+    aten.hardtanh.default: gated(lambda x, low=-1.0, high=1.0: _within(x, low, high)),
+    aten.clamp.default: gated(lambda x, low=None, high=None: _within(x, low, high, closed=True)),
     aten.tanh.default: pointwise(lambda out, x: 1 - out * out),
     aten.sigmoid.default: pointwise(lambda out, x: out * (1 - out)),
     aten.exp.default: pointwise(lambda out, x: out),

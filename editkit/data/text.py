@@ -58,8 +58,13 @@ class TokenSequences(Dataset):
     """
 
     def __init__(self, ids: Sequence[torch.Tensor], backbone: Any, labels: torch.Tensor | None = None,
-                 kept: Sequence[torch.Tensor] | None = None) -> None:
+                 kept: Sequence[torch.Tensor] | None = None, texts: Sequence[str] | None = None,
+                 max_length: int | None = None) -> None:
         self.ids = list(ids)
+        #: The texts the ids were tokenized from (labelled texts), and the length they were cut at: what an exported
+        #: model's inputs are made from (``editkit predict``, and the checks that its program scores as editkit does).
+        self.texts = None if texts is None else list(texts)
+        self.max_length = max_length
         if labels is not None and len(labels) != len(self.ids):
             raise ValueError(f"{len(self.ids)} texts but {len(labels)} labels")
         self.targets = labels

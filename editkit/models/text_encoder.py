@@ -23,7 +23,7 @@ Weights are read from local disk only (``editkit.models.lm_weights``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -33,6 +33,7 @@ from editkit.core.registry import Record
 from editkit.errors import ConfigError
 from editkit.models import BACKBONES
 from editkit.models.blocks import ALL_BLOCKS, BlockTail, TailBackbone, resolve_blocks
+from editkit.models.inputs import ProgramInputs, batch_dim, pad_right, text_spec
 from editkit.models.lm_weights import MODEL_PATHS, load_pretrained, weights_check
 
 POOLINGS = ("mean", "cls")
@@ -62,9 +63,43 @@ class PooledTail(nn.Module):
         return pool(self.tail(hidden, attention_mask), attention_mask, self.pooling)
 
 
+class EncoderFeatures(nn.Module):
+    """Token ids and mask -> pooled features through the whole encoder: the prefix states and the pooled tail of
+    :class:`PooledTail` in one pass, with the same parameters. What a program of a text encoder runs."""
+
+    def __init__(self, encoder: nn.Module, pooling: str) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.pooling = pooling
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return pool(hidden, attention_mask, self.pooling)
+
+
 @dataclass
 class EncoderBackbone(TailBackbone):
     """A text encoder split into a frozen prefix and a trainable, pooled tail (the module)."""
+
+    @property
+    def pad_id(self) -> int:
+        return int(self.tokenizer.pad_token_id or 0)
+
+    def program_inputs(self) -> ProgramInputs:
+        """A program reads token ids and their mask (right-padded), any batch and length the positions allow."""
+        encoder = self.tail.base_model
+        device = next(encoder.parameters()).device
+        ids = torch.full((2, 8), self.pad_id, dtype=torch.long, device=device)
+        mask = torch.ones_like(ids)
+        mask[1, 5:] = 0  # traced with padding: the mask is an input, not a constant of all ones
+        length = torch.export.Dim("length", min=1, max=int(encoder.config.max_position_embeddings))
+        dims = {0: batch_dim(), 1: length}
+        return ProgramInputs(EncoderFeatures(encoder, self.module.pooling), (ids, mask), (dims, dims),
+                             text_spec(self.tokenizer, pad_id=self.pad_id))
+
+    def program_batch(self, dataset: Any, indices: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        """Token ids and mask of examples ``indices`` (a :class:`~editkit.data.text.TokenSequences` split)."""
+        return pad_right([dataset.ids[i] for i in indices], self.pad_id)
 
 
 def encoder_backbone(encoder: nn.Module, tokenizer: Any, *, pooling: str = "mean",

@@ -32,7 +32,7 @@ from editkit.core.registry import Record
 from editkit.errors import ConfigError, MissingResourceError
 from editkit.models import BACKBONES
 from editkit.models.backbone import Backbone
-from editkit.models.efficientnet import image_batch_to_tensor
+from editkit.models.inputs import image_spec, images_to_tensor
 
 RANDOM = "random"
 
@@ -136,11 +136,12 @@ def build(model: str = "resnet18", weights: str = RANDOM, image_size: int = 224,
     layer = net.get_submodule(name)
     classifier = {f"{name}.{key}": value.detach().clone() for key, value in layer.state_dict().items()}
     net.set_submodule(name, nn.Identity())
+    spec = image_spec(image_size)
     return TorchvisionBackbone(
         name=f"torchvision:{model}@{image_size}" + (f"/{path.name}" if path is not None else f"/random{seed}"),
         module=net, feature_dim=layer.in_features,
-        preprocess=lambda image: image_batch_to_tensor(np.asarray(image.convert("RGB"))[None], image_size)[0],
-        batch_preprocess=lambda images: image_batch_to_tensor(images, image_size),
+        preprocess=lambda image: images_to_tensor(np.asarray(image.convert("RGB"))[None], spec)[0],
+        batch_preprocess=lambda images: images_to_tensor(images, spec), input_spec=spec,
         arch=model, classifier=classifier)
 
 

@@ -3,7 +3,8 @@
 forward-mode AD left in it, the same outputs after ``torch.export.save`` / ``load``.
 
 Ground truth: ``torch.func.jvp`` of the op itself (float64), and for whole models the linearized model editkit
-trains and scores (itself checked against finite differences in ``test_linearize.py``).
+trains and scores (itself checked against finite differences in ``test_linearize.py``). A T5's program is checked
+end to end by ``tests/cli/test_glue4.py``.
 """
 
 from __future__ import annotations
@@ -267,25 +268,6 @@ def test_a_llama_decoder():
             return self.lm(input_ids=ids, use_cache=False).logits
 
     _compare(Logits(), (idx(2, 6, high=50),), ({0: BATCH, 1: LENGTH},), 2e-5, (idx(3, 9, high=50, seed=2),))
-
-
-def test_a_t5_with_teacher_forcing():
-    t5 = models.t5()
-
-    class Logits(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.t5 = t5
-
-        def forward(self, ids, mask, decoder_ids):
-            return self.t5(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids, use_cache=False).logits
-
-    ids, mask = idx(2, 6, high=40), torch.ones(2, 6, dtype=torch.long)
-    mask[1, 3:] = 0
-    enc = {0: BATCH, 1: LENGTH}
-    _compare(Logits(), (ids, mask, idx(2, 3, high=40, seed=1)),
-             (enc, enc, {0: BATCH, 1: torch.export.Dim("target", min=2, max=16)}), 2e-5,
-             (idx(4, 9, high=40, seed=2), torch.ones(4, 9, dtype=torch.long), idx(4, 2, high=40, seed=3)))
 
 
 def test_an_op_without_a_rule_is_refused_by_name(monkeypatch):

@@ -90,9 +90,10 @@ def test_class_folders_at_the_root_and_any_image_pil_reads(tmp_path):
         make_image(label, 2, size=6).save(root / name / "2.gif")  # another size: its own preprocessing batch
         make_image(label, 3, size=8).save(root / name / "3.tiff")
         (root / name / "notes.txt").write_text("not an image")
-    from editkit.models.efficientnet import image_batch_to_tensor
+    from editkit.models.inputs import image_spec, images_to_tensor
 
-    backbone = Backbone("eff", torch.nn.Identity(), 3, batch_preprocess=lambda a: image_batch_to_tensor(a, 8))
+    spec = image_spec(8)
+    backbone = Backbone("eff", torch.nn.Identity(), 3, batch_preprocess=lambda a: images_to_tensor(a, spec))
     task = TASK_SOURCES["imagefolder"].build("shapes", str(root), backbone, test_fraction=0.25)
     assert task.classes == ["a", "b"] and len(task.train) + len(task.val) + len(task.test) == 8
     from PIL import Image
@@ -101,7 +102,7 @@ def test_class_folders_at_the_root_and_any_image_pil_reads(tmp_path):
     for label, name in enumerate(["a", "b"]):
         for file in sorted((root / name).glob("[0-9].*")):
             pixels = np.array(Image.open(file).convert("RGB"))
-            expected[(label, pixels[0, 1, 0])] = image_batch_to_tensor(pixels[None], 8)[0]
+            expected[(label, pixels[0, 1, 0])] = images_to_tensor(pixels[None], spec)[0]
     for split in (task.train, task.val, task.test):
         for x, y in (split[i] for i in range(len(split))):
             match = [k for k, v in expected.items() if k[0] == int(y) and torch.allclose(v, x)]
