@@ -44,7 +44,10 @@ _PUBLIC: dict[str, str] = {
     "EditResult": "editkit.runs.edit",
     "negate_language": "editkit.runs.negate_lm",
     "export_vectors": "editkit.runs.export",
-    "import_peft_adapter": "editkit.runs.peft_io",
+    "export_edit": "editkit.runs.export",
+    "predict": "editkit.runs.predict",
+    "read_export": "editkit.runs.export.read",
+    "import_peft_adapter": "editkit.runs.export.peft_io",
     # scenario files
     "load_scenario": "editkit.scenario.spec",
     "known_scenarios": "editkit.scenario.spec",

@@ -98,6 +98,12 @@ def negate() -> None:
 
 
 @app.command(cls=Computing)
+def predict() -> None:
+    """An exported model's predicted class (and its probability) for each input and task: image files or folders,
+    or texts (a .txt file, one per line; a .csv / .jsonl column). Needs only the directory --out wrote."""
+
+
+@app.command(cls=Computing)
 def generate() -> None:
     """theta_0's and the edited model's continuations of prompts side by side, with their toxicity scores."""
 

@@ -39,8 +39,15 @@ RECIPE = Fields(Recipe, keep=True, keep_help=KEEP_SCENARIO)
 BUILD = Fields(BuildOptions, keep=True, keep_help=KEEP_SCENARIO)
 REBUILD = Fields(BuildOptions, keep=True, keep_help="(default: what the stream was given, else the scenario's)")
 LANGUAGE = Fields(LanguageNegation, keep=True, keep_help="(language vectors; default: the scenario's [negation])")
-#: Title of the scores of the ordinary model at a linearized vector's weights: the model ``--out`` writes.
-WEIGHTS_TITLE = "the same, as the ordinary model at these weights (what --out writes)"
+#: Title of the scores of the ordinary model at a linearized vector's weights (beside the program, in --out).
+WEIGHTS_TITLE = "the same, as the ordinary network at these weights (--out writes them beside the model)"
+OutOption = typer.Option(None, help="Write the edited model into this directory: model.pt2 (the model that was "
+                         "scored, every task's head included, a torch.export program: torch.export.load runs it "
+                         "without editkit), the weights theta_0 + delta in the family's own format (a Hugging Face "
+                         "directory, an open_clip checkpoint, a torchvision or EfficientNet state dict) with "
+                         "heads.safetensors, editkit.json and a model card; with --tau-only: the vector itself.")
+TauOnlyOption = typer.Option(False, "--tau-only", help="--out writes the combined task vector (safetensors), not a "
+                             "model.")
 
 
 @with_options(recipe=RECIPE, build=BUILD, runtime_options=RUNTIME)
@@ -129,37 +136,23 @@ def add(
                                                               for m in MERGE_METHODS if MERGE_METHODS[m].options)
                                               + ")."),
     bank: Path = BankOption,
-    out: Optional[Path] = typer.Option(None, help="Save the edited model, theta_0 + the merged vector: a Hugging "
-                                       "Face model directory (causal LM, text encoder, seq2seq LM), an open_clip "
-                                       "checkpoint file (CLIP), a torchvision state dict (torchvision), else a "
-                                       "safetensors state dict of the backbone module (non-linear vectors only); "
-                                       "with --tau-only: the merged vector itself."),
-    tau_only: bool = typer.Option(False, "--tau-only", help="--out writes the merged task vector, not a model."),
+    out: Optional[Path] = OutOption,
+    tau_only: bool = TauOnlyOption,
     force: bool = ForceOption,
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
 ) -> None:
     from editkit.cli.console import RichProgress, accuracy_table, console
-    import json
 
-    from editkit.runs.checkpoints import refuse_linearized, write_model
     from editkit.runs.edit import add as add_vectors
     from editkit.bank.store import open_bank
-    from editkit.runs.export import TRANSFORMERS, check_target, export_edit, export_format
     from editkit.runs.stream import process_runtime
     from editkit.errors import ConfigError
 
     store = open_bank(bank)
     if all_ and names:
         raise ConfigError("give vector names or --all, not both")
-    if tau_only and out is None:
-        raise ConfigError("--tau-only says what --out writes: give --out too")
     selection = store.names() if all_ or not names else names
-    writes_model = out is not None and not tau_only
-    fmt = export_format(store, selection) if writes_model else None
-    if writes_model:  # refused before anything is computed
-        if fmt is None:  # the backbone module's state dict: no weights give a linearized vector's model
-            refuse_linearized({name: store.get(name).mode for name in selection})
-        check_target(out, force=force, directory=fmt == TRANSFORMERS)
+    writes_model = _check_out(out, tau_only, force)
     try:
         alphas = [float(a) for a in alpha.split(",")]
     except ValueError:
@@ -167,7 +160,7 @@ def add(
     with process_runtime(**runtime_options) as runtime:
         result = add_vectors(store, selection, alphas[0] if len(alphas) == 1 else alphas, method=method,
                              params=param or [], progress=RichProgress(), build=BuildOptions(**build),
-                             runtime=runtime, weights_scores=fmt is not None)
+                             runtime=runtime, weights_scores=writes_model)
     r = result.report
     title = f"add {', '.join(selection)} (alpha {alpha}, {r['mode']}, {method}"
     title += "".join(f", {k}={v}" for k, v in r["options"].items()) + ")"
@@ -177,15 +170,9 @@ def add(
         w = r["weights"]
         console.print(accuracy_table(WEIGHTS_TITLE, w["per_task"], single=r["single_task"],
                                      summary={"absolute": w["absolute"], "normalized": w["normalized"]}))
-    if writes_model and fmt is not None:
-        export_edit(result, store, out, method=method, force=force, build=BuildOptions(**build))
-        console.print(f"model (theta_0 + merged vector, {fmt} format, model card inside) written to {out}")
-    elif writes_model:
-        write_model(out, result.module, result.vector, {"base": str(store.base), "method": method,
-                                                        "options": json.dumps(r["options"]),
-                                                        "coefficients": str(result.coefficients)})
-        console.print(f"model (theta_0 + merged vector, the backbone module's state dict) written to {out}")
-    _save_outputs(result, None if writes_model else out, json_path)
+    if writes_model:
+        _export(result, store, out, method=method, force=force, build=BuildOptions(**build))
+    _save_outputs(result, out if tau_only else None, json_path)
 
 
 @with_options(build=REBUILD, runtime_options=RUNTIME, language=LANGUAGE)
@@ -211,35 +198,55 @@ def negate(
                                         "fine-tuned first (default: the scenario's)."),
     run_dir: Optional[Path] = typer.Option(None, help="Language vectors: directory of report.json and the plot "
                                            "(default runs/negate-<name>-<mode>)."),
-    out: Optional[Path] = typer.Option(None, help="Write the negated model theta_0 - alpha tau in the format the "
-                                       "model came in: a Hugging Face model directory with a model card (causal LM, "
-                                       "text encoder, seq2seq LM), an open_clip checkpoint file (CLIP), a torchvision "
-                                       "state dict (torchvision); for other backbones (EfficientNet), the negated "
-                                       "task vector as safetensors."),
+    out: Optional[Path] = typer.Option(None, help="Write the negated model theta_0 - alpha tau into this directory: "
+                                       "model.pt2 (the scored model with every scored task's head, a torch.export "
+                                       "program), the weights in the family's own format, editkit.json and a model "
+                                       "card; a language model: its Hugging Face directory (what the continuations "
+                                       "were sampled from) with the card; with --tau-only: the negated vector."),
+    tau_only: bool = TauOnlyOption,
     force: bool = ForceOption,
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the numbers as JSON."),
 ) -> None:
     from editkit.bank.store import Bank
-    from editkit.runs.export import TRANSFORMERS, check_target, export_format
+    from editkit.errors import ConfigError
     from editkit.runs.negate_lm import is_language_vector, language_scenario
 
     spec = language_scenario(name)  # with or without --bank: a bank lacking the vector gets it fine-tuned first
     mode = mode or (spec.recipe.mode if spec is not None else None)
     if bank is None:
         bank = default_bank_dir(spec.name, mode) if spec is not None else DEFAULT_BANK
+    writes_model = _check_out(out, tau_only, force)  # refused before anything is fine-tuned or scored
     if spec is not None or is_language_vector(Bank(bank), name):
-        if out is not None:  # refused before anything is fine-tuned or scored
-            check_target(out, force=force)
+        if tau_only:
+            raise ConfigError("--tau-only: a language vector's negation is written as its model (--out), and the "
+                              "vector is in the bank")
         _negate_language(name, spec, bank, alpha=None if tune_alpha else alpha, mode=mode, steps=steps,
                          run_dir=run_dir, json_path=json_path, language=language, build=BuildOptions(**build),
                          runtime_options=runtime_options, out=out, force=force)
         return
-    fmt = export_format(Bank(bank), [name]) if out is not None else None  # reads the scenario file only
-    if fmt is not None:  # refused before anything is scored
-        check_target(out, force=force, directory=fmt == TRANSFORMERS)
     _negate_vision(name, bank, 1.0 if alpha is None else alpha, tune_alpha=tune_alpha, min_control=min_control,
-                   control=control, control_data=control_data, out=out, fmt=fmt, force=force, json_path=json_path,
-                   build=BuildOptions(**build), runtime_options=runtime_options)
+                   control=control, control_data=control_data, out=out, writes_model=writes_model, force=force,
+                   json_path=json_path, build=BuildOptions(**build), runtime_options=runtime_options)
+
+
+def predict(
+    inputs: list[Path] = typer.Argument(..., help="Image files or folders of them (image models); a .txt file (one "
+                                        "input per line), or a .csv / .jsonl file (its --column) (text models)."),
+    model: Path = typer.Option(..., "--model", help="A directory editkit add / negate --out wrote."),
+    task: Optional[list[str]] = typer.Option(None, "--task", help="Only this task (repeatable; default: every task "
+                                             "the model does)."),
+    column: str = typer.Option("text", help="The column of a .csv / .jsonl file that holds the texts."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the predictions as JSON."),
+) -> None:
+    from editkit.cli.console import RichProgress, console, prediction_table
+    from editkit.runs.predict import predict as predict_inputs
+    from editkit.runs.report import write_json
+
+    predictions = predict_inputs(model, inputs, tasks=task, column=column, progress=RichProgress())
+    console.print(prediction_table(f"{model}: {len(predictions)} predictions", predictions))
+    if json_path is not None:
+        write_json(json_path, [p.to_json() for p in predictions])
+        console.print(f"predictions written to {json_path}")
 
 
 def generate(
@@ -294,21 +301,19 @@ def generate(
 
 
 def _negate_vision(name: str, bank: Path, alpha: float, *, tune_alpha: bool, min_control: float, control: str,
-                   control_data: Optional[Path], out: Optional[Path], fmt: Optional[str], force: bool,
+                   control_data: Optional[Path], out: Optional[Path], writes_model: bool, force: bool,
                    json_path: Optional[Path], build: BuildOptions, runtime_options: dict) -> None:
-    """A vector scored by accuracy; ``--out`` writes the negated model in format ``fmt`` (the family's), else
-    (a family without one) the negated vector."""
+    """A vector scored by accuracy; ``--out`` writes the negated model (``writes_model``), else the negated vector."""
     from editkit.cli.console import RichProgress, accuracy_table, console
     from editkit.runs.edit import negate as negate_vector
     from editkit.bank.store import open_bank
-    from editkit.runs.export import export_edit
     from editkit.runs.stream import process_runtime
 
     store = open_bank(bank)
     with process_runtime(**runtime_options) as runtime:
         result = negate_vector(store, name, alpha, progress=RichProgress(), control=control, control_data=control_data,
                                tune_alpha=tune_alpha, min_control=min_control, build=build, runtime=runtime,
-                               weights_scores=fmt is not None)
+                               weights_scores=writes_model)
     r = result.report
     summary_keys = ("target", "control", "control_pretrained")
     used = r.get("alpha", alpha)
@@ -321,10 +326,9 @@ def _negate_vision(name: str, bank: Path, alpha: float, *, tune_alpha: bool, min
                                      summary={k: w[k] for k in summary_keys if k in w}))
     if "control_set" in r:
         console.print(f"control set: {r['control_set']}")
-    if fmt is not None:
-        export_edit(result, store, out, force=force, build=build)
-        console.print(f"model theta_0 - {used:g} tau ({fmt} format) written to {out}")
-    _save_outputs(result, None if fmt is not None else out, json_path)
+    if writes_model:
+        _export(result, store, out, force=force, build=build)
+    _save_outputs(result, None if writes_model else out, json_path)
 
 
 def _negate_language(name: str, spec, bank: Path, *, alpha: Optional[float], mode: Optional[str],
@@ -363,6 +367,30 @@ def _negate_language(name: str, spec, bank: Path, *, alpha: Optional[float], mod
                       f"model card inside) written to {out}")
     if json_path is not None:
         write_json(json_path, report)
+
+
+def _check_out(out: Optional[Path], tau_only: bool, force: bool) -> bool:
+    """Whether ``--out`` writes a model (not ``--tau-only``'s vector); a target it may not write to is refused now,
+    before any work."""
+    from editkit.errors import ConfigError
+    from editkit.runs.export import check_target
+
+    if tau_only and out is None:
+        raise ConfigError("--tau-only says what --out writes: give --out too")
+    if out is not None and not tau_only:
+        check_target(out, force=force)
+    return out is not None and not tau_only
+
+
+def _export(result, store, out: Path, *, force: bool, build: BuildOptions, method: str = "task-arithmetic") -> None:
+    """Write the scored model into ``out`` and say what is there."""
+    from editkit.cli.console import console
+    from editkit.runs.export import export_edit
+
+    written = export_edit(result, store, out, method=method, force=force, build=build)
+    console.print(f"model written to {written}: model.pt2 (the scored model, every task's head; torch.export.load "
+                  f"runs it), its weights in the family's own format, editkit.json, README.md  "
+                  f"(editkit predict --model {written} INPUTS)")
 
 
 def _save_outputs(result, out: Optional[Path], json_path: Optional[Path]) -> None:
@@ -409,7 +437,7 @@ def bank_import(
         raise ConfigError("give the fine-tuned model: --finetuned CHECKPOINT or --peft ADAPTER_DIR (one of them)")
     bank = bank or default_bank_dir(load_scenario(scenario).name, IMPORTED)
     if peft is not None:
-        from editkit.runs.peft_io import import_peft_adapter
+        from editkit.runs.export.peft_io import import_peft_adapter
 
         if base is not None:
             raise ConfigError("--base is for --finetuned checkpoints: a PEFT adapter is its own difference")

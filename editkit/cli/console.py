@@ -255,3 +255,16 @@ def generation_table(result: Mapping) -> Table:
                      f"theta_0 {base['mean_score']:.3f}, edited {edited['mean_score']:.3f}  (n = {base['n']})")
     table.caption_justify = "left"
     return table
+
+
+def prediction_table(title: str, predictions) -> Table:
+    """``editkit predict``: one row per input and task, its predicted class and that class's probability."""
+    from rich.markup import escape
+
+    table = Table(title=escape(title), title_justify="left")
+    for column, justify in (("input", "left"), ("task", "left"), ("predicted class", "left"),
+                            ("probability", "right")):
+        table.add_column(column, justify=justify, overflow="fold")
+    for p in predictions:
+        table.add_row(escape(p.input), escape(p.task), escape(p.predicted), f"{p.probability:.3f}")
+    return table

@@ -1,4 +1,4 @@
-"""Task vectors from and to model checkpoints: ``editkit bank import`` and ``editkit add --out``.
+"""Task vectors from model checkpoints fine-tuned elsewhere: ``editkit bank import``.
 
 **Import.** A model fine-tuned elsewhere becomes a bank vector tau = theta_ft - theta_0 over
 the scenario backbone's module parameters, recorded as ``nonlinear`` (it is a weight-space
@@ -15,11 +15,6 @@ A key the backbone does not have, a parameter the checkpoint lacks, a shape that
 buffer (BatchNorm statistics) that is not theta_0's is refused by name before anything is
 banked: a task vector holds parameters only, and the backbone's buffers stay theta_0's.
 The entry's provenance names each file with its sha256 and layout.
-
-**Export.** theta_0 + tau as the backbone module's state dict (parameters and buffers), in
-safetensors, loadable with ``module.load_state_dict``. Only for non-linear vectors: a
-linearized vector's model is f(x; theta_0) + J f(x) . tau, which no set of weights
-reproduces (theta_0 + tau is not the model it was trained as).
 """
 
 from __future__ import annotations
@@ -31,23 +26,20 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from editkit.bank.store import Bank, VectorEntry
-from editkit.core.adapters import without_adapter
 from editkit.core.artifacts import sha256_file
 from editkit.core.modes import Mode
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError, MissingResourceError
 from editkit.merge import vector_norm
-from editkit.merge.arithmetic import TaskVector
 from editkit.models.clip import is_torchscript_archive
 from editkit.models.clip_keys import TowerState, from_hugging_face, from_open_clip, is_hugging_face, is_open_clip
 from editkit.runs.stream import scenario_provenance
 from editkit.scenario.build import build_backbone
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import ScenarioSpec, load_scenario
-from editkit.util.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -232,45 +224,6 @@ def import_checkpoint(bank: Bank | Path | str, scenario: str | Path, name: str, 
 def _source(path: Path | str, layout: str) -> dict[str, str]:
     path = Path(path).resolve()
     return {"file": str(path), "sha256": "sha256:" + sha256_file(path), "layout": layout}
-
-
-# --------------------------------------------------------------------------- export
-
-
-def refuse_linearized(modes: Mapping[str, str]) -> None:
-    """Refuse writing a model for vectors (name -> mode) of which any is linearized (see the module docstring)."""
-    linearized = [f"{name} ({mode})" for name, mode in modes.items() if Mode(mode).linearized]
-    if linearized:
-        raise ConfigError(
-            f"cannot write a model checkpoint for linearized vector(s) {', '.join(linearized)}: their model is "
-            "f(x; theta_0) + J f(x) . tau, and the weights theta_0 + tau are not the model they were trained as; "
-            "pass --tau-only to write the vector itself")
-
-
-def model_state(module: nn.Module, tau: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``module``'s state dict (on the CPU) with every parameter named in ``tau`` set to theta_0 + tau, added as
-    :class:`~editkit.core.linearize.NonLinearModel` adds it, so the loaded module is the model that was scored;
-    a module carrying a LoRA adapter is written as the plain module (each adapted weight W + s B A)."""
-    params = dict(module.named_parameters(remove_duplicate=False))
-    unknown = [k for k in tau if k not in params]
-    if unknown:
-        raise BankError(f"the vector has parameters the backbone lacks: {_names(unknown)}")
-    state = {k: v.detach().to("cpu").clone() for k, v in module.state_dict().items()}
-    for key, delta in tau.items():
-        theta0 = params[key].detach().to("cpu")
-        state[key] = theta0 + delta.to(theta0)
-    return without_adapter(module, state)
-
-
-def write_model(path: Path | str, module: nn.Module, vector: TaskVector, metadata: Mapping[str, str]) -> Path:
-    """Write theta_0 + ``vector`` as ``module``'s state dict in safetensors (atomically); ``metadata`` goes into
-    the file's header. Refuses linearized vectors."""
-    refuse_linearized({"the merged vector": vector.mode})
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        save_file(model_state(module, vector.tensors), str(tmp),
-                  metadata={"content": "model", "mode": vector.mode, **metadata})
-    return path
 
 
 def _names(names: list[str]) -> str:

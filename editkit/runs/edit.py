@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import torch
 
 from editkit.core.modes import Mode
 from editkit.merge import method_options
@@ -51,16 +50,19 @@ IMAGENET = "ImageNet"
 
 @dataclass
 class EditResult:
-    """What an edit scored: the vector added to theta_0, its numbers, and the backbone and its module holding
-    theta_0, for writing the edited model (``editkit.runs.checkpoints.write_model``,
-    ``editkit.runs.export.export_edit``)."""
+    """What an edit scored: the vector added to theta_0, its numbers, and the scenario it was scored in (its
+    backbone holding theta_0, its heads and test splits), for writing the edited model
+    (:func:`editkit.runs.export.export_edit`)."""
 
     coefficients: dict[str, float]
     mode: str
     vector: TaskVector
     report: dict[str, Any]
-    module: torch.nn.Module | None = None
-    backbone: Any = None
+    built: BuiltScenario | None = None
+
+    @property
+    def backbone(self) -> Any:
+        return None if self.built is None else self.built.backbone
 
 
 def recorded_build(bank: Bank, name: str, given: BuildOptions | None = None) -> BuildOptions:
@@ -152,7 +154,7 @@ def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, 
     if weights_scores and (weights := _weights_scores(built, vector, tasks, progress, f"evaluating {method}",
                                                       runtime=runtime)) is not None:
         report["weights"] = {"per_task": weights, **addition_summary(weights, known)}
-    return EditResult(coefficients, vector.mode, vector, report, built.backbone.module, built.backbone)
+    return EditResult(coefficients, vector.mode, vector, report, built)
 
 
 def negate(
@@ -228,7 +230,7 @@ def negate(
     if weights_scores and (weights := _weights_scores(built, vector, tasks, progress, "evaluating negation",
                                                       runtime=runtime, extra=report_extra)) is not None:
         report["weights"] = {"per_task": weights, **negation_summary(target, weights, pretrained)}
-    return EditResult(coefficients, vector.mode, vector, report, built.backbone.module, built.backbone)
+    return EditResult(coefficients, vector.mode, vector, report, built)
 
 
 def _tune_negation(built: BuiltScenario, unit: TaskVector, target: str, tasks: Sequence[str],

@@ -26,7 +26,7 @@ from editkit.eval.lm_negation import LanguageNegation, SAMPLE_BATCH, edited_weig
 from editkit.eval.toxicity import TOXICITY_SCORERS
 from editkit.merge.arithmetic import combine
 from editkit.runs.edit import find_scenario
-from editkit.runs.export import PROVENANCE_FILE, bank_backbone
+from editkit.runs.export import MANIFEST_FILE, bank_backbone
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import ScenarioSpec
 from editkit.util.progress import NullProgress, Progress
@@ -95,12 +95,12 @@ def from_directory(directory: Path | str, *, base: str | None = None) -> Models:
         raise ConfigError(f"--model {directory} is not a directory: name a model directory (editkit negate / add "
                           "--out writes one)")
     provenance: dict[str, Any] = {}
-    if (directory / PROVENANCE_FILE).is_file():
-        provenance = json.loads((directory / PROVENANCE_FILE).read_text(encoding="utf-8"))
+    if (directory / MANIFEST_FILE).is_file():
+        provenance = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
     recorded = provenance.get("base_model") or {}
     base = base or recorded.get("model")
     if not base:
-        raise ConfigError(f"{directory} does not name its base model ({PROVENANCE_FILE}): pass --base MODEL, "
+        raise ConfigError(f"{directory} does not name its base model ({MANIFEST_FILE}): pass --base MODEL, "
                           "the model theta_0 came from")
     spec = None
     if provenance.get("scenario"):

@@ -88,6 +88,18 @@ def atomic_write_text(path: Path | str, text: str, *, durable: bool = False) -> 
     return atomic_write_bytes(path, text.encode("utf-8"), durable=durable)
 
 
+def _plain_permissions(directory: Path) -> None:
+    """Give every file below ``directory`` the permissions a plain ``open()`` gives (writers such as safetensors
+    create files readable by their owner only), learnt from a probe file the kernel applies the umask to."""
+    probe = directory / f".probe{TMP_MARKER}"
+    os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+    mode = stat.S_IMODE(os.stat(probe).st_mode)
+    probe.unlink()
+    for file in directory.rglob("*"):
+        if file.is_file() and not file.is_symlink():
+            os.chmod(file, mode)
+
+
 @contextlib.contextmanager
 def atomic_dir(path: Path | str, *, replace: bool = False) -> Iterator[Path]:
     """Yield a temporary directory to fill; on a clean exit it is renamed to ``path`` in one step.
@@ -107,6 +119,7 @@ def atomic_dir(path: Path | str, *, replace: bool = False) -> Iterator[Path]:
     old: Path | None = None
     try:
         yield tmp
+        _plain_permissions(tmp)
         if replace and (path.is_file() or path.is_symlink() or (path.is_dir() and any(path.iterdir()))):
             old = temporary_sibling(path)
             os.rename(path, old)

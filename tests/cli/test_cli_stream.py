@@ -184,7 +184,8 @@ def test_add_reports_sum_and_writes_vector(tmp_path, seen_run):
 def test_negate_reports_target_and_control(tmp_path, seen_run):
     root, _ = seen_run
     out, json_path = tmp_path / "neg.safetensors", tmp_path / "neg.json"
-    result = invoke("negate", "digits", "--alpha", 0.5, "--bank", root / "bank", "--out", out, "--json", json_path)
+    result = invoke("negate", "digits", "--alpha", 0.5, "--bank", root / "bank", "--out", out, "--tau-only", "--json",
+                    json_path)
     assert result.exit_code == 0, result.output
     saved, tau = load_file(out), Bank(root / "bank").load("digits")
     for key, value in saved.items():

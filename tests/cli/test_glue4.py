@@ -75,12 +75,46 @@ def test_tiny_t5_streams_two_steps_per_task_from_local_copies(offline, tmp_path,
     tau = bank.load("rte")
     assert "shared.weight" in tau and any(value.abs().sum() > 0 for value in tau.values())  # every parameter is theta
 
-    added = runner.invoke(app, ["add", "--all", "--bank", str(bank_dir), "--json", str(tmp_path / "add.json")])
+    out = tmp_path / "merged"
+    added = runner.invoke(app, ["add", "--all", "--bank", str(bank_dir), "--json", str(tmp_path / "add.json"),
+                                "--out", str(out)])
     assert added.exit_code == 0, added.output
     summed = json.loads((tmp_path / "add.json").read_text())
     assert summed["per_task"] == pytest.approx(report["final"]["per_task"])  # the stream's merge, rebuilt from the bank
+    assert_the_program_scores_teacher_forced_as_reported(out, bank, summed)
 
     bench = runner.invoke(app, ["bench", "--scenario", str(scenario), "--bank-root", str(tmp_path / "banks")])
     assert bench.exit_code != 0
     assert "editkit bench sweeps classification heads; the heads of 'glue4' are text-to-text" in " ".join(bench.output.split())
     assert not (tmp_path / "banks").exists()  # refused before any training
+
+
+def assert_the_program_scores_teacher_forced_as_reported(out: Path, bank: Bank, report: dict) -> None:
+    """``--out`` of a seq2seq bank: a Hugging Face directory of theta_0 + the sum in every parameter, and a program
+    of the linearized model over (prompt, teacher-forced decoder input) whose every-label-token accuracy on each
+    task's test split is the reported one."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    from editkit.core.batching import IGNORE_INDEX
+    from editkit.runs import export
+    from editkit.runs.export.read import read_export
+
+    manifest = json.loads((out / "editkit.json").read_text())
+    assert manifest["input"]["kind"] == "text-to-text" and manifest["weights"]["format"] == "transformers"
+    assert [t["name"] for t in manifest["tasks"]] == TASKS and manifest["tasks"][0]["head"] == "identity"
+    built = export.bank_scenario(bank, "cola")
+    tau = {n: sum(bank.load(name)[n] for name in TASKS) for n in bank.load("cola")}
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(out)
+    theta0 = dict(built.backbone.model.named_parameters())
+    for name, param in loaded.named_parameters():
+        torch.testing.assert_close(param, theta0[name] + tau[name], rtol=0, atol=1e-6)
+    program = read_export(out).program()
+    for task in TASKS:
+        test = built.task(task).test
+        inputs = built.backbone.program_batch(test, range(len(test)))
+        labels = built.backbone.batching.collate_labels([test[i][1] for i in range(len(test))])
+        with torch.inference_mode():
+            logits = program(*inputs)[task]
+        right = ((logits.argmax(-1) == labels) | (labels == IGNORE_INDEX)).all(dim=1)
+        assert float(right.double().mean()) == pytest.approx(report["per_task"][task], abs=0), task

@@ -73,7 +73,7 @@ def test_every_computing_command_finds_its_implementation():
     group = typer.main.get_command(app)
     computing = [c for c in (*group.commands.values(), *group.commands["bank"].commands.values())
                  if isinstance(c, Computing)]
-    assert sorted(c.name for c in computing) == ["add", "bench", "generate", "import", "negate", "stream"]
+    assert sorted(c.name for c in computing) == ["add", "bench", "generate", "import", "negate", "predict", "stream"]
     for command in computing:
         assert command.params and command.callback is command.implementation.callback
         assert command.help and not command.implementation.help  # the help is declared once, with the name

@@ -181,14 +181,16 @@ def test_lora_weights_refuse_what_is_not_an_adapter():
 
 
 def test_a_written_module_is_the_plain_module_with_the_updates_merged():
-    """``add --out`` of a backbone without a standard format writes the module's state dict: without the adapter,
+    """``--out`` of a backbone without a format of its own writes the module's state dict: without the adapter,
     each adapted weight W + s B A (plain LoRA merged as weight updates), loadable into the plain module."""
-    from editkit.runs.checkpoints import model_state
+    from editkit.models.backbone import Backbone
+    from editkit.runs.export.native import edited, plain_state
 
     module = adapted_mlp()
     tau = random_like(trainable_names(module), module, seed=4)
     updates = dict(LoraWeights(tau, 1.5))
-    state = model_state(module, updates)
+    with edited(module, updates):
+        state = plain_state(Backbone("mlp", module, 3), module.state_dict())
     plain = models.mlp(4, 6, 3).double()
     assert sorted(state) == sorted(plain.state_dict())
     hand = {k: v.clone() for k, v in plain.state_dict().items()}

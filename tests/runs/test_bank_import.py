@@ -348,22 +348,23 @@ def test_add_out_writes_the_edited_model_and_it_reimports(scenario, backbone, th
     bank_dir = tmp_path / "banks" / "clip-import-imported"
     assert Bank(bank_dir).names() == ["digits"] and not (tmp_path / "banks" / "clip-import-nonlinear").exists()
     assert "imported digits (task digits, state-dict layout" in " ".join(result.output.split())
-    out = tmp_path / "model.safetensors"
+    out = tmp_path / "model"
     result = invoke("add", "digits", "--alpha", "0.5", "--bank", bank_dir, "--out", out)
     assert result.exit_code == 0, result.output
     banked = Bank(bank_dir).load("digits")
-    state = load_file(str(out))
+    state = load_file(str(out / "open_clip_model.safetensors"))
     module = build_backbone(load_scenario(scenario)).module
     module.load_state_dict({k.removeprefix("visual."): v for k, v in state.items() if k.startswith("visual.")},
                            strict=True)
     for name, param in module.named_parameters():
         assert torch.equal(param, theta0[name] + 0.5 * banked[name]), name
-    with safe_open(str(out), framework="pt") as fh:
-        provenance = json.loads(fh.metadata()["editkit"])
-    assert (provenance["format"], provenance["mode"]) == ("open_clip", "nonlinear")
+    with safe_open(str(out / "open_clip_model.safetensors"), framework="pt") as fh:
+        assert json.loads(fh.metadata()["editkit"])["edit"] == "theta_0 + 0.5 * tau[digits]"
+    provenance = json.loads((out / "editkit.json").read_text())
+    assert (provenance["weights"]["format"], provenance["mode"]) == ("open_clip", "nonlinear")
     assert provenance["base_model"]["fingerprint"] == backbone.fingerprint()
     assert provenance["method"] == "task-arithmetic" and provenance["options"] == {}
-    import_checkpoint(bank_dir, scenario, "half", out, task="digits")
+    import_checkpoint(bank_dir, scenario, "half", out / "open_clip_model.safetensors", task="digits")
     again = Bank(bank_dir).load("half")
     for key in banked:
         torch.testing.assert_close(again[key], 0.5 * banked[key], rtol=0, atol=1e-6)
@@ -371,20 +372,16 @@ def test_add_out_writes_the_edited_model_and_it_reimports(scenario, backbone, th
 
 def test_add_out_writes_linearized_vectors_as_weights_and_tau_only_writes_the_vector(scenario, backbone, tau,
                                                                                      tmp_path):
-    """A linearized vector's model is f(x; θ0) + J f(x)·τ: a CLIP export writes the weights θ0 + τ (scored beside
-    f_lin); a family without an export format (the module's state dict) still refuses it."""
-    from editkit.errors import ConfigError
-    from editkit.runs.checkpoints import refuse_linearized
-
+    """A linearized vector's model is f(x; θ0) + J f(x)·τ: the program computes it, and beside it a CLIP export
+    writes the weights θ0 + τ (scored beside f_lin)."""
     bank = Bank(tmp_path / "bank")
     bank.append("digits", tau, task="digits", mode="taujp", base=backbone.fingerprint(), scenario="clip-import",
                 metrics={"single_task": 0.5}, provenance=scenario_provenance(load_scenario(scenario), BuildOptions()))
-    out = tmp_path / "model.safetensors"
+    out = tmp_path / "model"
     result = invoke("add", "digits", "--bank", bank.root, "--out", out, "--json", tmp_path / "add.json")
-    assert result.exit_code == 0 and out.exists(), result.output
+    assert result.exit_code == 0 and (out / "open_clip_model.safetensors").exists(), result.output
     assert set(json.loads((tmp_path / "add.json").read_text())["weights"]["per_task"]) == {"digits"}
-    with pytest.raises(ConfigError, match=r"linearized vector\(s\) digits \(taujp\).*not the model they were trained"):
-        refuse_linearized({"digits": "taujp"})
+    assert json.loads((out / "editkit.json").read_text())["program"]["computes"].startswith("f_lin(x)")
     result = invoke("add", "digits", "--bank", bank.root, "--tau-only")  # says what --out writes: no --out
     assert result.exit_code == 1 and "give --out too" in " ".join(result.output.split())
     vector = tmp_path / "tau.safetensors"

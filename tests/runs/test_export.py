@@ -1,11 +1,14 @@
-"""Edited models written out (``editkit negate NAME --out DIR``, ``editkit add --out``, ``editkit.runs.export``).
+"""Edited models written out (``editkit negate NAME --out DIR``, ``editkit add --out``, ``editkit.runs.export``):
+the family's own formats beside the program.
 
 Tiny random models only. A causal LM's export is loaded by plain transformers in a subprocess that never
 imports editkit, and its perplexities of the test blocks, computed there by hand from the logits (exp of the
 mean next-token negative log-likelihood), are the ones ``editkit negate`` reported for the exported row.
-Encoder and seq2seq exports hold exactly theta_0 + alpha * tau in every parameter (and theta_0 elsewhere);
-a CLIP export loads through ``open_clip.create_model_and_transforms``. Refusals: a non-empty directory, a
-vector of another base model, and a writer that crashes, which leaves nothing behind.
+A text encoder's Hugging Face directory holds exactly theta_0 + alpha * tau in every parameter (and theta_0
+elsewhere) and its program the linearized model; a CLIP export's checkpoint loads through
+``open_clip.create_model_and_transforms``, and an L-LoRA one carries its PEFT adapter. Refusals: a non-empty
+directory, a file, a vector of another base model, and a writer that crashes, which leaves nothing behind.
+(The program's exactness, end to end: ``test_takeaway.py``; a seq2seq export: ``tests/cli/test_glue4.py``.)
 """
 
 from __future__ import annotations
@@ -20,13 +23,15 @@ import editkit  # noqa: F401  (torchvision shim before open_clip)
 from editkit.bank.store import Bank
 from editkit.errors import ConfigError, IncompatibleVectorsError
 from editkit.runs import export
+from editkit.merge.arithmetic import TaskVector
 from editkit.runs.stream import scenario_provenance
-from editkit.scenario.build import build_backbone
+from editkit.scenario.build import BuiltScenario, build_backbone
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import load_scenario
 from helpers import models
 from helpers.cli import invoke, one_line_refusal
 from helpers.exports import held_out_blocks, negated_out_matches_report, plain_transformers, rude_scenario
+from helpers.labelled import registered_datasets, scenario_file as text_scenario_file
 
 @pytest.fixture(scope="module")
 def language(tmp_path_factory):
@@ -64,7 +69,8 @@ def test_negate_out_writes_a_model_plain_transformers_loads_with_the_reported_pe
     assert provenance["base_model"] == {"model": str(model_dir), "options": provenance["base_model"]["options"],
                                         "fingerprint": stored.base}
     assert provenance["vectors"]["rude"]["coefficient"] == -2.0 and provenance["alpha"] == 2.0
-    assert provenance["mode"] == "taujp" and provenance["linearized"] and provenance["format"] == "transformers"
+    assert provenance["mode"] == "taujp" and provenance["linearized"]
+    assert provenance["weights"]["format"] == "transformers" and "program" not in provenance  # the directory is it
     assert provenance["editkit_version"] == editkit.__version__
     card = (out / "README.md").read_text()
     assert stored.base in card and str(model_dir) in card and "AutoModelForCausalLM.from_pretrained" in card
@@ -107,7 +113,7 @@ def test_force_replaces_and_a_crash_leaves_the_target_untouched(language, tmp_pa
     out.mkdir()
     (out / "old.txt").write_text("old")
 
-    def broken(provenance):
+    def broken(manifest):
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(export, "model_card", broken)
@@ -131,8 +137,10 @@ def test_a_vector_of_another_base_model_is_refused_by_fingerprint(language, tmp_
     bank = Bank(bank_dir)
     other_llama = models.char_llama_checkpoint(tmp_path / "other-llama", seed=1)
     other = build_backbone(load_scenario(root / "export-rude.toml"), BuildOptions(model=str(other_llama)))
+    built = BuiltScenario(load_scenario(root / "export-rude.toml"), other, [], {})
     with pytest.raises(IncompatibleVectorsError, match="not from .* the model written would be theta_0 of another"):
-        export.export_model(other, bank.load("rude"), tmp_path / "out", base=bank.base, provenance={})
+        export.write_export(built, TaskVector(bank.load("rude"), "taujp"), tmp_path / "out", base=bank.base,
+                            provenance={}, tasks=[])
     assert not (tmp_path / "out").exists()
 
 
@@ -149,7 +157,8 @@ def test_a_gpt2_export_holds_theta0_plus_delta_and_its_logits(tmp_path):
     torch.manual_seed(3)
     delta = {n: 0.1 * torch.randn_like(p) for n, p in backbone.module.named_parameters()}
     theta0 = {n: p.clone() for n, p in lm.named_parameters()}
-    export.export_model(backbone, delta, tmp_path / "gpt2", base=backbone.fingerprint(), provenance=_provenance())
+    export.write_export(BuiltScenario(None, backbone, [], {}), TaskVector(delta, "nonlinear"), tmp_path / "gpt2",
+                        base=backbone.fingerprint(), provenance=_provenance(), tasks=[])
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "gpt2").eval()
     full = backbone.tail_parameters()
     edited_names = {full[n]: n for n in delta}
@@ -164,9 +173,9 @@ def test_a_gpt2_export_holds_theta0_plus_delta_and_its_logits(tmp_path):
 
 def _provenance() -> dict:
     return {"editkit_version": editkit.__version__, "operation": "add", "scenario": "test", "family": "causal-lm",
-            "auto_class": "AutoModelForCausalLM", "base_model": {"model": "tiny", "fingerprint": "sha256:0"},
-            "vectors": {}, "mode": "nonlinear", "linearized": False, "method": "task-arithmetic", "options": {},
-            "alpha": None, "weights": "theta_0 + delta", "scores": {}}
+            "base_model": {"model": "tiny", "fingerprint": "sha256:0"}, "vectors": {}, "mode": "nonlinear",
+            "linearized": False, "method": "task-arithmetic", "options": {}, "alpha": None, "delta": "delta",
+            "edit": "theta_0 + delta", "scores": {}}
 
 
 # --------------------------------------------------------------------------- encoders, seq2seq, CLIP: round trips
@@ -192,53 +201,28 @@ def _random_tau(module: torch.nn.Module | dict[str, torch.Tensor], seed: int = 1
 
 
 def test_a_text_encoder_export_is_the_whole_encoder_at_theta0_plus_alpha_tau(tmp_path):
-    from transformers import AutoModel, BertTokenizerFast
+    """The Hugging Face directory holds the whole encoder at theta_0 + alpha tau (its pooler too, at theta_0), and
+    the program beside it the linearized model with the task's head."""
+    from transformers import AutoModel
 
-    model_dir = tmp_path / "tiny-bert"
-    vocab = tmp_path / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "film"]) + "\n")
-    models.bert(vocab_size=8, num_hidden_layers=2).save_pretrained(model_dir)
-    BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(model_dir)
-    text = f"""name = "export-text"\n[backbone]\nfamily = "text-encoder"\nmodel = "{model_dir}"\ntrainable_blocks = 1
-[heads]\nkind = "probe"\n[[tasks]]\nname = "sentiment"\nsource = "labelled-text:whatever"\n"""
-    spec_backbone = build_backbone(load_scenario(_write(tmp_path / "probe.toml", text)))
-    tau = _random_tau(spec_backbone.module)
-    bank = _bank_with(tmp_path, text, "sentiment", tau, mode="taujp")
-    out = export.export_vectors(bank, {"sentiment": 0.5}, tmp_path / "encoder")
+    with registered_datasets():
+        scenario = text_scenario_file(tmp_path)
+        spec_backbone = build_backbone(load_scenario(scenario))
+        tau = _random_tau(spec_backbone.module)
+        bank = _bank_with(tmp_path, scenario.read_text(), "sentiment", tau, mode="taujp")
+        out = export.export_vectors(bank, {"sentiment": 0.5}, tmp_path / "encoder")
     loaded = AutoModel.from_pretrained(out)
-    theta0 = AutoModel.from_pretrained(model_dir)
+    theta0 = AutoModel.from_pretrained(tmp_path / "tiny-bert")
     names = {f"encoder.layer.{n.removeprefix('tail.layers.')}": n for n in tau}
     assert set(names) <= {n for n, _ in loaded.named_parameters()}
     for name, param in loaded.named_parameters():  # the pooler included: theta_0, not re-initialized
         want = theta0.get_parameter(name) + 0.5 * tau[names[name]] if name in names else theta0.get_parameter(name)
         assert torch.equal(param, want), name
-    provenance = json.loads((out / "editkit.json").read_text())
-    assert provenance["auto_class"] == "AutoModel" and provenance["linearized"] and provenance["mode"] == "taujp"
-    assert (out / "tokenizer.json").is_file() or (out / "vocab.txt").is_file()
-
-
-def test_a_seq2seq_export_is_theta0_plus_alpha_tau_in_every_parameter(tmp_path):
-    from transformers import AutoModelForSeq2SeqLM
-
-    from helpers.glue import write_t5
-
-    model_dir = tmp_path / "tiny-t5"
-    write_t5(model_dir)
-    text = f"""name = "export-t5"\n[backbone]\nfamily = "seq2seq-lm"\nmodel = "{model_dir}"\n[heads]
-kind = "text-to-text"\n[[tasks]]\nname = "cola"\nsource = "glue:cola"\n"""
-    spec_backbone = build_backbone(load_scenario(_write(tmp_path / "probe.toml", text)))
-    tau = _random_tau(spec_backbone.module)
-    assert "shared.weight" in tau  # every parameter is theta, the shared embedding once
-    bank = _bank_with(tmp_path, text, "cola", tau)
-    out = export.export_vectors(bank, {"cola": -1.5}, tmp_path / "t5")
-    loaded = AutoModelForSeq2SeqLM.from_pretrained(out)
-    theta0 = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
-    params = dict(loaded.named_parameters())  # tied embeddings once, under the name tau has them
-    assert params.keys() == tau.keys()
-    for name, param in params.items():
-        assert torch.equal(param, theta0.get_parameter(name) + -1.5 * tau[name]), name
-    assert (out / "generation_config.json").is_file()
-    assert "AutoModelForSeq2SeqLM.from_pretrained" in (out / "README.md").read_text()
+    manifest = json.loads((out / "editkit.json").read_text())
+    assert manifest["family"] == "text-encoder" and manifest["linearized"] and manifest["mode"] == "taujp"
+    assert [t["name"] for t in manifest["tasks"]] == ["sentiment"] and manifest["input"]["tokenizer"] == "."
+    assert (out / "tokenizer.json").is_file() and (out / "model.pt2").is_file()
+    assert "AutoModel.from_pretrained" in (out / "README.md").read_text()
 
 
 CLIP_SCENARIO = """name = "export-clip"\n[backbone]\nfamily = "clip"\nmodel = "editkit-tiny-clip"
@@ -246,8 +230,7 @@ pretrained = "random"\n[heads]\nkind = "probe"\nshots = 2\n[[tasks]]\nname = "di
 train_size = 40\ntest_size = 20\n"""
 
 
-@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
-def test_a_clip_export_loads_through_open_clip(tmp_path, suffix):
+def test_a_clip_export_loads_through_open_clip(tmp_path):
     import open_clip
 
     from editkit.models.clip import TINY_MODEL_NAME, register_tiny_clip
@@ -255,9 +238,13 @@ def test_a_clip_export_loads_through_open_clip(tmp_path, suffix):
     backbone = build_backbone(load_scenario(_write(tmp_path / "probe.toml", CLIP_SCENARIO)))
     tau = _random_tau(backbone.module)
     bank = _bank_with(tmp_path, CLIP_SCENARIO, "digits", tau, mode="taujp")
-    out = export.export_vectors(bank, {"digits": 0.5}, tmp_path / f"clip{suffix}")
+    out = export.export_vectors(bank, {"digits": 0.5}, tmp_path / "clip")
+    manifest = json.loads((out / "editkit.json").read_text())
+    assert manifest["input"]["on"] == "PIL" and manifest["input"]["interpolation"] == "bicubic"
+    assert manifest["program"]["verified"]["max_abs_logit_difference"] < 1e-5
     register_tiny_clip()
-    model, _, _ = open_clip.create_model_and_transforms(TINY_MODEL_NAME, pretrained=str(out))
+    model, _, _ = open_clip.create_model_and_transforms(TINY_MODEL_NAME,
+                                                        pretrained=str(out / "open_clip_model.safetensors"))
     for name, param in model.named_parameters():
         theta0 = backbone.clip_model.get_parameter(name)
         key = name.removeprefix("visual.")
@@ -265,26 +252,26 @@ def test_a_clip_export_loads_through_open_clip(tmp_path, suffix):
         assert torch.equal(param, want), name
 
 
-def test_add_out_writes_an_open_clip_checkpoint_and_refuses_a_directory(tmp_path):
-    """``add --out`` on a CLIP bank: the whole open_clip model (was: the image tower's state dict); linearized
-    vectors are written too, their weights scored beside f_lin."""
+def test_add_out_writes_an_open_clip_checkpoint_and_refuses_a_file(tmp_path):
+    """``add --out`` on a CLIP bank: the whole open_clip model beside the program (a linearized vector's weights
+    scored beside f_lin)."""
     backbone = build_backbone(load_scenario(_write(tmp_path / "probe.toml", CLIP_SCENARIO)))
     bank = _bank_with(tmp_path, CLIP_SCENARIO, "digits", _random_tau(backbone.module), mode="taujp")
-    taken = tmp_path / "taken"
-    taken.mkdir()
-    one_line_refusal(invoke("add", "digits", "--bank", bank.root, "--out", taken),
-                     f"--out {taken} is a directory: name the checkpoint file")
-    out, json_path = tmp_path / "edited.safetensors", tmp_path / "add.json"
+    a_file = tmp_path / "edited.safetensors"
+    a_file.write_text("x")
+    one_line_refusal(invoke("add", "digits", "--bank", bank.root, "--out", a_file),
+                     f"--out {a_file} is a file: --out names the directory the model is written into")
+    out, json_path = tmp_path / "edited", tmp_path / "add.json"
     result = invoke("add", "digits", "--bank", bank.root, "--out", out, "--json", json_path)
     assert result.exit_code == 0, result.output
     report = json.loads(json_path.read_text())
     assert set(report["weights"]["per_task"]) == {"digits"} and report["mode"] == "taujp"
     from safetensors import safe_open
 
-    with safe_open(str(out), framework="pt") as fh:
-        provenance = json.loads(fh.metadata()["editkit"])
+    with safe_open(str(out / "open_clip_model.safetensors"), framework="pt") as fh:
         assert "visual.conv1.weight" in fh.keys() and "token_embedding.weight" in fh.keys()
-    assert provenance["format"] == "open_clip" and provenance["scores"]["weights"] == report["weights"]
+    manifest = json.loads((out / "editkit.json").read_text())
+    assert manifest["weights"]["format"] == "open_clip" and manifest["scores"]["weights"] == report["weights"]
 
 
 def test_add_out_refuses_a_non_empty_directory_before_any_work(tmp_path, monkeypatch):
@@ -300,13 +287,14 @@ def test_add_out_refuses_a_non_empty_directory_before_any_work(tmp_path, monkeyp
     one_line_refusal(result, "is a directory")
 
 
-def test_check_target_refusals():
-    with pytest.raises(ConfigError, match="is a file: pass --force"):
-        export.check_target(Path(__file__))
-    assert export.check_target(Path(__file__), force=True) == Path(__file__)
-    with pytest.raises(ConfigError, match="is a file: pass --force to replace it, or name a new file$"):
-        export.check_target(Path(__file__), directory=False)  # a file export replaces a file only when told to
-    assert export.check_target(Path(__file__), directory=False, force=True) == Path(__file__)
+def test_check_target_refusals(tmp_path):
+    with pytest.raises(ConfigError, match="is a file: --out names the directory"):
+        export.check_target(Path(__file__), force=True)  # a file is never replaced by a directory
+    (tmp_path / "x").write_text("x")
+    with pytest.raises(ConfigError, match="is a directory that is not empty: pass --force"):
+        export.check_target(tmp_path)
+    assert export.check_target(tmp_path, force=True) == tmp_path
+    assert export.check_target(tmp_path / "new") == tmp_path / "new"
 
 
 def _write(path: Path, text: str) -> Path:
@@ -335,9 +323,10 @@ def test_a_clip_llora_export_is_the_plain_model_and_its_peft_adapter(tmp_path):
     bank = Bank(tmp_path / "bank")
     bank.append("digits", tau, task="digits", mode="taujp", base=backbone.fingerprint(), scenario=spec.name,
                 recipe=recipe.to_dict(), metrics={"single_task": 0.5}, provenance=scenario_provenance(spec, BuildOptions()))
-    out = export.export_vectors(bank, {"digits": 0.5}, tmp_path / "clip.safetensors")
+    out = export.export_vectors(bank, {"digits": 0.5}, tmp_path / "clip")
     register_tiny_clip()
-    model, _, _ = open_clip.create_model_and_transforms(TINY_MODEL_NAME, pretrained=str(out))
+    model, _, _ = open_clip.create_model_and_transforms(TINY_MODEL_NAME,
+                                                        pretrained=str(out / "open_clip_model.safetensors"))
     plain = build_backbone(spec).clip_model
     adapted = {n.split(".lora_A.")[0] for n in tau if ".lora_A." in n}
     for name, param in model.named_parameters():
@@ -349,7 +338,7 @@ def test_a_clip_llora_export_is_the_plain_model_and_its_peft_adapter(tmp_path):
             want = want + 2.0 * (b.flatten(1) @ a.flatten(1)).reshape(want.shape)  # conv1 too: B is 1x1
         torch.testing.assert_close(param, want, rtol=1e-6, atol=1e-6)
     images = torch.randn(2, 3, 32, 32)
-    peft_model = PeftModel.from_pretrained(plain, tmp_path / "clip.safetensors.adapter").eval()
+    peft_model = PeftModel.from_pretrained(plain, out / "adapter").eval()
     with torch.no_grad():
         torch.testing.assert_close(peft_model.base_model.model.encode_image(images), model.eval().encode_image(images),
                                    rtol=1e-5, atol=1e-5)

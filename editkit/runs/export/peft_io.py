@@ -33,7 +33,7 @@ from editkit.core.artifacts import sha256_file
 from editkit.core.modes import Mode
 from editkit.errors import BankError, ConfigError, MissingResourceError
 from editkit.merge import vector_norm
-from editkit.models.backbone import Backbone
+from editkit.models.backbone import Backbone, names_in
 from editkit.models.blocks import whole_model
 from editkit.runs.checkpoints import scenario_task
 from editkit.runs.stream import scenario_provenance
@@ -63,10 +63,9 @@ def peft_names(backbone: Backbone, module_names: list[str]) -> dict[str, str]:
         whole = whole_model(backbone)
     except ConfigError:  # the module is the whole model (EfficientNet)
         whole = backbone.module
-    by_id = {id(p): n for n, p in whole.named_parameters(remove_duplicate=False)}
-    params = dict(backbone.module.named_parameters(remove_duplicate=False))
+    names = names_in(whole, backbone.module)
     tag = f".{ADAPTER_NAME}."
-    return {name: PEFT_PREFIX + by_id[id(params[name])].replace(tag, ".") for name in module_names}
+    return {name: PEFT_PREFIX + names[name].replace(tag, ".") for name in module_names}
 
 
 # --------------------------------------------------------------------------- export

@@ -1,0 +1,284 @@
+"""An exported model checked and timed as its user would run it: in a process that never imports editkit.
+
+For a bank of a scenario (default: the one ``editkit stream`` writes for ``offline-vision``), the script
+
+1. writes ``editkit add --all --out DIR`` (the merged model at alpha = 1, every task's head), as the command does;
+2. hands each task's whole test split to a fresh Python process that imports torch alone (and transformers'
+   tokenizer for text: texts are tokenized there, by the tokenizer saved in DIR): it loads ``DIR/model.pt2`` with
+   ``torch.export.load``, counts each task's correct predictions and returns the logits;
+3. compares: each task's accuracy with the one ``editkit add`` reported (the same count of correct examples, so
+   the same printed digits), the logits with editkit's own to 1e-5;
+4. reports the cost: the program's size, its load time, and inference milliseconds per example in that process,
+   beside theta_0's plain forward: the program of f(x; theta_0) with the same heads, written the same way and
+   timed in the same process on the same batches (both alternate, after a warm-up call each).
+
+    python benchmarks/export_check.py [--scenario offline-vision] [--bank banks/offline-vision-taujp]
+                                      [--out runs/export-check/model] [--json runs/export-check/report.json]
+
+``--family clip|torchvision`` measures step 4 alone for a family no embedded scenario uses, at its usual size with
+random weights (open_clip ViT-B-32 at 224 px; torchvision ResNet-18 at 224 px), a random taujp vector over every
+parameter and a 10-class head: what the program costs does not depend on the weights' values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any, Mapping
+
+#: Examples per program call, in both processes.
+BATCH = 64
+#: Timed calls of each program in the cost measurement (after one warm-up call each).
+TIMED = 10
+
+#: The user's process: torch (and transformers' tokenizer for text) only. Only this workplace's CUDA build of
+#: torchvision beside CPU torch needs its two op schemas declared to import, which transformers' tokenizer module
+#: can trigger; users with a matching torch / torchvision pair need nothing (docs/troubleshooting.md).
+PLAIN = textwrap.dedent("""
+    import json, sys, time
+    import torch
+    try:
+        import torchvision  # noqa: F401
+    except RuntimeError:
+        for name in [m for m in sys.modules if m.startswith("torchvision")]:
+            del sys.modules[name]
+        library = torch.library.Library("torchvision", "DEF")
+        library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    directory, payload_path, logits_path, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    baseline_path, timed = sys.argv[5], int(sys.argv[6])
+    manifest = json.load(open(f"{directory}/editkit.json"))
+    spec = manifest["input"]
+    started = time.perf_counter()
+    model = torch.export.load(f"{directory}/{manifest['program']['file']}").module()
+    load_seconds = time.perf_counter() - started
+    payload = torch.load(payload_path)
+    tokenizer = None
+    if spec["kind"] == "text":
+        from transformers import AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(f"{directory}/{spec['tokenizer']}")
+
+    def inputs(task, start, stop):
+        data = payload[task]
+        if tokenizer is None:
+            return (data["pixels"][start:stop],)
+        ids = tokenizer(data["texts"][start:stop], truncation=True, max_length=data["max_length"],
+                        add_special_tokens=True)["input_ids"]
+        width = max(map(len, ids))
+        padded = torch.full((len(ids), width), spec["pad_id"], dtype=torch.long)
+        mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for row, sequence in enumerate(ids):
+            padded[row, :len(sequence)] = torch.tensor(sequence)
+            mask[row, :len(sequence)] = 1
+        return padded, mask
+
+    out, logits = {}, {}
+    with torch.inference_mode():
+        for task, data in payload.items():
+            labels = data["labels"]
+            rows = [model(*inputs(task, start, start + batch))[task] for start in range(0, len(labels), batch)]
+            logits[task] = torch.cat(rows)
+            out[task] = {"correct": int((logits[task].argmax(dim=1) == labels).sum()), "total": len(labels)}
+        runs = {"program": model}
+        if baseline_path != "-":
+            runs["baseline"] = torch.export.load(baseline_path).module()
+        example = inputs(next(iter(payload)), 0, batch)
+        seconds = dict.fromkeys(runs, 0.0)
+        for run in runs.values():
+            run(*example)  # warm-up: one-time costs of a first call
+        for _ in range(timed):
+            for name, run in runs.items():
+                began = time.perf_counter()
+                run(*example)
+                seconds[name] += time.perf_counter() - began
+    per_example = {name: 1000 * value / (max(timed, 1) * len(example[0])) for name, value in seconds.items()}
+    torch.save(logits, logits_path)
+    print(json.dumps({"tasks": out, "load_seconds": load_seconds, "ms_per_example": per_example["program"],
+                      "baseline_ms_per_example": per_example.get("baseline"),
+                      "editkit_imported": any(m == "editkit" or m.startswith("editkit.") for m in sys.modules)}))
+""")
+
+
+def payload(built: Any, tasks: list[str]) -> dict[str, dict[str, Any]]:
+    """Each task's whole test split as the user's process reads it: pixels as the program takes them, or the raw
+    texts with the length they were cut at; and the labels."""
+    import torch
+
+    backbone, data = built.backbone, {}
+    for task in tasks:
+        test = built.task(task).test
+        labels = torch.as_tensor([int(test[i][1]) for i in range(len(test))])
+        texts = getattr(test, "texts", None)
+        if texts is not None:
+            data[task] = {"texts": list(texts), "max_length": test.max_length, "labels": labels}
+        else:
+            data[task] = {"pixels": backbone.program_batch(test, range(len(test)))[0], "labels": labels}
+    return data
+
+
+def run_plain(directory: Path, data: Mapping[str, Any], baseline: Path | None = None, *, batch: int = BATCH,
+              timed: int = TIMED) -> tuple[dict[str, Any], dict]:
+    """(what the user's process measured, its logits per task) for the export in ``directory``; ``baseline``: a
+    program of theta_0's plain forward, timed beside it (:func:`baseline_program`; None: no timing)."""
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="editkit-export-check-") as scratch:
+        payload_path, logits_path = Path(scratch) / "payload.pt", Path(scratch) / "logits.pt"
+        torch.save(dict(data), payload_path)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        done = subprocess.run([sys.executable, "-c", PLAIN, str(Path(directory).resolve()), str(payload_path),
+                               str(logits_path), str(batch), str(Path(baseline).resolve()) if baseline else "-",
+                               str(timed if baseline else 0)], env=env,
+                              capture_output=True, text=True, timeout=1800, cwd=scratch)
+        if done.returncode != 0:
+            raise RuntimeError(f"the plain process failed:\n{done.stderr}")
+        return json.loads(done.stdout.strip().splitlines()[-1]), torch.load(logits_path)
+
+
+def editkit_logits(built: Any, vector: Any, tasks: list[str], batch: int = BATCH) -> dict:
+    """editkit's own logits of the edited model (the task model the scorer builds) on each task's test split."""
+    import torch
+
+    from editkit.core.linearize import build_task_model
+
+    backbone = built.backbone
+    model = build_task_model(backbone.module, vector.mode, names=list(vector.tensors), vector_mode=vector.mode)
+    model.load_task_vector(vector.tensors)
+    model.eval()
+    logits = {}
+    with torch.no_grad():
+        for task in tasks:
+            test, rows = built.task(task).test, []
+            for start in range(0, len(test), batch):
+                items = [test[i][0] for i in range(start, min(start + batch, len(test)))]
+                features = backbone.batching.run(model, backbone.batching.collate(items))
+                rows.append(built.heads[task](features.float()))
+            logits[task] = torch.cat(rows)
+    return logits
+
+
+def baseline_program(built: Any, tasks: list[str], path: Path) -> Path:
+    """The program of theta_0's plain forward f(x; theta_0) with the same heads, written as ``--out`` writes one."""
+    import torch
+
+    from editkit.merge.arithmetic import TaskVector
+    from editkit.runs.export.program import quiet_export, trace
+
+    program, _ = trace(built.backbone, TaskVector({}, "nonlinear"), {task: built.heads[task] for task in tasks})
+    with quiet_export():
+        torch.export.save(program, path)
+    return path
+
+
+def check(bank_dir: Path, out: Path) -> dict[str, Any]:
+    """Steps 1-4 of the module docstring for the bank in ``bank_dir``."""
+    import torch
+
+    from editkit.bank.store import open_bank
+    from editkit.runs.edit import add
+    from editkit.runs.export import export_edit
+
+    bank = open_bank(bank_dir)
+    result = add(bank, bank.names(), weights_scores=True)
+    export_edit(result, bank, out, force=True)
+    tasks = list(result.report["per_task"])
+    data = payload(result.built, tasks)
+    with tempfile.TemporaryDirectory(prefix="editkit-baseline-") as scratch:
+        plain, logits = run_plain(out, data, baseline_program(result.built, tasks, Path(scratch) / "theta0.pt2"))
+    own = editkit_logits(result.built, result.vector, tasks)
+    rows = {}
+    for task in tasks:
+        counted = plain["tasks"][task]
+        reported = result.report["per_task"][task]
+        rows[task] = {"reported": reported, "program": counted["correct"] / counted["total"],
+                      "max_abs_logit_difference": float((logits[task] - own[task]).abs().max())}
+    size = (out / "model.pt2").stat().st_size
+    report = {"scenario": result.report["scenario"], "mode": result.mode, "tasks": rows,
+              "same_accuracy": all(r["reported"] == r["program"] for r in rows.values()),
+              "max_abs_logit_difference": max(r["max_abs_logit_difference"] for r in rows.values()),
+              "editkit_imported": plain["editkit_imported"], "program_mb": size / 2**20,
+              "load_seconds": plain["load_seconds"], "program_ms_per_example": plain["ms_per_example"],
+              "plain_ms_per_example": plain["baseline_ms_per_example"], "threads": torch.get_num_threads()}
+    report["program_over_plain"] = report["program_ms_per_example"] / report["plain_ms_per_example"]
+    return report
+
+
+#: ``--family``: the scenario text of a backbone at its usual size, random weights (see the module docstring).
+FAMILIES = {
+    "clip": 'family = "clip"\nmodel = "ViT-B-32"\npretrained = "random"',
+    "torchvision": 'family = "torchvision"\nmodel = "resnet18"\nweights = "random"\nimage_size = 224',
+}
+
+
+def family_cost(family: str, out: Path) -> dict[str, Any]:
+    """Step 4 for a backbone family at its usual size (see the module docstring)."""
+    import torch
+
+    from editkit.merge.arithmetic import TaskVector
+    from editkit.models.heads import LinearHead
+    from editkit.runs.export.program import PROGRAM_FILE, quiet_export, trace
+    from editkit.scenario.build import build_backbone
+    import tomllib
+
+    from editkit.scenario.spec import parse_scenario
+
+    spec = parse_scenario(tomllib.loads(f'name = "cost"\n[backbone]\n{FAMILIES[family]}\n[heads]\nkind = "probe"\n'
+                                        '[[tasks]]\nname = "task"\nsource = "packaged:digits"\n'))
+    backbone = build_backbone(spec)
+    generator = torch.Generator().manual_seed(0)
+    delta = {n: 1e-3 * torch.randn(p.shape, generator=generator) for n, p in backbone.module.named_parameters()}
+    head = LinearHead(torch.randn(10, backbone.feature_dim, generator=generator), torch.zeros(10))
+    out.mkdir(parents=True, exist_ok=True)
+    for name, vector in (("model", TaskVector(delta, "taujp")), ("theta0", TaskVector({}, "nonlinear"))):
+        program, inputs = trace(backbone, vector, {"task": head})
+        with quiet_export():
+            torch.export.save(program, out / f"{name}.pt2")
+    manifest = {"program": {"file": "model.pt2"}, "input": inputs.spec}
+    (out / "editkit.json").write_text(json.dumps(manifest))
+    height, width = inputs.spec["size"]
+    data = {"task": {"pixels": torch.randn(BATCH, 3, height, width, generator=generator),
+                     "labels": torch.zeros(BATCH, dtype=torch.long)}}
+    plain, _ = run_plain(out, data, out / "theta0.pt2")
+    report = {"family": family, "backbone": backbone.name, "program_mb": (out / PROGRAM_FILE).stat().st_size / 2**20,
+              "load_seconds": plain["load_seconds"], "program_ms_per_example": plain["ms_per_example"],
+              "plain_ms_per_example": plain["baseline_ms_per_example"], "threads": torch.get_num_threads()}
+    report["program_over_plain"] = report["program_ms_per_example"] / report["plain_ms_per_example"]
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", default="offline-vision")
+    parser.add_argument("--bank", type=Path, default=None, help="default banks/<scenario>-taujp")
+    parser.add_argument("--out", type=Path, default=None, help="default runs/export-check/<scenario>")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default=None,
+                        help="measure the cost alone for this family at its usual size (random weights)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if args.family:
+        report = family_cost(args.family, args.out or Path("runs") / "export-check" / args.family)
+    else:
+        bank = args.bank or Path("banks") / f"{args.scenario}-taujp"
+        report = check(bank, args.out or Path("runs") / "export-check" / args.scenario)
+        for task, row in report["tasks"].items():
+            print(f"{task:>14}: reported {100 * row['reported']:.1f}, program {100 * row['program']:.1f}, "
+                  f"max |logit difference| {row['max_abs_logit_difference']:.2g}")
+        print(f"same accuracy on every task: {report['same_accuracy']}; editkit imported by the user's process: "
+              f"{report['editkit_imported']}")
+    print(f"program {report['program_mb']:.1f} MiB, loaded in {report['load_seconds']:.2f} s; "
+          f"{report['program_ms_per_example']:.2f} ms/example against theta_0's plain forward "
+          f"{report['plain_ms_per_example']:.2f} ms/example ({report['program_over_plain']:.2f}x), "
+          f"{report['threads']} threads")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
