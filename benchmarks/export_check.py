@@ -32,6 +32,8 @@ import textwrap
 from pathlib import Path
 from typing import Any, Mapping
 
+from editkit._compat import STANDALONE_SHIM
+
 #: Examples per program call, in both processes.
 BATCH = 64
 #: Timed calls of each program in the cost measurement (after one warm-up call each).
@@ -39,18 +41,10 @@ TIMED = 10
 
 #: The user's process: torch (and transformers' tokenizer for text) only. Only this workplace's CUDA build of
 #: torchvision beside CPU torch needs its two op schemas declared to import, which transformers' tokenizer module
-#: can trigger; users with a matching torch / torchvision pair need nothing (docs/troubleshooting.md).
-PLAIN = textwrap.dedent("""
-    import json, sys, time
-    import torch
-    try:
-        import torchvision  # noqa: F401
-    except RuntimeError:
-        for name in [m for m in sys.modules if m.startswith("torchvision")]:
-            del sys.modules[name]
-        library = torch.library.Library("torchvision", "DEF")
-        library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+#: can trigger (``editkit._compat.STANDALONE_SHIM``, pasted in: the process never imports editkit); users with a
+#: matching torch / torchvision pair need nothing (docs/troubleshooting.md).
+PLAIN = STANDALONE_SHIM + textwrap.dedent("""
+    import json, time
     directory, payload_path, logits_path, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     baseline_path, timed = sys.argv[5], int(sys.argv[6])
     manifest = json.load(open(f"{directory}/editkit.json"))

@@ -39,6 +39,21 @@ _SCHEMAS = (
 )
 _library: torch.library.Library | None = None  # kept alive: dropping it unregisters the schemas
 
+#: The same fix as source text, for a Python process that must not import editkit (the checks that an exported
+#: model needs nothing of it) and imports what may import torchvision: prepended to its code.
+STANDALONE_SHIM = f"""
+import sys
+import torch
+try:
+    import torchvision  # noqa: F401
+except RuntimeError:
+    for name in [m for m in sys.modules if m.startswith("torchvision")]:
+        del sys.modules[name]
+    library = torch.library.Library("torchvision", "DEF")
+    for schema in {_SCHEMAS!r}:
+        library.define(schema)
+"""
+
 
 def _extension_loads(package_dir: str) -> bool:
     import torch

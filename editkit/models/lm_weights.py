@@ -260,8 +260,8 @@ def model_problems(model: str, *, hub_cache: str | None = None) -> list[str]:
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Keep transformers' own progress bars off the terminal while loading (library code does not print)."""
+def quiet_transformers() -> Iterator[None]:
+    """Keep transformers' own progress bars off the terminal while loading or saving (library code does not print)."""
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()
@@ -311,7 +311,7 @@ def _convert_gguf(path: Path, progress: Progress) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("dequantizing %s into %s (once)", path, target)
-    with progress.task(f"converting {path.name}", total=1) as task, atomic_dir(target) as tmp, _quiet_transformers():
+    with progress.task(f"converting {path.name}", total=1) as task, atomic_dir(target) as tmp, quiet_transformers():
         lm = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         _write_checkpoint(lm, tokenizer, tmp)
@@ -373,7 +373,7 @@ def load_pretrained(model: str, auto_class: str, *, hub_cache: str | None = None
     import transformers
 
     log.info("loading %s from %s", model, directory)
-    with _quiet_transformers():
+    with quiet_transformers():
         loaded = getattr(transformers, auto_class).from_pretrained(
             directory, dtype=torch.float32, local_files_only=True, attn_implementation=ATTN_IMPLEMENTATION)
         tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)

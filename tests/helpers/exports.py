@@ -15,6 +15,7 @@ from typing import Iterator
 
 import pytest
 
+from editkit._compat import STANDALONE_SHIM
 from editkit.data.text import pack
 from helpers.cli import invoke
 from helpers.models import char_tokenizer
@@ -23,18 +24,10 @@ from helpers.text import CLEAN, RUDE, registered_bang_scorer, registered_corpora
 
 
 #: A process without editkit. Only this machine's CUDA build of torchvision next to CPU torch needs help to
-#: import (what ``editkit._compat`` does, docs/troubleshooting.md, "Notes on this environment"): its two op schemas, plain torch.
-HAND_PERPLEXITY = textwrap.dedent("""
-    import json, math, sys
-    import torch
-    try:
-        import torchvision  # noqa: F401
-    except RuntimeError:
-        for name in [m for m in sys.modules if m.startswith("torchvision")]:
-            del sys.modules[name]
-        library = torch.library.Library("torchvision", "DEF")
-        library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+#: import (``editkit._compat.STANDALONE_SHIM``, docs/troubleshooting.md, "Notes on this environment"): its two op
+#: schemas, declared with plain torch.
+HAND_PERPLEXITY = STANDALONE_SHIM + textwrap.dedent("""
+    import json, math
     from transformers import AutoModelForCausalLM, AutoTokenizer
     directory, blocks = sys.argv[1], json.loads(sys.argv[2])
     lm = AutoModelForCausalLM.from_pretrained(directory).eval()

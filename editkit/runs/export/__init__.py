@@ -94,8 +94,11 @@ def _write_program(tmp: Path, built: BuiltScenario, vector: TaskVector, names: l
     ``program``, ``input`` and ``tasks`` (None: the family's own directory is the model)."""
     backbone = built.backbone
     heads = {name: built.heads[name] for name in names}
-    if backbone.program_inputs() is None:
+    probe = backbone.program_inputs()
+    if probe is None:
         return None
+    for module in (probe.module, backbone.module, *heads.values()):  # a program a CPU loads: traced on the CPU
+        module.to("cpu")
     program, inputs = trace(backbone, vector, heads)
     with quiet_export():
         torch.export.save(program, tmp / PROGRAM_FILE)

@@ -37,6 +37,7 @@ from editkit.errors import BankError, ConfigError
 from editkit.models.backbone import Backbone
 from editkit.models.blocks import whole_model
 from editkit.models.heads import LinearHead, ZeroShotHead
+from editkit.models.lm_weights import quiet_transformers
 from editkit.models.torchvision_models import TorchvisionBackbone, torchvision_state
 
 TRANSFORMERS, OPEN_CLIP, TORCHVISION, EFFICIENTNET, STATE_DICT = (
@@ -118,7 +119,7 @@ def write_weights(backbone: Backbone, delta: Mapping[str, torch.Tensor], directo
     if fmt == TRANSFORMERS:
         model = whole_model(backbone)
         before = set(p.name for p in directory.iterdir())
-        with edited(backbone.module, delta):
+        with edited(backbone.module, delta), quiet_transformers():
             state = plain_state(backbone, model.state_dict()) if attached(backbone.module) is not None else None
             model.save_pretrained(directory, safe_serialization=True, state_dict=state)
         tokenizer = getattr(backbone, "tokenizer", None)
