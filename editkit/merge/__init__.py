@@ -28,6 +28,13 @@ methods one merged vector."""
 
 Vector = Mapping[str, torch.Tensor]
 
+#: Method name -> the defaults of its options for a number of merged tasks, where its authors' settings depend on
+#: it (CART's); :func:`method_options` lays them over the method's own defaults when it knows the count.
+TASK_COUNT_DEFAULTS: dict[str, Callable[[int], dict[str, Any]]] = {}
+#: Methods whose merged vector depends on the order of the task vectors (they fold them one after another): a
+#: report records the order they were merged in.
+ORDER_DEPENDENT: set[str] = set()
+
 
 class LazyVectors(Mapping[str, Vector]):
     """Task vectors by name, each produced by ``load(name)`` when it is read and never kept here.
@@ -87,9 +94,10 @@ def vector_norm(vector: Vector) -> float:
     return math.sqrt(sum(float(t.double().pow(2).sum()) for t in vector.values()))
 
 
-def method_options(method: str, given: Mapping[str, Any] | Sequence[str]) -> dict[str, Any]:
-    """A merge method's options: its defaults with ``{key: value}`` or ``["key=value", ...]`` (the command
-    line's form) laid over them, so what was used is what a report records.
+def method_options(method: str, given: Mapping[str, Any] | Sequence[str], tasks: int | None = None) -> dict[str, Any]:
+    """A merge method's options: its defaults (for ``tasks`` merged vectors, where the method's settings depend on
+    their number: :data:`TASK_COUNT_DEFAULTS`) with ``{key: value}`` or ``["key=value", ...]`` (the command line's
+    form) laid over them, so what was used is what a report records.
 
     Unknown keys are refused with the known ones listed; string values take the type of the
     option's default (``p=0.5`` is a float for DARE, ``seed=3`` an int). Range checks are the
@@ -100,6 +108,8 @@ def method_options(method: str, given: Mapping[str, Any] | Sequence[str]) -> dic
     where = f"merge method {method!r}"
     record.refuse_unknown(pairs, where)
     defaults = {o.name: o.default for o in record.options}
+    if tasks is not None and method in TASK_COUNT_DEFAULTS:
+        defaults.update(TASK_COUNT_DEFAULTS[method](tasks))
     return {**defaults, **{key: _typed(value, defaults[key], f"{where}: {key}") for key, value in pairs.items()}}
 
 

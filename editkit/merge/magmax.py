@@ -26,7 +26,7 @@ from typing import Iterable, Mapping
 import torch
 
 from editkit.core.registry import Record
-from editkit.merge import MERGE_METHODS, Vector, checked
+from editkit.merge import MERGE_METHODS, ORDER_DEPENDENT, Vector, checked
 
 log = logging.getLogger(__name__)
 
@@ -50,3 +50,4 @@ def _magmax_method(vectors: Mapping[str, Vector]) -> dict[str, dict[str, torch.T
 
 
 MERGE_METHODS.register("magmax", Record.of(_magmax_method, label="MagMax"))
+ORDER_DEPENDENT.add("magmax")

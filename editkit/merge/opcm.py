@@ -49,7 +49,7 @@ import torch
 
 from editkit.core.registry import Record
 from editkit.errors import ConfigError
-from editkit.merge import MERGE_METHODS, Vector, checked, vector_norm
+from editkit.merge import MERGE_METHODS, ORDER_DEPENDENT, Vector, checked, vector_norm
 
 log = logging.getLogger(__name__)
 
@@ -112,3 +112,4 @@ def _opcm_method(vectors: Mapping[str, Vector],
 MERGE_METHODS.register("opcm", Record.of(_opcm_method, label="OPCM", help={
     "share": "cumulative share of singular values whose directions of the merged matrix a new vector may not "
              "enter (the authors' alpha)"}))
+ORDER_DEPENDENT.add("opcm")

@@ -13,7 +13,8 @@ flattened) — linear weights as they are, convolution kernels as (out channels,
 they act on each input patch; the same rule as OPCM's (``editkit.merge.opcm``). The authors' code (CLIP
 ViTs) treats 2-D tensors only and averages the rest, so a convolutional backbone would be averaged almost
 whole; here its kernels are merged as the matrices they are. Every other tensor (biases, norms, scalars) is
-averaged over the tasks, as in the authors' code.
+averaged over the tasks, as in the authors' code. CART keeps closer to its authors' code and low-ranks only
+the layers' weight matrices inside the model's blocks (:func:`editkit.merge.cart.is_layer_matrix`).
 
 SVDs run in float32 (float64 inputs stay float64); results are cast back to the vectors' dtype.
 """

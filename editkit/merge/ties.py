@@ -55,9 +55,12 @@ def trim_threshold(vector: Vector, k: float) -> float:
     d = sum(math.prod(shape) for shape in shapes.values())
     if d == 0:
         return 0.0
-    flat, at = torch.empty(d), 0  # filled one tensor at a time: one vector's magnitudes, no list of copies
+    flat: torch.Tensor | None = None  # filled one tensor at a time: one vector's magnitudes, no list of copies
+    at = 0
     for key in shapes:
         t = vector[key].detach().reshape(-1)
+        if flat is None:  # in the vector's own precision: a float32 copy of float64 magnitudes rounds some up, and
+            flat = torch.empty(d, dtype=t.dtype)  # the entry at the boundary would then be trimmed by its own threshold
         flat[at : at + t.numel()] = t.abs()
         at += t.numel()
     keep = max(1, int(d * k))

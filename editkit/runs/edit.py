@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from editkit.core.modes import Mode
-from editkit.merge import method_options
+from editkit.merge import ORDER_DEPENDENT, method_options
 from editkit.merge.arithmetic import TaskVector, addition_coefficients, combine, merged_vector, negation_coefficients
 from editkit.bank.store import Bank
 from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha_grid, select_negation_alpha
@@ -129,8 +129,9 @@ def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, 
     tasks (absolute and normalized).
 
     method: a registered merge method (``editkit.merge.MERGE_METHODS``); params: its options, as a
-        mapping or ``key=value`` strings (unknown keys are refused, naming the known ones); the method
-        merges alpha_i tau_i (see :func:`merged_vector`).
+        mapping or ``key=value`` strings (unknown keys are refused, naming the known ones; unset ones take the
+        method's defaults for this many vectors); the method merges alpha_i tau_i in the order of ``names``
+        (see :func:`merged_vector`), which the report records (``order``) for a method the order changes.
     build: options laid over what the stream recorded; runtime: where to evaluate (default: one
         process on the CPU, fp32).
     weights_scores: for linearized vectors, also score the ordinary model at the weights theta_0 + the merged
@@ -140,7 +141,7 @@ def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, 
     progress = progress or NullProgress()
     runtime = runtime or default_runtime()
     coefficients = addition_coefficients(list(names), alpha)
-    options = method_options(method, params or {})
+    options = method_options(method, params or {}, tasks=len(coefficients))
     vector = merged_vector(bank, coefficients, method, options)
     first = next(iter(coefficients))
     built = scenario_of(bank, list(coefficients), progress, build=recorded_build(bank, first, build), runtime=runtime)
@@ -151,6 +152,8 @@ def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, 
     report = {"operation": "add", "scenario": built.spec.name, "mode": vector.mode, "method": method,
               "options": options, "coefficients": coefficients, "per_task": per_task, "single_task": single,
               **addition_summary(per_task, known)}
+    if method in ORDER_DEPENDENT:  # the merged vector depends on the order the vectors were folded in
+        report["order"] = list(coefficients)
     if weights_scores and (weights := _weights_scores(built, vector, tasks, progress, f"evaluating {method}",
                                                       runtime=runtime)) is not None:
         report["weights"] = {"per_task": weights, **addition_summary(weights, known)}

@@ -28,11 +28,15 @@ def diag(*values: float) -> torch.Tensor:
     return torch.diag(torch.tensor(values, dtype=torch.float64))
 
 
-def tasks(*matrices: torch.Tensor, bias=None) -> dict[str, dict[str, torch.Tensor]]:
-    """Task vectors by name, each a weight matrix (and a bias where given)."""
+#: A weight matrix's name inside a block, where CART low-ranks it (``w`` would be averaged: it is in no block).
+LAYER = "blocks.0.mlp.weight"
+
+
+def tasks(*matrices: torch.Tensor, bias=None, key: str = "w") -> dict[str, dict[str, torch.Tensor]]:
+    """Task vectors by name, each a weight matrix named ``key`` (and a bias where given)."""
     out = {}
     for i, m in enumerate(matrices):
-        out[f"t{i}"] = {"w": m} if bias is None else {"w": m, "b": torch.tensor(bias[i], dtype=torch.float64)}
+        out[f"t{i}"] = {key: m} if bias is None else {key: m, "b": torch.tensor(bias[i], dtype=torch.float64)}
     return out
 
 
@@ -123,20 +127,71 @@ def test_iso_cts_common_rank_leaves_a_multiple_of_t_to_the_tasks():
 def test_cart_is_the_average_plus_lambda_times_the_low_rank_centered_tasks():
     """tau_i = 3 e_i e_i^T: mean I; centered tau_0 - mean = diag(2, -1, -1), whose rank-1 part is diag(2, 0, 0);
     the three sum to 2 I, so CART = I + lam * 2 I."""
-    vectors = tasks(diag(3, 0, 0), diag(0, 3, 0), diag(0, 0, 3), bias=[[3.0], [0.0], [0.0]])
+    vectors = tasks(diag(3, 0, 0), diag(0, 3, 0), diag(0, 0, 3), bias=[[3.0], [0.0], [0.0]], key=LAYER)
     merged = cart_merge(vectors, rank_ratio=1 / 3, lam=2.0)
-    assert torch.allclose(merged["w"], 5 * diag(1, 1, 1), atol=1e-12)
+    assert torch.allclose(merged[LAYER], 5 * diag(1, 1, 1), atol=1e-12)
     assert torch.allclose(merged["b"], torch.tensor([1.0], dtype=torch.float64))
     full = cart_merge(vectors, rank_ratio=1.0)  # nothing cut: the centered matrices sum to zero
-    assert torch.allclose(full["w"], diag(1, 1, 1), atol=1e-12)
+    assert torch.allclose(full[LAYER], diag(1, 1, 1), atol=1e-12)
+    outside = cart_merge(tasks(diag(3, 0, 0), diag(0, 3, 0), diag(0, 0, 3)), rank_ratio=1 / 3, lam=2.0)
+    assert torch.allclose(outside["w"], diag(1, 1, 1), atol=1e-12)  # in no block: averaged, as the authors do
 
 
 def test_cart_of_two_tasks_is_their_average():
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(5, 4, generator=g, dtype=torch.float64), torch.randn(5, 4, generator=g, dtype=torch.float64)
-    assert torch.allclose(cart_merge(tasks(a, b))["w"], (a + b) / 2, atol=1e-12)
+    assert torch.allclose(cart_merge(tasks(a, b, key=LAYER))[LAYER], (a + b) / 2, atol=1e-12)
     with pytest.raises(ConfigError, match=r"\(0, 1\]"):
         cart_merge(tasks(a, b), rank_ratio=0.0)
+
+
+def test_cart_low_ranks_a_clip_vits_attention_and_mlp_weights_only_as_its_authors_do(tiny_clip):
+    """A CLIP-shaped vector (the tiny ViT's parameter names and shapes, a second resblock added): the tensors
+    CART low-ranks are the authors' (keys with ``attn`` or ``mlp``, without ``ln`` or ``bias``), each merged by
+    hand as mean + lam * sum of rank-k centered matrices; every other tensor (the patch-embedding convolution,
+    the positional and class embeddings, the output projection, norms, biases) is the tasks' average."""
+    from editkit.merge.cart import is_layer_matrix
+
+    shapes = {n: tuple(p.shape) for n, p in tiny_clip.module.named_parameters()}
+    shapes.update({n.replace("resblocks.0.", "resblocks.1."): s for n, s in shapes.items() if "resblocks.0." in n})
+    g = torch.Generator().manual_seed(5)
+    vectors = {f"t{i}": {n: torch.randn(s, generator=g, dtype=torch.float64) for n, s in shapes.items()}
+               for i in range(4)}
+    authors = {n for n in shapes if ("attn" in n or "mlp" in n) and "ln" not in n and "bias" not in n}
+    assert {n for n in shapes if is_layer_matrix(n, vectors["t0"][n])} == authors
+    assert {"conv1.weight", "positional_embedding", "proj", "class_embedding"}.isdisjoint(authors)
+    merged = cart_merge(vectors, rank_ratio=0.25, lam=1.5)
+    for name in shapes:
+        values = [v[name] for v in vectors.values()]
+        mean = sum(values) / 4
+        if name not in authors:
+            assert torch.allclose(merged[name], mean, atol=1e-12), name
+            continue
+        matrices = [t.reshape(t.shape[0], -1) for t in values]
+        k = max(1, int(0.25 * min(matrices[0].shape)))
+        low = []
+        for m in matrices:
+            u, sv, vh = torch.linalg.svd(m - mean.reshape(m.shape), full_matrices=False)
+            low.append(u[:, :k] @ torch.diag(sv[:k]) @ vh[:k])
+        hand = mean.reshape(matrices[0].shape) + 1.5 * sum(low)
+        assert torch.allclose(merged[name], hand.reshape(mean.shape), atol=1e-10), name
+
+
+def test_cart_takes_its_authors_setting_for_the_number_of_tasks():
+    """The authors' configurations for 8, 14 and 20 tasks (rank ratio / lambda 0.12 / 2.0, 0.16 / 1.5, 0.32 / 1.9),
+    the nearest one where the user sets neither; what a user sets is kept."""
+    from editkit.merge import method_options
+    from editkit.merge.cart import authors_setting
+
+    setting = {n: tuple(authors_setting(n).values()) for n in (2, 4, 8, 11, 12, 14, 17, 18, 20, 40)}
+    assert setting == {2: (0.12, 2.0), 4: (0.12, 2.0), 8: (0.12, 2.0), 11: (0.12, 2.0), 12: (0.16, 1.5),
+                       14: (0.16, 1.5), 17: (0.16, 1.5), 18: (0.32, 1.9), 20: (0.32, 1.9), 40: (0.32, 1.9)}
+    assert method_options("cart", {}, tasks=14) == {"rank_ratio": 0.16, "lam": 1.5}
+    assert method_options("cart", ["lam=3"], tasks=20) == {"rank_ratio": 0.32, "lam": 3.0}
+    assert method_options("cart", {}) == {"rank_ratio": 0.12, "lam": 2.0}  # no count: the 8-task setting
+    g = torch.Generator().manual_seed(2)
+    many = tasks(*(torch.randn(6, 6, generator=g, dtype=torch.float64) for _ in range(14)), key=LAYER)
+    assert torch.equal(cart_merge(many)[LAYER], cart_merge(many, rank_ratio=0.16, lam=1.5)[LAYER])
 
 
 # --- shapes, layouts and the bank ---------------------------------------------------------------------------
@@ -144,11 +199,11 @@ def test_cart_of_two_tasks_is_their_average():
 
 def test_kernels_are_merged_as_matrices_and_layouts_are_checked():
     g = torch.Generator().manual_seed(1)
-    kernels = tasks(*(torch.randn(3, 2, 2, 2, generator=g, dtype=torch.float64) for _ in range(3)))
+    kernels = tasks(*(torch.randn(3, 2, 2, 2, generator=g, dtype=torch.float64) for _ in range(3)), key=LAYER)
     for merge in (tsv_merge, lambda v: isotropic_merge(v, None), lambda v: isotropic_merge(v, 0.8), cart_merge):
-        merged = merge(kernels)["w"]
+        merged = merge(kernels)[LAYER]
         assert merged.shape == (3, 2, 2, 2)
-        assert not torch.allclose(merged, sum(v["w"] for v in kernels.values()) / 3)  # not averaged
+        assert not torch.allclose(merged, sum(v[LAYER] for v in kernels.values()) / 3)  # not averaged
     with pytest.raises(IncompatibleVectorsError, match="shape"):
         tsv_merge(tasks(diag(1, 2), diag(1, 2, 3)))
 

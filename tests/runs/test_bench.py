@@ -379,6 +379,9 @@ def test_editkit_add_method_scores_the_bench_row_at_coefficient_one(bench_run, t
     tol = 0 if mode == "nonlinear" else 1.01 / N_TEST
     for t in TASKS:
         assert numbers["per_task"][t] == pytest.approx(row["per_task"][t], abs=tol + 1e-12)
+    ordered = method in ("magmax", "opcm")  # the merged vector depends on the order: both reports record it
+    assert numbers.get("order") == (list(TASKS) if ordered else None)
+    assert report["order"].get(method) == (list(TASKS) if ordered else None)
     if method == "magmax":  # the saved vector: per entry, the banked value of larger magnitude (the later on a tie)
         a, b = (Bank(bank).load(t) for t in TASKS)
         saved = load_file(out)

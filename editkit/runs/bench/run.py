@@ -77,7 +77,7 @@ from editkit.scenario.options import BuildOptions
 from editkit.errors import BankError, ConfigError, check_choices, IncompatibleVectorsError, MissingResourceError
 from editkit.util.fields import choice
 from editkit.util.memory import PeakRSS
-from editkit.merge import MERGE_METHODS, LazyVectors, method_options
+from editkit.merge import MERGE_METHODS, ORDER_DEPENDENT, LazyVectors, method_options
 from editkit.merge.ties import TIES_DEFAULT_K
 from editkit.util.progress import NullProgress, Progress
 from editkit.core.adapters import ADAPTERS
@@ -571,7 +571,8 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
 
     for method in (m for m in METHODS if m in config.methods):  # registry order, whatever order they were named in
         start = time.perf_counter()
-        merged = MERGE_METHODS[method].build(LazyVectors(tasks, ev.vector), **_method_options(config)[method])
+        merged = MERGE_METHODS[method].build(LazyVectors(tasks, ev.vector),
+                                             **_method_options(config, len(tasks))[method])
         built = [name for name in merged if name not in tasks]  # vectors the method made (TIES...: its merged one)
         for name in built:
             ev.add_vector(name, merged[name])
@@ -596,10 +597,10 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
     return out
 
 
-def _method_options(config: BenchConfig) -> dict[str, dict[str, Any]]:
-    """Each merge method's options: its defaults, with ``--ties-k`` as TIES' ``k``."""
+def _method_options(config: BenchConfig, tasks: int) -> dict[str, dict[str, Any]]:
+    """Each merge method's options: its defaults for ``tasks`` vectors, with ``--ties-k`` as TIES' ``k``."""
     given = {"ties": {"k": config.ties_k}}
-    return {m: method_options(m, given.get(m, {})) for m in METHODS}
+    return {m: method_options(m, given.get(m, {}), tasks=tasks) for m in METHODS}
 
 
 def _negation(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
@@ -822,7 +823,10 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
         "grid": list(config.alphas),
         "negation_grid": list(config.negation_alphas),
         "ties_k": config.ties_k,
-        "method_options": {m: options for m, options in _method_options(config).items() if m in config.methods},
+        "method_options": {m: options for m, options in _method_options(config, len(tasks)).items()
+                           if m in config.methods},
+        # the order the vectors were merged in, which the merged vector of these methods depends on
+        "order": {m: list(tasks) for m in config.methods if m in ORDER_DEPENDENT},
         "run_dir": str(run_dir),
         "addition": {"split": "test", "tuned_on": "val", "columns": list(tasks) + ["absolute", "normalized"], "rows": rows},
         "alpha_search": {m: results[m]["alpha_search"] for m in states},
