@@ -3,8 +3,9 @@
 forward-mode AD left in it, the same outputs after ``torch.export.save`` / ``load``.
 
 Ground truth: ``torch.func.jvp`` of the op itself (float64), and for whole models the linearized model editkit
-trains and scores (itself checked against finite differences in ``test_linearize.py``). A T5's program is checked
-end to end by ``tests/cli/test_glue4.py``.
+trains and scores (itself checked against finite differences in ``test_linearize.py``). EfficientNet-Lite0's,
+an open_clip ViT's and a T5's programs are checked end to end against editkit's own logits by
+``tests/runs/test_takeaway.py``, ``tests/runs/test_export.py`` and ``tests/cli/test_glue4.py``.
 """
 
 from __future__ import annotations
@@ -222,18 +223,6 @@ def test_a_conv_net_with_batch_norm_and_max_pool():
         net[1].running_mean.uniform_(-0.5, 0.5)
         net[1].running_var.uniform_(0.5, 1.5)
     _compare(net, (g(3, 3, 8, 8),), ({0: BATCH},), 1e-10, (g(7, 3, 8, 8, seed=4),))
-
-
-def test_efficientnet_lite0():
-    from editkit.models.efficientnet import build
-
-    torch.manual_seed(0)
-    _compare(build(32, pretrained=False).module, (torch.randn(2, 3, 32, 32),), ({0: BATCH},), 2e-5,
-             (torch.randn(5, 3, 32, 32),))
-
-
-def test_a_clip_vision_transformer():
-    _compare(models.tiny_clip().module, (torch.randn(2, 3, 32, 32),), ({0: BATCH},), 2e-5, (torch.randn(3, 3, 32, 32),))
 
 
 def test_a_bert_encoder_with_padding_and_pooling():
