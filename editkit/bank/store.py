@@ -5,6 +5,7 @@ Layout: one directory, one JSON manifest naming every vector, one safetensors fi
     <root>/manifest.json          format version, base-model fingerprint, one entry per vector
     <root>/<name>.safetensors     tau = theta_ft - theta_0, tensors keyed by parameter name
     <root>/.lock                  file lock serialising writers
+    <root>/.writer                who holds the bank for a whole run (a stream), beside its lock
 
 Why it is built this way:
 
@@ -17,7 +18,9 @@ Why it is built this way:
 - *Concurrency.* Writers hold ``<root>/.lock`` and re-read the manifest inside
   it, so two processes appending at once both land. Readers take no lock: the
   manifest is only ever replaced atomically, and a referenced vector file is
-  never rewritten.
+  never rewritten. A run that appends several vectors (a stream) holds the bank
+  for its whole length (:meth:`Bank.writer`), so a second run on it is refused at
+  once, naming the first, not after fine-tuning a task it could not bank.
 - *Trust.* Every load checks the sha256 recorded at append time and, when
   asked, the base-model fingerprint; merges refuse vectors of different bases
   or of different families (a non-linear tau and a linearized one live in
@@ -68,6 +71,7 @@ VECTOR_SUFFIX = ".safetensors"
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _MAX_NAME_LEN = 200
 _LOCK_TIMEOUT_S = 600.0
+WRITER_NAME = ".writer"
 _HASH_CHUNK = 1 << 20
 
 
@@ -274,6 +278,45 @@ class Bank:
         finally:
             lock.release()
 
+    @contextlib.contextmanager
+    def writer(self, command: str) -> Iterator[None]:
+        """Hold the bank for one run that writes it (``command`` says which, to whoever is refused), from its
+        checks to its last append; a second run is refused at once, naming this one. The hold is an OS file lock
+        (it ends with the process: a crash never leaves the bank held); ``.writer`` says who holds it."""
+        import filelock
+        import os
+        import socket
+
+        created = not self.root.exists()
+        self.root.mkdir(parents=True, exist_ok=True)
+        lock_path = self.root / (WRITER_NAME + ".lock")
+        lock = filelock.FileLock(str(lock_path), timeout=0)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise BankError(f"bank {self.root} is being written by another run ({self._writer()}): wait for it to "
+                            "finish, or pass another --bank directory") from None
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                  "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        atomic_write_bytes(self.root / WRITER_NAME, json.dumps(record).encode(), durable=False)
+        try:
+            yield
+        finally:
+            (self.root / WRITER_NAME).unlink(missing_ok=True)
+            lock.release()
+            if created and not self.manifest_path.exists():  # nothing was banked: leave no bank behind
+                lock_path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    self.root.rmdir()
+
+    def _writer(self) -> str:
+        """Who holds the bank, as its ``.writer`` record says."""
+        try:
+            record = json.loads((self.root / WRITER_NAME).read_text())
+            return f"`{record['command']}`, process {record['pid']} on {record['host']} since {record['since']}"
+        except (OSError, ValueError, KeyError):
+            return "a process that has not said which"
+
     # ---- manifest I/O
 
     def _read_manifest(self) -> _Manifest:
@@ -393,8 +436,8 @@ class Bank:
     def _check_appendable(self, manifest: _Manifest, name: str, base: str, adapter: LoraSpec | None) -> None:
         if manifest.find(name) is not None:
             raise BankError(
-                f"bank {self.root} already holds a vector named {name!r}; "
-                "remove it first (Bank.remove) or choose another name"
+                f"bank {self.root} already holds a vector named {name!r}; remove it first "
+                f"(editkit bank remove {name} --bank {self.root}) or choose another name"
             )
         held = {e.adapter for e in manifest.vectors}
         if held and held != {adapter}:

@@ -276,8 +276,9 @@ def generate(
 ) -> None:
     from editkit.cli.console import RichProgress, console, generation_table
     from editkit.errors import ConfigError
+    from editkit.bank.store import Bank
     from editkit.runs.generate import from_bank, from_directory, generate as generate_text, read_prompts
-    from editkit.runs.negate_lm import language_scenario
+    from editkit.runs.negate_lm import language_scenario, refuse_stale
     from editkit.runs.report import write_json
 
     if (name is None) == (model is None):
@@ -291,6 +292,8 @@ def generate(
         spec = language_scenario(name)
         if bank is None:
             bank = (default_bank_dir(spec.name, mode or spec.recipe.mode) if spec is not None else DEFAULT_BANK)
+        if spec is not None and name in (store := Bank(bank)).names():  # the scenario's vector: as it trains it now
+            refuse_stale(store, name, spec, mode=mode)
         models = from_bank(bank, name, -alpha if negate else alpha)
     result = generate_text(models, given, scorer=scorer, count=prompts, samples_per_prompt=samples_per_prompt,
                            max_new_tokens=max_new_tokens, seed=seed, progress=RichProgress())

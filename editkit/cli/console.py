@@ -134,8 +134,11 @@ def _cost(step: StepRecord) -> str:
 def accuracy_table(title: str, per_task: Mapping[str, float], single: Mapping[str, float] | None = None,
                    pretrained: Mapping[str, float] | None = None, summary: Mapping[str, float] | None = None,
                    fmt: Callable[[float | None], str] = pct) -> Table:
-    """Per-task score rows (accuracy as percentages by default; ``fmt`` formats others) plus a summary row."""
-    table = Table(title=title, title_justify="left")
+    """Per-task score rows (accuracy as percentages by default; ``fmt`` formats others) plus a summary row.
+
+    The table is at least as wide as its title: rich wraps a title to its table's width, which in a log (no
+    terminal to wrap it) broke one line into two mid-phrase."""
+    table = Table(title=title, title_justify="left", min_width=len(title) + 4)
     table.add_column("task")
     columns = [("pretrained", pretrained), ("edited", per_task), ("single-task", single)]
     columns = [(name, values) for name, values in columns if values is not None]

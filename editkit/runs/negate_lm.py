@@ -31,7 +31,7 @@ from torch.utils.data import Subset
 from editkit.bank.store import Bank
 from editkit.core.modes import Mode
 from editkit.data.text import TokenSequences, corpus_split, pooled_sequences
-from editkit.errors import ConfigError, IncompatibleVectorsError
+from editkit.errors import BankError, ConfigError, IncompatibleVectorsError
 from editkit.eval.lm_negation import (LanguageNegation, neutral_prompts, sampled, scaled, split_perplexity,
                                       task_model)
 from editkit.eval.toxicity import TOXICITY_SCORERS, provenance
@@ -270,9 +270,13 @@ def ensure_vector(spec: ScenarioSpec, name: str, bank_dir: Path, *, progress: Pr
     """The bank at ``bank_dir``, first running ``spec`` as a stream into it when it lacks vector ``name``.
 
     recipe: fields laid over the scenario's recipe (``mode``, ``steps``...; None keeps).
-    loggers, log_dir: the stream's loggers, as ``run_scenario`` takes them."""
+    loggers, log_dir: the stream's loggers, as ``run_scenario`` takes them.
+    A vector the bank holds is used only if it is what the stream would fine-tune now: one banked with another
+    recipe or other task options (a bank from before the scenario changed) is refused, naming each field."""
     bank = Bank(bank_dir)
-    if not (bank.exists() and name in bank.names()):
+    if bank.exists() and name in bank.names():
+        refuse_stale(bank, name, spec, build, **recipe)
+    else:
         from editkit.runs.stream import run_scenario
 
         log.info("bank %s has no vector %r: fine-tuning it first", bank_dir, name)
@@ -280,6 +284,24 @@ def ensure_vector(spec: ScenarioSpec, name: str, bank_dir: Path, *, progress: Pr
                      loggers=loggers, log_dir=log_dir, **recipe)
         bank = Bank(bank_dir)
     return bank
+
+
+def refuse_stale(bank: Bank, name: str, spec: ScenarioSpec, build: BuildOptions | None = None,
+                 **recipe: Any) -> None:
+    """Refuse (one line, each differing field banked and now) vector ``name`` of ``bank`` when a stream of ``spec``
+    with ``recipe`` laid over its own would fine-tune another one (:func:`editkit.runs.stream.stale_fields`)."""
+    from editkit.runs.stream import stale_fields
+    from editkit.scenario.spec import task_recipes
+
+    wanted = task_recipes(spec, **recipe)[name] if name in spec.task_names else spec.recipe.with_overrides(**recipe)
+    # as the stream records it (an adapter's lora_lr as its lr); a recipe in epochs is compared by its epochs, the
+    # steps they came to being the train split's to say
+    resolved = wanted.resolved(1)
+    wanted = resolved if wanted.epochs is None else dataclasses.replace(resolved, steps=bank.get(name).recipe["steps"])
+    if differences := stale_fields(bank.get(name), spec, wanted, build or BuildOptions()):
+        raise BankError(f"bank {bank.root} holds {name!r} fine-tuned otherwise than scenario {spec.name!r} asks for "
+                        f"now ({differences}): pass --bank DIR to fine-tune it there, or remove it "
+                        f"(editkit bank remove {name} --bank {bank.root}) to fine-tune it here again")
 
 
 def language_scenario(name: str) -> ScenarioSpec | None:

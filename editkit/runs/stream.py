@@ -28,6 +28,7 @@ optimizer step and each finished experience (``editkit.runs.loggers``).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from pathlib import Path
@@ -38,7 +39,7 @@ from torch.utils.data import Dataset
 
 from editkit.integrations.avalanche.benchmark import Experience, experiences, task_experiences
 from editkit.models.backbone import Backbone
-from editkit.bank.store import Bank
+from editkit.bank.store import Bank, VectorEntry
 from editkit.merge.continual import StreamMerge, default_merge, starting_vector, stream_merge
 from editkit.train.runtime import Runtime, default_runtime, setup, teardown
 from editkit.errors import BankError, ConfigError, MissingResourceError
@@ -244,16 +245,19 @@ class StreamRunner:
 
     def run(self, *, resume: bool, on_step: StreamStepCallback | None = None) -> StreamResult:
         self._check_processes()
-        self._check_bank(resume)
-        self.runtime.barrier()  # nobody writes before everyone has checked
-        out = StreamResult(self.scenario, self.recipe)
-        start = time.perf_counter()
-        try:
-            self._run_experiences(out, resume, on_step)
-        finally:
-            if self.incremental is not None:
-                self.incremental.close()
-        out.seconds = time.perf_counter() - start
+        held = (self.bank.writer(f"editkit stream --scenario {self.scenario} --mode {self.recipe.mode}")
+                if self.runtime.is_main else contextlib.nullcontext())  # the main process is the bank's writer
+        with held:
+            self._check_bank(resume)
+            self.runtime.barrier()  # nobody writes before everyone has checked
+            out = StreamResult(self.scenario, self.recipe)
+            start = time.perf_counter()
+            try:
+                self._run_experiences(out, resume, on_step)
+            finally:
+                if self.incremental is not None:
+                    self.incremental.close()
+            out.seconds = time.perf_counter() - start
         return out
 
     def _run_experiences(self, out: StreamResult, resume: bool, on_step: StreamStepCallback | None) -> None:
@@ -466,8 +470,33 @@ def run_scenario(
 
 def scenario_provenance(spec: ScenarioSpec, build: BuildOptions) -> dict[str, Any]:
     """What a banked vector records so ``add`` / ``negate`` / ``bench`` can rebuild its scenario: the scenario
-    file and the build options it was made with."""
-    return {"scenario_file": str(spec.path.resolve()) if spec.path else None, "build": build.to_json()}
+    file and the build options it was made with; and every task's source options as the run used them, so a later
+    run can tell a vector made from other data (:func:`stale_fields`)."""
+    from editkit.scenario.build import task_options
+
+    options = {t.name: json.loads(json.dumps(task_options(spec, t, build), default=str)) for t in spec.tasks}
+    return {"scenario_file": str(spec.path.resolve()) if spec.path else None, "build": build.to_json(),
+            "task_options": options}
+
+
+def stale_fields(entry: VectorEntry, spec: ScenarioSpec, recipe: Recipe, build: BuildOptions) -> str:
+    """Each field whose banked value is not the one the scenario asks for now, as one line (``"lam 1.0 banked, 3.0
+    now, task option focus_words None banked, 'profanity' now"``): the recipe's fields, then the task's source
+    options where the bank recorded them (vectors banked before it did are compared by recipe alone). Empty when
+    the vector is what a run of ``spec`` with ``recipe`` and ``build`` would fine-tune now."""
+    return ", ".join(part for part in (describe_differences(entry.recipe, recipe.to_dict()),
+                                       task_option_differences(entry, spec, build)) if part)
+
+
+def task_option_differences(entry: VectorEntry, spec: ScenarioSpec, build: BuildOptions) -> str:
+    """The task's source options whose banked value is not the scenario's now, as one line (empty where they agree,
+    or where the bank recorded none: vectors banked before it did)."""
+    recorded = (entry.provenance.get("task_options") or {}).get(entry.task)
+    if recorded is None:
+        return ""
+    current = scenario_provenance(spec, build)["task_options"].get(entry.task, {})
+    return ", ".join(f"task option {key} {recorded.get(key)!r} banked, {current.get(key)!r} now"
+                     for key in sorted(set(recorded) | set(current)) if recorded.get(key) != current.get(key))
 
 
 @contextlib.contextmanager

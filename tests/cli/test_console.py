@@ -96,3 +96,15 @@ def test_a_stream_step_shows_its_median_steady_step_beside_its_fine_tuning_secon
 def test_a_bank_from_before_steps_were_timed_shows_seconds_over_steps():
     cost = TrainingCost(train_seconds=2.6, seconds_per_step=0.26, train_steps=10)
     assert step_title(cost).endswith("0.26 s/step")
+
+
+def test_a_stream_step_title_is_one_line_in_a_log():
+    """Printed off a terminal, the step's title (longer than its table) stays one line: rich wraps a title to the
+    table's width, which broke '0.200 s/step' / '(steady), 2.6 s fine-tuning' onto two lines of a log."""
+    cost = TrainingCost(train_seconds=2.6, seconds_per_step=0.26, train_steps=10, steady_seconds_per_step=0.2)
+    merged = {"per_task": {"a": 0.9}, "absolute": 90.0, "normalized": 100.0}
+    step = StepRecord(step=0, task="a", pretrained=0.5, single_task=0.9, cost=cost, merged=merged)
+    console = LogConsole(file=io.StringIO(), width=80)
+    console.print(step_table(step, {"a": 0.9}))
+    title = step_title(cost)
+    assert any(line.strip() == title.strip() for line in console.file.getvalue().splitlines()), console.file.getvalue()

@@ -74,6 +74,7 @@ from editkit.runs.loggers import LOGGERS, parse_loggers
 from editkit.runs.records import StepRecord, StreamResult
 from editkit.runs.report import jsonable, write_json
 from editkit.scenario.options import BuildOptions
+from editkit.scenario.spec import ScenarioSpec
 from editkit.errors import BankError, ConfigError, check_choices, IncompatibleVectorsError, MissingResourceError
 from editkit.util.fields import choice
 from editkit.util.memory import PeakRSS
@@ -338,10 +339,12 @@ class _ModeState:
 
 
 def check_bank(bank: Bank, *, scenario: str, tasks: Sequence[str], mode: str, recipes: Mapping[str, Mapping[str, Any]],
-               base: str, backbone: str, shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
+               base: str, backbone: str, shapes: Mapping[str, tuple[int, ...]] | None = None,
+               spec: ScenarioSpec | None = None, build: BuildOptions | None = None) -> None:
     """Refuse a bank this bench cannot reuse or extend: other base, tasks, mode, scenario or recipe
-    (``recipes``: each task's resolved recipe, as the stream records it), or (given the backbone's
-    parameter ``shapes``) vectors whose tensors do not fit the backbone."""
+    (``recipes``: each task's resolved recipe, as the stream records it), other task options than ``spec``'s with
+    ``build`` (where the bank recorded them), or (given the backbone's parameter ``shapes``) vectors whose tensors
+    do not fit the backbone."""
     if not bank.exists() or not len(bank):
         return
     if bank.base != base:
@@ -362,6 +365,11 @@ def check_bank(bank: Bank, *, scenario: str, tasks: Sequence[str], mode: str, re
         if detail := describe_differences(entry.recipe, wanted):
             raise BankError(f"{where} fine-tuned with another recipe ({detail}); use the same recipe options "
                             "(--steps, --seed...) or another --bank-root")
+        from editkit.runs.stream import task_option_differences  # imported where used, as the stream is here
+
+        if spec is not None and (detail := task_option_differences(entry, spec, build or BuildOptions())):
+            raise BankError(f"{where} fine-tuned on other data ({detail}); pass another --bank-root, or remove it "
+                            f"(editkit bank remove {entry.name} --bank {bank.root})")
         if shapes is not None:
             _check_layout(bank, entry, shapes, backbone)
 
@@ -428,7 +436,8 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
         state.task_recipes = {n: per_task[n].resolved(len(built.task(n).train)).to_dict() for n in tasks}
         shapes = {n: tuple(p.shape) for n, p in arm.backbone.module.named_parameters()}
         check_bank(state.bank, scenario=spec.name, tasks=tasks, mode=state.recipe.mode, recipes=state.task_recipes,
-                   base=bases[state.recipe.adapter], backbone=built.backbone.name, shapes=shapes)
+                   base=bases[state.recipe.adapter], backbone=built.backbone.name, shapes=shapes, spec=spec,
+                   build=config.build)
     control = _control_task(built, config)
     timings["build_seconds"] = time.perf_counter() - t0
 
