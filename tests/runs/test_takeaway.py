@@ -25,7 +25,6 @@ from editkit.bank.store import Bank
 from editkit.errors import ExportError
 from editkit.merge.arithmetic import combine
 from editkit.runs import export
-from editkit.runs.export import program as program_module
 from editkit.runs.export.read import read_export
 from helpers.benchmarks import benchmark_script
 from helpers.cli import invoke, one_line_refusal
@@ -293,7 +292,15 @@ def test_out_refusals_come_before_any_work_and_a_refused_program_leaves_nothing(
         one_line_refusal(invoke("negate", "digits", "--bank", bank, "--out", taken), "is a directory that is not empty")
     assert a_file.read_text() == "mine" and (taken / "keep.txt").read_text() == "mine"
 
-    monkeypatch.setattr(program_module, "VERIFY_TOLERANCE", -1.0)  # no program can pass: it is refused
+    class Wrong(torch.nn.Module):  # a program that is not the model: every logit 0
+        def forward(self, pixels):
+            return {"digits": pixels.new_zeros(pixels.shape[0], 10)}
+
+    def wrong_trace(backbone, vector, heads):
+        inputs = backbone.program_inputs()
+        return torch.export.export(Wrong(), inputs.example, dynamic_shapes=inputs.dynamic), inputs
+
+    monkeypatch.setattr(export, "trace", wrong_trace)
     with pytest.raises(ExportError, match="does not reproduce editkit's scoring"):
         export.export_vectors(Bank(bank), {"digits": 1.0}, taken, force=True)
     assert sorted(p.name for p in taken.iterdir()) == ["keep.txt"]  # the old content, whole
