@@ -172,6 +172,10 @@ def _program_lines(manifest: Mapping[str, Any]) -> list[str]:
         lines += [f"`{names}`: int64 `(batch, length)`, from the tokenizer saved here "
                   f"(`AutoTokenizer.from_pretrained(DIR)`), padded on the right, texts cut at "
                   f"{spec.get('max_length')} tokens (`editkit.json`'s `input`)."]
+        if spec.get("kind") == "text-to-text":
+            lines += ["", f"The decoder reads its input by teacher forcing: the start token "
+                      f"({spec.get('decoder_start_token_id')}), then the target's tokens but its last; the logits "
+                      "`(batch, length, vocabulary)` score every target position."]
     verified = program.get("verified") or {}
     lines += ["", f"It computes {program['computes']}. Batch size{' and length' if spec.get('kind') != 'image' else ''} "
               f"may be anything; call it under `torch.no_grad()` or `torch.inference_mode()`. Written, it gave "
