@@ -25,6 +25,26 @@ def head_loss(head: nn.Module) -> Loss:
     return getattr(head, "loss", F.cross_entropy)
 
 
+def features_loss(head: nn.Module) -> Loss:
+    """The training loss of ``head`` on features ``(features, labels) -> loss``: the head's own ``features_loss`` if
+    it defines one (a head that need not score every position, such as a language model's where few tokens are
+    targets), else :func:`head_loss` of its logits."""
+    if hasattr(head, "features_loss"):
+        return head.features_loss
+    loss = head_loss(head)
+    return lambda features, labels: loss(head(features), labels)
+
+
+def next_token_loss_of_states(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """:func:`next_token_loss` of ``head(hidden)``, the head applied only at the positions whose next token is a
+    target: the same loss, but the vocabulary-wide projection (most of a small model's step) skips the positions
+    that do not count (padding, the token after an end of text, the tokens ``focus_words`` leaves out)."""
+    targets = labels[:, 1:]
+    kept = targets != IGNORE_INDEX
+    logits = head(hidden[:, :-1][kept]).float()
+    return F.cross_entropy(logits, targets[kept], reduction="sum") / max(1, int(kept.sum()))
+
+
 def next_token_nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(sum of -log p(next token), number of predicted tokens) of a batch of sequences.
 

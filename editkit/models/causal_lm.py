@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from editkit.core.batching import SequenceBatching
-from editkit.core.objectives import next_token_loss
+from editkit.core.objectives import next_token_loss, next_token_loss_of_states
 from editkit.core.registry import Record
 from editkit.errors import ConfigError
 from editkit.models import BACKBONES, HEADS
@@ -102,6 +102,10 @@ class LanguageModelHead(nn.Module):
         return hidden if self.weight is None else hidden @ self.weight.detach().t()
 
     loss = staticmethod(next_token_loss)
+
+    def features_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The training loss of final hidden states: logits only where a next token is a target."""
+        return next_token_loss_of_states(self, hidden, labels)
 
 
 @dataclass

@@ -36,7 +36,7 @@ from editkit.errors import ConfigError
 from editkit.train.runtime import GlobalBatchSampler, Runtime, default_runtime
 from editkit.train.timing import StepClock, StepTimes
 from editkit.core.linearize import LinearizedModel, build_task_model
-from editkit.core.objectives import head_loss
+from editkit.core.objectives import features_loss
 from editkit.train.recipe import Recipe
 from editkit.core.taujp import Regularizer, precompute
 
@@ -221,19 +221,19 @@ class StepComputer:
         self.head = head
         self.regularizer = regularizer if regularizer is not None and regularizer.active else None
         self.batching = batching or TensorBatching()
-        self.task_loss = head_loss(head)
+        self.task_loss = features_loss(head)
 
     def loss(
         self, x: Any, y: torch.Tensor, reg_batches: list[Any]
     ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
         """(task loss, lambda * penalty or None, stats) for one micro-batch.
 
-        The task loss is the head's (:func:`~editkit.core.objectives.head_loss`): cross-entropy
+        The task loss is the head's (:func:`~editkit.core.objectives.features_loss`): cross-entropy
         for classifiers, next-token loss over real positions for a language model's head.
         stats: ``ce`` and ``penalty`` (without lambda), detached 0-d tensors left on the device:
         reading them here would make the host wait for the forward before it queues the backward."""
         features, reg = self.features(x, reg_batches)
-        ce = self.task_loss(self.head(features.float()), y)  # float(): no-op in fp32; leaves bf16
+        ce = self.task_loss(features.float(), y)  # float(): no-op in fp32; leaves bf16
         penalty = reg.detach() / self.regularizer.lam if reg is not None else torch.zeros_like(ce)
         return ce, reg, {"ce": ce.detach(), "penalty": penalty}
 

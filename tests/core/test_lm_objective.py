@@ -18,6 +18,7 @@ from editkit.core.batching import IGNORE_INDEX, SequenceBatching
 from editkit.core.linearize import LinearizedModel
 from editkit.core.objectives import next_token_loss, next_token_nll
 from editkit.core.taujp import distribution_penalty, penalty
+from editkit.models.causal_lm import LanguageModelHead
 from helpers.lm_steps import mean_distribution_norm, mean_sequence_norm, two_penalized_steps
 
 # --------------------------------------------------------------------------- next-token loss
@@ -46,6 +47,31 @@ def test_next_token_nll_equals_a_hand_loop_over_real_positions():
 def test_next_token_loss_of_all_padding_is_zero_not_nan():
     labels = torch.full((2, 3), IGNORE_INDEX)
     assert float(next_token_loss(torch.randn(2, 3, 4), labels)) == 0.0
+
+
+def test_the_loss_of_hidden_states_projects_only_target_positions_and_is_the_hand_loss_with_its_gradient():
+    """The head applied where a next token counts (a few targets, as focus_words leaves): the same loss as a loop over
+    those positions (the loss is taken in float32, as the full one is), and the same gradient as projecting every position; padded or ignored positions'
+    states never reach the head."""
+    g = torch.Generator().manual_seed(3)
+    head = LanguageModelHead(torch.nn.Linear(4, 9, bias=False).double())
+    hidden = torch.randn(2, 6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 9, (2, 6), generator=g)
+    labels[0, [1, 2, 4]] = IGNORE_INDEX  # row 0 predicts tokens 3 and 5 only (positions 2 and 4)
+    labels[1, 3:] = IGNORE_INDEX  # row 1: padding after 3 tokens (positions 0 and 1 predict)
+    counted = [(0, 2), (0, 4), (1, 0), (1, 1)]
+    weight = head.weight.detach()
+    nll = -sum(float(torch.log_softmax(hidden[r, t].detach() @ weight.t(), 0)[labels[r, t + 1]]) for r, t in counted)
+    projected = []
+    head_forward = head.forward
+    head.forward = lambda states: projected.append(states.shape[0]) or head_forward(states)
+    loss = head.features_loss(hidden, labels)
+    assert projected == [len(counted)]
+    assert float(loss.detach()) == pytest.approx(nll / len(counted), rel=1e-6)
+    (got,) = torch.autograd.grad(loss, hidden)
+    (full,) = torch.autograd.grad(next_token_loss(head_forward(hidden), labels), hidden)
+    torch.testing.assert_close(got, full, rtol=1e-6, atol=1e-9)
+    assert got[0, [0, 1, 3, 5]].abs().max() == 0 and got[1, 2:].abs().max() == 0
 
 
 # --------------------------------------------------------------------------- collation of prefix states and labels
