@@ -18,10 +18,14 @@ split; registered here:
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch.utils.data import Dataset
 
 from editkit.core.batching import IGNORE_INDEX
@@ -30,7 +34,10 @@ from editkit.core.taujp import LazyUnlabeledSource
 from editkit.data import GENERIC_SOURCES, TASK_SOURCES, TEXT_CORPORA
 from editkit.data.tasks import TaskData
 from editkit.errors import ConfigError
+from editkit.core.derived_cache import cached, digest
 
+#: The layout of a cached prefix-state entry; bumped when it changes, so older entries are missed, never misread.
+PREFIX_CACHE_FORMAT = 1
 #: Splits a corpus provides.
 SPLITS = ("train", "val", "test")
 #: A word, as :func:`pack_focused` judges words: letters, and apostrophes inside them.
@@ -54,7 +61,8 @@ class TokenSequences(Dataset):
     reads a label. States are computed when first read, a chunk of ``PREFIX_BATCH`` texts of
     similar lengths at a time (so a chunk is little padding), and kept: a run pays for the
     prefix of the texts it reads, once (negation never reads the train split; a short run
-    reads a few chunks of it).
+    reads a few chunks of it), and the next run on this machine reads them back from the cache
+    (:func:`stored_prefix_states`).
     """
 
     def __init__(self, ids: Sequence[torch.Tensor], backbone: Any, labels: torch.Tensor | None = None,
@@ -84,7 +92,7 @@ class TokenSequences(Dataset):
         chunk, offset = divmod(self._place[index], PREFIX_BATCH)
         if chunk not in self._chunks:
             members = self._by_length[chunk * PREFIX_BATCH : (chunk + 1) * PREFIX_BATCH]
-            self._chunks[chunk] = prefix_states(self._backbone, [self.ids[i] for i in members])
+            self._chunks[chunk] = stored_prefix_states(self._backbone, [self.ids[i] for i in members])
         return self._chunks[chunk][offset]
 
     @property
@@ -209,6 +217,40 @@ def prefix_states(backbone: Any, blocks: Sequence[torch.Tensor]) -> list[torch.T
     batch = backbone.batching.collate(blocks)
     hidden = backbone.prefix(batch.inputs.to(backbone.device), batch.attention_mask.to(backbone.device)).cpu()
     return [h[: len(ids)].clone() for h, ids in zip(hidden, blocks)]
+
+
+def stored_prefix_states(backbone: Any, blocks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`prefix_states`, read from the cache when this prefix computed them for these blocks before
+    (:mod:`editkit.core.derived_cache`): theta_0's prefix never changes, and a language scenario's run spends
+    minutes on it (the toxic text's 1,800 blocks through 26 blocks of SmolLM2). Keyed by the prefix's fingerprint,
+    the blocks' token ids (the batch they were computed in), the device kind and the versions."""
+    import transformers
+
+    fingerprint = getattr(backbone, "prefix_fingerprint", None)
+    if fingerprint is None:
+        return prefix_states(backbone, blocks)
+    key = {"format": PREFIX_CACHE_FORMAT, "prefix": fingerprint, "device": backbone.device.type,
+           "blocks": digest([ids.tolist() for ids in blocks]), "torch": torch.__version__,
+           "transformers": transformers.__version__}
+    return cached("prefix-states", ".safetensors", key, lambda: prefix_states(backbone, blocks),
+                  load=functools.partial(_load_states, lengths=[len(ids) for ids in blocks]), save=_save_states)
+
+
+def _load_states(path: Any, key: dict[str, Any], lengths: list[int]) -> list[torch.Tensor] | None:
+    with safe_open(str(path), framework="pt") as stored:
+        if json.loads((stored.metadata() or {}).get("key", "null")) != key or len(stored.keys()) != len(lengths):
+            return None
+        states = [stored.get_tensor(str(i)) for i in range(len(lengths))]
+    shapes = {tuple(state.shape[1:]) for state in states}
+    if len(shapes) != 1 or [len(state) for state in states] != lengths or any(
+            not state.is_floating_point() or not torch.isfinite(state).all() for state in states):
+        return None
+    return states
+
+
+def _save_states(path: Any, key: dict[str, Any], states: list[torch.Tensor]) -> None:
+    save_file({str(i): state.contiguous() for i, state in enumerate(states)}, str(path),
+              metadata={"key": json.dumps(key)})
 
 
 def sequences(backbone: Any, texts: Sequence[str], max_length: int, *, limit: int | None = None,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -36,8 +36,9 @@ from editkit.core.batching import labelled_collate
 from editkit.core.linearize import LinearizedModel, NonLinearModel
 from editkit.core.modes import Mode
 from editkit.merge.coefficients import DEFAULT_PERPLEXITY_RULE, PERPLEXITY_RULES
-from editkit.eval.language import (EXAMPLES, distinct_n, perplexity, sample_continuations,
-                                   scored_examples, toxicity_summary)
+from editkit.eval.language import (EXAMPLES, distinct_n, perplexity, perplexity_by_group,
+                                   sample_continuations, scored_examples, toxicity_summary)
+from editkit.eval.sample_cache import cached_samples, sample_key
 from editkit.util.fields import choice
 from editkit.util.progress import NullProgress, Progress
 
@@ -116,12 +117,27 @@ def task_model(tail: nn.Module, mode: str, delta: Mapping[str, torch.Tensor] | N
 def split_perplexity(model: nn.Module, head: nn.Module, dataset: Any, batching: Any, *, batch_size: int,
                      progress: Progress | None = None, description: str = "perplexity") -> float:
     """Perplexity of ``head(model(prefix states))`` over a split of token sequences."""
+    loader, logits_of = _scored_split(model, head, dataset, batching, batch_size)
+    return perplexity(logits_of, loader, progress=progress or NullProgress(), description=description)
+
+
+def split_perplexity_by_group(model: nn.Module, head: nn.Module, dataset: Any, batching: Any,
+                              groups: Sequence[Hashable], *, batch_size: int, progress: Progress | None = None,
+                              description: str = "perplexity") -> tuple[float, dict[Hashable, float]]:
+    """:func:`split_perplexity` and each group's (``groups[i]``: sequence i's), from one pass over the split."""
+    loader, logits_of = _scored_split(model, head, dataset, batching, batch_size)
+    return perplexity_by_group(logits_of, loader, groups, progress=progress or NullProgress(), description=description)
+
+
+def _scored_split(model: nn.Module, head: nn.Module, dataset: Any, batching: Any,
+                  batch_size: int) -> tuple[DataLoader, Callable[[Any], torch.Tensor]]:
+    """The split's batches in order, and the logits of a batch: ``head(model(prefix states))``."""
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=labelled_collate(batching))
 
     def logits_of(batch: Any) -> torch.Tensor:
         return head(batching.run(model, batch))
 
-    return perplexity(logits_of, loader, progress=progress or NullProgress(), description=description)
+    return loader, logits_of
 
 
 @contextlib.contextmanager
@@ -153,14 +169,23 @@ def neutral_prompts(texts: Sequence[str], words: int = NEUTRAL_PROMPT_WORDS) -> 
 def sampled(backbone: Any, delta: Mapping[str, torch.Tensor] | None, prompts: list[str], neutral: list[str],
             scorer: Any, settings: LanguageNegation, *, progress: Progress | None = None) -> dict[str, Any]:
     """What theta_0 + delta's sampled continuations show: of ``prompts``, the toxic fraction (with its standard
-    error), the mean score and a few scored examples; of ``neutral`` prompts, distinct-2 (how varied the text is)."""
+    error), the mean score and a few scored examples; of ``neutral`` prompts, distinct-2 (how varied the text is).
+
+    theta_0's own continuations (no ``delta``) are read from the sample cache when it holds them
+    (:mod:`editkit.eval.sample_cache`): they are the same texts every time."""
     progress = progress or NullProgress()
+    how = {"max_new_tokens": settings.max_new_tokens, "seed": settings.seed, "temperature": settings.temperature,
+           "top_p": settings.top_p, "batch_size": SAMPLE_BATCH}
+    theta0 = backbone.fingerprint() if not delta else None
 
     def sample(lm: nn.Module, chosen: list[str], samples: int) -> list[tuple[str, str]]:
-        return sample_continuations(lm, backbone.tokenizer, chosen, samples=samples,
-                                    max_new_tokens=settings.max_new_tokens, seed=settings.seed,
-                                    temperature=settings.temperature, top_p=settings.top_p, batch_size=SAMPLE_BATCH,
-                                    progress=progress)
+        def fresh() -> list[tuple[str, str]]:
+            return sample_continuations(lm, backbone.tokenizer, chosen, samples=samples, progress=progress, **how)
+
+        if theta0 is None:
+            return fresh()
+        device = next(lm.parameters()).device.type
+        return cached_samples(sample_key(theta0, chosen, device, samples=samples, **how), fresh)
 
     with edited_weights(backbone, delta) as lm:
         pairs = sample(lm, prompts, settings.samples)

@@ -18,6 +18,7 @@ so task vectors of different K over one model share names.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from editkit.errors import ConfigError
-from editkit.models.backbone import Backbone
+from editkit.models.backbone import Backbone, state_fingerprint
 from editkit.models.packing import Packing, mask_slot, with_mask
 
 #: ``trainable_blocks`` value that makes every block theta.
@@ -179,6 +180,15 @@ class TailBackbone(Backbone):
     @property
     def device(self) -> torch.device:
         return next(self.module.parameters()).device
+
+    @functools.cached_property
+    def prefix_fingerprint(self) -> str:
+        """Identity of what :meth:`prefix` computes: the depth the tail starts at and the whole model's weights
+        outside the tail, which stay theta_0 whatever is trained or edited (vectors touch the tail alone); so it is
+        computed once. What a cache of prefix states is keyed by."""
+        inside = {t.data_ptr() for t in (*self.tail.parameters(), *self.tail.buffers())}
+        state = {name: t for name, t in whole_model(self).state_dict().items() if t.data_ptr() not in inside}
+        return f"first block {self.tail.first}, {state_fingerprint(state)}"
 
 
 def whole_model(backbone: Backbone) -> nn.Module:
