@@ -110,15 +110,11 @@ def stream(
 
 def _check_scenario(scenario: str, build: BuildOptions) -> None:
     from editkit.cli.console import console
-    from editkit.errors import MissingResourceError
     from editkit.scenario.spec import load_scenario
-    from editkit.scenario.build import check_scenario
-    from editkit.runs.stream import missing_message
+    from editkit.scenario.build import require_scenario
 
     spec = load_scenario(scenario)
-    problems = check_scenario(spec, build)
-    if problems:
-        raise MissingResourceError(missing_message(spec.name, problems))
+    require_scenario(spec, build)
     console.print(f"[green]ok[/green]: weights and data of scenario {spec.name} ({len(spec.tasks)} tasks) are available")
 
 
@@ -338,22 +334,20 @@ def _negate_language(name: str, spec, bank: Path, *, alpha: Optional[float], mod
                      steps: Optional[int], run_dir: Optional[Path], json_path: Optional[Path], language: dict,
                      build: BuildOptions, runtime_options: dict, out: Optional[Path] = None,
                      force: bool = False) -> None:
+    from editkit.bank.store import open_bank
     from editkit.cli.console import RichProgress, console, language_negation_table
-    from editkit.runs.negate_lm import ensure_vector, negate_language, plot_negation
+    from editkit.runs.negate_lm import negate_language, negate_scenario, plot_negation
     from editkit.runs.report import write_json
     from editkit.runs.stream import process_runtime
 
     progress = RichProgress()
     with process_runtime(**runtime_options) as runtime:
         if spec is not None:
-            store = ensure_vector(spec, name, bank, progress=progress, build=build, runtime=runtime, mode=mode,
-                                  steps=steps)
+            report = negate_scenario(spec, name, bank, alpha=alpha, settings=language, progress=progress,
+                                     build=build, runtime=runtime, mode=mode, steps=steps)
         else:
-            from editkit.bank.store import open_bank
-
-            store = open_bank(bank)
-        report = negate_language(store, name, alpha=alpha, settings=language, progress=progress, build=build,
-                                 runtime=runtime)
+            report = negate_language(open_bank(bank), name, alpha=alpha, settings=language, progress=progress,
+                                     build=build, runtime=runtime)
     out_dir = run_dir or default_run_dir(f"negate-{name}", report["mode"])
     report["plots"] = [str(plot_negation([report], out_dir / "negation.png"))]
     report["bank"] = str(bank)
@@ -363,7 +357,7 @@ def _negate_language(name: str, spec, bank: Path, *, alpha: Optional[float], mod
     if out is not None:
         from editkit.runs.export import export_negation
 
-        export_negation(store, name, out, alpha=report["alpha"], report=report, force=force, build=build)
+        export_negation(open_bank(bank), name, out, alpha=report["alpha"], report=report, force=force, build=build)
         report["export"] = str(out)
         write_json(out_dir / "report.json", report)
         console.print(f"model theta_0 - {report['alpha']:g} tau (the weights the continuations were sampled from; "

@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -36,7 +36,6 @@ from editkit.util.progress import NullProgress, Progress
 log = logging.getLogger(__name__)
 
 
-@torch.no_grad()
 def perplexity(logits_of: Callable[[Any], torch.Tensor], batches: Iterable[tuple[Any, torch.Tensor]], *,
                progress: Progress = NullProgress(), description: str = "perplexity") -> float:
     """Token-weighted perplexity of a whole split: ``exp(sum of nll / number of predicted tokens)``.
@@ -45,17 +44,47 @@ def perplexity(logits_of: Callable[[Any], torch.Tensor], batches: Iterable[tuple
     ``(N, T)`` with ``IGNORE_INDEX`` at padding (the causal shift is applied here). Averaging
     per batch instead would weight a token by the size of the batch it fell in.
     """
-    nll, tokens = 0.0, 0
-    with progress.task(description, total=len(batches) if hasattr(batches, "__len__") else 0) as task:
-        for batch, labels in batches:
-            logits = logits_of(batch)
-            batch_nll, batch_tokens = next_token_nll(logits, labels.to(logits.device))
-            nll += float(batch_nll)
-            tokens += batch_tokens
-            task.advance()
+    return _exp_mean(_nll_totals(logits_of, batches, None, progress, description).values())
+
+
+def perplexity_by_group(logits_of: Callable[[Any], torch.Tensor], batches: Iterable[tuple[Any, torch.Tensor]],
+                        groups: Sequence[Hashable], *, progress: Progress = NullProgress(),
+                        description: str = "perplexity") -> tuple[float, dict[Hashable, float]]:
+    """The split's :func:`perplexity` and each group's, from one pass: ``groups[i]`` is the group of the loader's
+    i-th example (a pooled split's corpora are scored with the pooled text, not once more each)."""
+    totals = _nll_totals(logits_of, batches, groups, progress, description)
+    return _exp_mean(totals.values()), {group: _exp_mean([total]) for group, total in totals.items()}
+
+
+def _exp_mean(totals: Iterable[tuple[float, int]]) -> float:
+    """``exp(total nll / total tokens)`` of (nll, tokens) pairs."""
+    nll, tokens = map(sum, zip(*totals)) if totals else (0.0, 0)
     if tokens == 0:
         raise ConfigError("perplexity needs at least one predicted token; the split is empty or all padding")
     return math.exp(nll / tokens)
+
+
+@torch.no_grad()
+def _nll_totals(logits_of: Callable[[Any], torch.Tensor], batches: Iterable[tuple[Any, torch.Tensor]],
+                groups: Sequence[Hashable] | None, progress: Progress, description: str
+                ) -> dict[Hashable, tuple[float, int]]:
+    """Summed next-token nll and predicted tokens per group (one group, None, without ``groups``)."""
+    totals: dict[Hashable, tuple[float, int]] = {}
+    seen = 0
+    with progress.task(description, total=len(batches) if hasattr(batches, "__len__") else 0) as task:
+        for batch, labels in batches:
+            logits = logits_of(batch)
+            labels = labels.to(logits.device)
+            members = [None] * len(labels) if groups is None else groups[seen : seen + len(labels)]
+            seen += len(labels)
+            for group in dict.fromkeys(members):
+                rows = [i for i, member in enumerate(members) if member == group]
+                whole = len(rows) == len(members)
+                nll, count = next_token_nll(logits if whole else logits[rows], labels if whole else labels[rows])
+                before = totals.get(group, (0.0, 0))
+                totals[group] = (before[0] + float(nll), before[1] + count)
+            task.advance()
+    return totals
 
 
 class _SeededSampling:

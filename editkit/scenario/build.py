@@ -18,7 +18,7 @@ from torch import nn
 from editkit.core.taujp import UnlabeledSource
 from editkit.data import GENERIC_SOURCES, TASK_SOURCES, TEXT_CORPORA
 from editkit.data.tasks import TaskData
-from editkit.errors import ConfigError
+from editkit.errors import ConfigError, MissingResourceError
 from editkit.eval.lm_negation import LanguageNegation
 from editkit.eval.toxicity import TOXICITY_SCORERS, word_flags
 from editkit.models import BACKBONES, HEADS
@@ -122,6 +122,16 @@ def check_scenario(spec: ScenarioSpec, build: BuildOptions | None = None) -> lis
     if spec.negation is not None:
         problems += _negation_problems(spec.negation)
     return list(dict.fromkeys(problems))
+
+
+def require_scenario(spec: ScenarioSpec, build: BuildOptions | None = None) -> None:
+    """Refuse a scenario that cannot start offline before anything is built, trained or written: a
+    :class:`MissingResourceError` whose message is a header and one line per missing piece (:func:`check_scenario`)."""
+    problems = check_scenario(spec, build)
+    if problems:
+        lines = [f"scenario {spec.name!r} cannot start: {len(problems)} missing piece{'s' if len(problems) > 1 else ''} "
+                 "(nothing was trained, no bank was written)"]
+        raise MissingResourceError("\n".join(lines + [f"  - {problem}" for problem in problems]))
 
 
 def _negation_problems(negation: LanguageNegation) -> list[str]:

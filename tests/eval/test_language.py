@@ -13,7 +13,8 @@ import torch
 
 from editkit.core.batching import IGNORE_INDEX
 from editkit.errors import ConfigError
-from editkit.eval.language import _length_batches, _sample_seed, perplexity, sample_continuations, samples_for_stderr, toxicity_summary
+from editkit.eval.language import (_length_batches, _sample_seed, perplexity, perplexity_by_group, sample_continuations,
+                                   samples_for_stderr, toxicity_summary)
 from helpers import models
 
 
@@ -109,6 +110,24 @@ def test_perplexity_weights_tokens_not_batches():
 
     got = perplexity(logits_of, [(one_token, one_token), (three_tokens, three_tokens)])
     assert got == pytest.approx(math.exp(math.log(vocab) / 4), rel=1e-6)
+
+
+def test_perplexity_by_group_gives_each_groups_own_and_the_pooled_one_from_one_pass():
+    """Groups mixed within batches: each group's ppl is exp of its own tokens' nll (by hand: uniform logits over
+    8 tokens cost ln 8 a prediction, certain ones 0), the pooled one every token's."""
+    vocab = 8
+    rows = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 1], [2, 3, 4, 5]])  # 3 predictions each
+
+    def logits_of(labels):  # a row starting below 3 (rows 0 and 2) gets uniform logits, the others certain ones
+        certain = torch.nn.functional.one_hot(labels.roll(-1, dims=1), vocab).float() * 1e4
+        return torch.where((labels[:, 0] < 3)[:, None, None], torch.zeros_like(certain), certain)
+
+    batches = [(rows, rows), (rows[1:], rows[1:])]  # 5 examples: a, b, a | b, a
+    groups = ["a", "b", "a", "b", "a"]
+    pooled, by_group = perplexity_by_group(logits_of, batches, groups)
+    assert by_group == {"a": pytest.approx(vocab, rel=1e-6), "b": pytest.approx(1.0, abs=1e-6)}
+    assert pooled == pytest.approx(math.exp(3 * 3 * math.log(vocab) / 15), rel=1e-6)
+    assert pooled == pytest.approx(perplexity(logits_of, batches), rel=1e-6)
 
 
 def test_perplexity_of_an_all_padding_split_is_refused():

@@ -46,10 +46,13 @@ def run_language_bench(spec: ScenarioSpec, *, variants: Mapping[str, Mapping[str
     progress = progress or NullProgress()
     started = time.perf_counter()
     task = spec.task_names[0]
-    banks = {label: ensure_vector(spec, task, default_bank_dir(spec.name, label, root=bank_root), progress=progress,
-                                  build=build, runtime=runtime, loggers=loggers, log_dir=run_dir / label, **overrides)
-             for label, overrides in variants.items()}
     built = build_scenario(spec, seed=spec.recipe.seed, progress=progress, build=build, device=str(runtime.device))
+    # the streams without an adapter train on the shared scenario (one loaded model, every text's prefix states
+    # computed once); an adapter stream builds its own, as the adapter stays on the model it trained
+    banks = {label: ensure_vector(spec, task, default_bank_dir(spec.name, label, root=bank_root), progress=progress,
+                                  build=build, runtime=runtime, loggers=loggers, log_dir=run_dir / label,
+                                  built=built if label_parts(label)[1] == "none" else None, **overrides)
+             for label, overrides in variants.items()}
     recipes: dict[str, list[Mapping[str, Any]]] = {}
     for bank in banks.values():
         recipe = bank.get(task).recipe

@@ -75,7 +75,7 @@ from editkit.runs.records import StepRecord, StreamResult
 from editkit.runs.report import jsonable, write_json
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import ScenarioSpec
-from editkit.errors import BankError, ConfigError, check_choices, IncompatibleVectorsError, MissingResourceError
+from editkit.errors import BankError, ConfigError, check_choices, IncompatibleVectorsError
 from editkit.util.fields import choice
 from editkit.util.memory import PeakRSS
 from editkit.merge import MERGE_METHODS, ORDER_DEPENDENT, LazyVectors, method_options
@@ -391,7 +391,7 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     runtime: where to run, in one process (default: ``editkit.train.runtime.setup()``'s: CUDA when available).
     """
     from editkit.scenario.spec import load_scenario, task_recipes
-    from editkit.scenario.build import build_scenario, check_scenario
+    from editkit.scenario.build import build_scenario, require_scenario
 
     started = time.perf_counter()
     progress = progress or NullProgress()
@@ -418,11 +418,7 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
         if state.bank.root.exists() and not state.bank.root.is_dir():
             raise ConfigError(f"bank path {state.bank.root} exists and is not a directory")
 
-    problems = check_scenario(spec, config.build)
-    if problems:
-        from editkit.runs.stream import missing_message
-
-        raise MissingResourceError(missing_message(spec.name, problems))
+    require_scenario(spec, config.build)
 
     timings: dict[str, Any] = {}
     t0 = time.perf_counter()
