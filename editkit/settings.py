@@ -5,7 +5,7 @@ user can see here everything that changes editkit's behaviour from outside:
 
 | variable | meaning | default |
 |---|---|---|
-| ``EDITKIT_CACHE`` | pinned downloads, dataset caches, cached heads | ``~/.cache/editkit`` |
+| ``EDITKIT_CACHE`` | pinned downloads, dataset caches, cached heads, theta_0's prefix states and samples | ``~/.cache/editkit`` |
 | ``EDITKIT_DATA`` | root of on-disk datasets (vision8, ImageNet) | unset |
 | ``EDITKIT_IMAGENET`` | a local ImageNet validation copy | unset |
 | ``EDITKIT_CLIP_CACHE`` | CLIP weights | open_clip's (HF hub cache) |

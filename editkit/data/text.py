@@ -222,7 +222,7 @@ def prefix_states(backbone: Any, blocks: Sequence[torch.Tensor]) -> list[torch.T
 def stored_prefix_states(backbone: Any, blocks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """:func:`prefix_states`, read from the cache when this prefix computed them for these blocks before
     (:mod:`editkit.core.derived_cache`): theta_0's prefix never changes, and a language scenario's run spends
-    minutes on it (the toxic text's 1,800 blocks through 26 blocks of SmolLM2). Keyed by the prefix's fingerprint,
+    minutes on it (the toxic text's 1,600 blocks through 26 blocks of SmolLM2). Keyed by the prefix's fingerprint,
     the blocks' token ids (the batch they were computed in), the device kind and the versions."""
     import transformers
 
