@@ -132,6 +132,34 @@ def test_a_fixed_alpha_skips_tuning(tmp_path, streamed):
     assert [row["model"] for row in report["rows"]] == ["theta_0", "+tau", "-tau", "-2 tau"]
 
 
+def test_negate_fine_tunes_and_scores_on_one_built_scenario_and_times_its_parts(tmp_path, language_extensions,
+                                                                              monkeypatch):
+    """`editkit negate NAME` of a scenario whose bank lacks the vector: the stream and the negation use one build
+    (the model loaded once, the prefix states computed once), and the report's seconds name every part."""
+    from editkit import settings
+    from editkit.scenario import build
+
+    scenario = scenario_file(tmp_path, name="rude")  # a scenario named for its task: `negate rude` finds both
+    monkeypatch.setenv(settings.SCENARIOS_ENV, str(scenario.parent))
+    builds = []
+    real = build.build_scenario
+    monkeypatch.setattr(build, "build_scenario", lambda *a, **k: builds.append(1) or real(*a, **k))
+    from editkit.runs import edit, negate_lm
+
+    monkeypatch.setattr(negate_lm, "build_scenario", build.build_scenario)
+    monkeypatch.setattr(edit, "build_scenario", build.build_scenario)
+    result = invoke("negate", "rude", "--bank", tmp_path / "bank", "--steps", 3, "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    assert len(builds) == 1
+    seconds = json.loads((tmp_path / "run" / "report.json").read_text())["seconds"]
+    assert {"loading", "fine-tuning", "validation", "test"} <= set(seconds)
+    parts = seconds["parts"]
+    chosen = [part for part in parts if part.startswith("sampling -")]  # the negation at the chosen alpha
+    assert len(chosen) == 1 and chosen[0].endswith(" tau")
+    assert set(parts) == {"val perplexities", "test perplexities", "sampling theta_0", "sampling +tau", *chosen}
+    assert all(value > 0 for value in parts.values())
+
+
 def test_theta0s_scores_are_computed_once_whatever_asks_for_them(streamed, monkeypatch):
     """The bench scores three vectors on one evaluation: theta_0's perplexities and its sampling run once."""
     from editkit.runs.negate_lm import NegationEvaluation, negation_settings
