@@ -12,7 +12,7 @@ temporary directory unless ``--bank`` names one, so the vector is fine-tuned as 
 - the rest of the negation (the toxicity scorer, the checks), and the whole wall time of the process.
 
 theta_0's continuations come from the sample cache when it holds them: ``--cold-samples`` empties it first
-(``<cache>/samples``), as on a machine that never sampled them.
+(``<derived cache>/samples``), as on a machine that never sampled them.
 
     python benchmarks/negate_parts.py [--scenario toxic] [--bank DIR] [--steps N] [--cold-samples]
                                       [--json runs/negate_parts.json]
@@ -32,7 +32,7 @@ STARTED = time.perf_counter()  # before torch and editkit are imported: a user's
 from editkit.eval import sample_cache  # noqa: E402
 from editkit.runs.negate_lm import negate_scenario  # noqa: E402
 from editkit.scenario.spec import load_scenario  # noqa: E402
-from editkit.settings import cache_dir  # noqa: E402
+from editkit.settings import derived_cache_dir  # noqa: E402
 from editkit.train.runtime import default_runtime  # noqa: E402
 from editkit.train.timing import PARTS, profiled  # noqa: E402
 from editkit.util.memory import keep_freed_memory  # noqa: E402
@@ -63,7 +63,7 @@ def main() -> None:
     spec = load_scenario(args.scenario)
     with tempfile.TemporaryDirectory(prefix="editkit-negate-parts-") as scratch:
         if args.cold_samples:
-            shutil.rmtree(cache_dir() / sample_cache.FOLDER, ignore_errors=True)
+            shutil.rmtree(derived_cache_dir() / sample_cache.FOLDER, ignore_errors=True)
         with profiled() as runs:
             report = negate_scenario(spec, spec.task_names[0], args.bank or Path(scratch) / "bank",
                                      runtime=default_runtime(), steps=args.steps)

@@ -5,7 +5,8 @@ user can see here everything that changes editkit's behaviour from outside:
 
 | variable | meaning | default |
 |---|---|---|
-| ``EDITKIT_CACHE`` | pinned downloads, dataset caches, cached heads, theta_0's prefix states and samples | ``~/.cache/editkit`` |
+| ``EDITKIT_CACHE`` | pinned downloads, dataset caches, cached heads | ``~/.cache/editkit`` |
+| ``EDITKIT_DERIVED_CACHE`` | what theta_0 alone computed: prefix states, sampled continuations | ``$EDITKIT_CACHE`` |
 | ``EDITKIT_DATA`` | root of on-disk datasets (vision8, ImageNet) | unset |
 | ``EDITKIT_IMAGENET`` | a local ImageNet validation copy | unset |
 | ``EDITKIT_CLIP_CACHE`` | CLIP weights | open_clip's (HF hub cache) |
@@ -21,6 +22,7 @@ import os
 from pathlib import Path
 
 CACHE_ENV = "EDITKIT_CACHE"
+DERIVED_CACHE_ENV = "EDITKIT_DERIVED_CACHE"
 DATA_ENV = "EDITKIT_DATA"
 IMAGENET_ENV = "EDITKIT_IMAGENET"
 CLIP_CACHE_ENV = "EDITKIT_CLIP_CACHE"
@@ -47,6 +49,14 @@ def _truthy(value: str | None) -> bool:
 def cache_dir() -> Path:
     """The cache root (created on demand): ``$EDITKIT_CACHE`` if set and non-empty, else ``~/.cache/editkit``."""
     root = _path(CACHE_ENV) or Path.home() / ".cache" / "editkit"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def derived_cache_dir() -> Path:
+    """Where what theta_0 alone computed is kept (``editkit.core.derived_cache``): ``$EDITKIT_DERIVED_CACHE`` if set
+    and non-empty, else the cache root. Apart from the downloads, so it can be cleared, or kept per test, alone."""
+    root = _path(DERIVED_CACHE_ENV) or cache_dir()
     root.mkdir(parents=True, exist_ok=True)
     return root
 

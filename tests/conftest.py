@@ -12,6 +12,16 @@ import pytest
 from helpers import models
 
 
+@pytest.fixture(autouse=True)
+def derived_cache(tmp_path_factory, monkeypatch):
+    """Each test starts with nothing theta_0 computed on disk (prefix states, samples): a test that counts the
+    work it causes must not find it done by another test, or by a run on this machine, and no test writes
+    into the user's cache. Tests of that cache point it elsewhere themselves."""
+    from editkit import settings
+
+    monkeypatch.setenv(settings.DERIVED_CACHE_ENV, str(tmp_path_factory.mktemp("derived-cache")))
+
+
 @pytest.fixture
 def make_mlp():
     """The MLP factory, :func:`helpers.models.mlp`: tests pick its sizes, BatchNorm and seed."""

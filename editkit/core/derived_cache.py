@@ -2,9 +2,10 @@
 
 theta_0 is the same model in every run of a scenario, so what it alone computes (a frozen prefix's hidden states of
 a text, its sampled continuations of a prompt set) is the same each time; yet each run computed it again. An entry is
-``<cache>/<folder>/<sha256 of its key><suffix>``, and its file holds the key itself. It is read only when that stored
-key equals the one asked for and the entry checks out (its own ``load`` says so); anything else (another key, a torn
-or edited file) is computed again and the entry rewritten whole (written beside, then renamed), never trusted.
+``<folder>/<sha256 of its key><suffix>`` under :func:`~editkit.settings.derived_cache_dir`, and its file holds the
+key itself. It is read only when that stored key equals the one asked for and the entry checks out (its own ``load``
+says so); anything else (another key, a torn or edited file) is computed again and the entry rewritten whole
+(written beside, then renamed), never trusted.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from editkit.settings import cache_dir
+from editkit.settings import derived_cache_dir
 from editkit.util.atomic import atomic_path
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ def as_stored(key: dict[str, Any]) -> dict[str, Any]:
 
 
 def entry_path(folder: str, key: dict[str, Any], suffix: str) -> Path:
-    return cache_dir() / folder / f"{digest(key)}{suffix}"
+    return derived_cache_dir() / folder / f"{digest(key)}{suffix}"
 
 
 def cached(folder: str, suffix: str, key: dict[str, Any], compute: Callable[[], T], *,

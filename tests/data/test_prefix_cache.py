@@ -31,7 +31,7 @@ def _backbone(seed: int = 0, blocks: int = 2):
 @pytest.fixture
 def passes(monkeypatch, tmp_path):
     """The cache in a fresh directory, and the number of blocks each real prefix pass computed."""
-    monkeypatch.setenv(settings.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(settings.DERIVED_CACHE_ENV, str(tmp_path / "cache"))
     made: list[int] = []
     real = text.prefix_states
 

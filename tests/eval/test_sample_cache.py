@@ -43,7 +43,7 @@ def backbone():
 @pytest.fixture
 def calls(monkeypatch, tmp_path):
     """The cache in a fresh directory, and the list of real samplings made (their prompt lists)."""
-    monkeypatch.setenv(settings.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(settings.DERIVED_CACHE_ENV, str(tmp_path / "cache"))
     made: list[list[str]] = []
     real = lm_negation.sample_continuations
 
