@@ -58,7 +58,8 @@ def perplexity_by_group(logits_of: Callable[[Any], torch.Tensor], batches: Itera
 
 def _exp_mean(totals: Iterable[tuple[float, int]]) -> float:
     """``exp(total nll / total tokens)`` of (nll, tokens) pairs."""
-    nll, tokens = map(sum, zip(*totals)) if totals else (0.0, 0)
+    totals = list(totals)
+    nll, tokens = sum(t[0] for t in totals), sum(t[1] for t in totals)
     if tokens == 0:
         raise ConfigError("perplexity needs at least one predicted token; the split is empty or all padding")
     return math.exp(nll / tokens)
