@@ -9,9 +9,12 @@ Sources are *unlabeled* views of other tasks' train splits: ``UnlabeledSource``
 holds an inputs tensor only, so the penalty path has no way to read a label.
 ``LazyUnlabeledSource`` serves datasets too big to hold in memory (vision8): it
 samples indices the same way and loads and preprocesses only the sampled items,
-through an inputs-only accessor. Schedules (paper Eq. 10/11): ``cyclic`` draws one
-batch from source ``step % n_sources`` per step; ``strict`` draws one batch from
-every source and averages their penalties.
+through an inputs-only accessor. Schedules (:data:`ROWS_PER_SOURCE`; paper Eq. 10/11):
+``cyclic`` draws one batch from source ``step % n_sources`` per step; ``strict``
+draws one batch from every source and averages their penalties; ``mixed`` spreads
+the rows of one batch over every source (row ``j`` of step ``s`` from source
+``(s * batch + j) % n_sources``) and averages their penalties: strict's every-task
+signal at cyclic's row count.
 
 Under data parallelism (see ``editkit.train.runtime``) every process draws the same
 global reg batch and keeps its contiguous slice (``shard=(rank, world_size)``);
@@ -36,6 +39,26 @@ from editkit.util.sharding import shard_bounds
 log = logging.getLogger(__name__)
 
 Shard = tuple[int, int]  # (rank, world size)
+
+
+def _cyclic_rows(step: int, sources: int, size: int) -> list[int]:
+    return [size if i == step % sources else 0 for i in range(sources)]
+
+
+def _strict_rows(step: int, sources: int, size: int) -> list[int]:
+    return [size] * sources
+
+
+def _mixed_rows(step: int, sources: int, size: int) -> list[int]:
+    rows = [0] * sources
+    for j in range(size):
+        rows[(step * size + j) % sources] += 1
+    return rows
+
+
+#: Each schedule's rows per source at a step: ``f(step, n_sources, batch_size) -> [rows of source i]``.
+ROWS_PER_SOURCE: dict[str, Callable[[int, int, int], list[int]]] = {
+    "cyclic": _cyclic_rows, "strict": _strict_rows, "mixed": _mixed_rows}
 
 
 def _shard(index: list[int], shard: Shard | None) -> list[int]:
@@ -83,12 +106,12 @@ class UnlabeledSource:
         """Inputs at ``index`` as one batch."""
         return self.inputs[index]
 
-    def upcoming(self, size: int, draws: int) -> list[int]:
-        """The indices the next ``draws`` draws of ``size`` will take, without taking them: the seeded order
+    def upcoming(self, sizes: Iterable[int]) -> list[int]:
+        """The indices the next draws, of ``sizes`` each, will take, without taking them: the seeded order
         is replayed and put back, so the draws themselves are unchanged."""
         state, order = self._generator.get_state(), list(self._order)
         try:
-            return [i for _ in range(draws) for i in self.next_indices(size)]
+            return [i for size in sizes for i in self.next_indices(size)]
         finally:
             self._generator.set_state(state)
             self._order = order
@@ -241,11 +264,11 @@ class Regularizer:
     measure: str = "features"
 
     def __post_init__(self) -> None:
-        if self.schedule not in ("cyclic", "strict"):
+        if self.schedule not in ROWS_PER_SOURCE:
             raise ValueError(f"unknown schedule {self.schedule!r}")
         if self.measure not in ("features", "logits", "distribution"):
             raise ValueError(f"unknown penalty measure {self.measure!r}")
-        if self.shard is not None and self.shard[1] > 1 and self.batch_size < self.shard[1]:
+        if self._sharded and self.batch_size < self.shard[1]:
             raise ConfigError(
                 f"a reg batch of {self.batch_size} cannot be split over {self.shard[1]} processes; "
                 f"raise reg_batch to at least {self.shard[1]}"
@@ -257,40 +280,47 @@ class Regularizer:
         return any(getattr(source, "lazy", False) for source in self.sources)
 
     @property
+    def _sharded(self) -> bool:
+        """Whether each process keeps a slice of every reg batch. Not under ``mixed``: its batches per source
+        are a row or two, fewer than the processes, so each process scores all of them (a few rows beside its
+        task batch) and averaging gradients over processes gives the single-process penalty unweighted."""
+        return self.shard is not None and self.shard[1] > 1 and self.schedule != "mixed"
+
+    @property
     def _shard_weight(self) -> float:
-        if self.shard is None or self.shard[1] == 1:
+        if not self._sharded:
             return 1.0
         start, stop = shard_bounds(self.batch_size, *self.shard)
         return (stop - start) * self.shard[1] / self.batch_size
 
-    def _draw(self, source: UnlabeledSource) -> Any:
-        if self.shard is None or self.shard[1] == 1:
-            return source.next_batch(self.batch_size)
-        return source.next_batch(self.batch_size, shard=self.shard)
+    def _draw(self, source: UnlabeledSource, size: int) -> Any:
+        return source.next_batch(size, shard=self.shard if self._sharded else None)
 
     @property
     def active(self) -> bool:
         return self.lam > 0 and len(self.sources) > 0
 
-    def _drawn_at(self, step: int) -> Sequence[UnlabeledSource]:
-        """The sources step ``step`` draws from: one in turn (cyclic) or all (strict); none when inactive."""
+    def _drawn_at(self, step: int) -> list[tuple[UnlabeledSource, int]]:
+        """(source, rows) for each source step ``step`` draws from: one in turn (cyclic), all (strict), or the
+        rows of one batch spread over all in turn (mixed); none when inactive."""
         if not self.active:
             return []
-        return [self.sources[step % len(self.sources)]] if self.schedule == "cyclic" else self.sources
+        rows = ROWS_PER_SOURCE[self.schedule](step, len(self.sources), self.batch_size)
+        return [(source, count) for source, count in zip(self.sources, rows) if count]
 
     def batches(self, step: int) -> list[Any]:
-        """The reg batches of one step (empty when inactive)."""
-        return [self._draw(source) for source in self._drawn_at(step)]
+        """The reg batches of one step, one per source drawn from (empty when inactive)."""
+        return [self._draw(source, size) for source, size in self._drawn_at(step)]
 
     def prepare(self, steps: int) -> None:
         """Let every source prepare the inputs that steps 0..steps-1 will draw from it (see
         :meth:`UnlabeledSource.prepare`); nothing is drawn, so the draws are those of an unprepared run."""
-        draws = [0] * len(self.sources)
+        sizes: dict[int, list[int]] = {id(source): [] for source in self.sources}
         for step in range(steps):
-            for source in self._drawn_at(step):
-                draws[self.sources.index(source)] += 1
-        for source, count in zip(self.sources, draws):
-            source.prepare(source.upcoming(self.batch_size, count))
+            for source, size in self._drawn_at(step):
+                sizes[id(source)].append(size)
+        for source in self.sources:
+            source.prepare(source.upcoming(sizes[id(source)]))
 
     def skip(self, steps: int) -> None:
         """Advance the sources past the draws of ``steps`` steps without loading anything.
@@ -300,8 +330,8 @@ class Regularizer:
         later tasks are penalised on the batches a run without the interruption would use.
         """
         for step in range(steps):
-            for source in self._drawn_at(step):
-                source.next_indices(self.batch_size)
+            for source, size in self._drawn_at(step):
+                source.next_indices(size)
 
     @property
     def on_logits(self) -> bool:

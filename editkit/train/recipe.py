@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # the penalty runs on torch; the recipe is read by commands t
 
     from editkit.core.taujp import Regularizer, Shard, UnlabeledSource
 
-SCHEDULES = ("cyclic", "strict")
+SCHEDULES = ("cyclic", "strict", "mixed")  # as editkit.core.taujp.ROWS_PER_SOURCE implements them
 SCOPES = ("seen", "all")
 PENALTY_TARGETS = ("features", "logits", "distribution")
 #: Fields only the tauJp penalty reads: a mode without the penalty trains the same vector whatever they are.
@@ -63,7 +63,8 @@ class Recipe:
     lam: float = field(default=0.1, metadata={"help": "tauJp weight lambda."})
     schedule: str = choice("cyclic", SCHEDULES,
                            "tauJp schedule: cyclic draws one batch from one penalty source per step, in turn; "
-                           "strict draws one batch from every source and averages their penalties.")
+                           "strict draws one batch from every source and averages their penalties; mixed spreads "
+                           "one batch's rows over every source in turn and averages their penalties.")
     scope: str = choice("seen", SCOPES, "Penalty sources: seen = the tasks earlier in the stream (incremental); "
                         "all = every other task of the scenario (joint).")
     reg_batch: int | None = field(default=None, metadata={

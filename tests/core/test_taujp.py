@@ -131,6 +131,27 @@ def test_strict_draws_one_batch_from_every_source():
         assert all(b.shape == (5, 2) for b in batches)
 
 
+def test_mixed_spreads_one_batch_over_every_source_in_turn():
+    """Row j of step s comes from source (s * 4 + j) % 3: 4 rows a step, each source 4 rows every 3 steps."""
+    reg = Regularizer(constant_sources(3), lam=0.1, schedule="mixed", batch_size=4)
+    rows = [[(source_id(b), len(b)) for b in reg.batches(step)] for step in range(3)]
+    assert rows == [[(0, 2), (1, 1), (2, 1)], [(0, 1), (1, 2), (2, 1)], [(0, 1), (1, 1), (2, 2)]]
+
+
+def test_mixed_with_fewer_rows_than_sources_takes_the_next_sources_each_step():
+    reg = Regularizer(constant_sources(3), lam=0.1, schedule="mixed", batch_size=2)
+    assert [[source_id(b) for b in reg.batches(step)] for step in range(3)] == [[0, 1], [0, 2], [1, 2]]
+    assert all(len(b) == 1 for step in range(3) for b in reg.batches(step))
+
+
+def test_mixed_with_one_source_draws_what_cyclic_does():
+    """A stream's first task (the generic source alone) trains the same vector under either schedule."""
+    mixed = Regularizer([index_source(9, 1)], lam=0.1, schedule="mixed", batch_size=4)
+    cyclic = Regularizer([index_source(9, 1)], lam=0.1, schedule="cyclic", batch_size=4)
+    for step in range(5):
+        assert [b.tolist() for b in mixed.batches(step)] == [b.tolist() for b in cyclic.batches(step)]
+
+
 @pytest.mark.parametrize("squared", [False, True])
 def test_strict_loss_is_lambda_times_mean_of_source_penalties(squared):
     reg = Regularizer(constant_sources(2), lam=0.25, schedule="strict", batch_size=2, squared=squared)
@@ -214,7 +235,7 @@ def test_a_restarted_source_samples_what_a_fresh_one_does(lazy):
     assert draw(used) == first == draw(make())
 
 
-@pytest.mark.parametrize("schedule", ["cyclic", "strict"])
+@pytest.mark.parametrize("schedule", ["cyclic", "strict", "mixed"])
 def test_skipping_steps_leaves_the_sources_where_drawing_them_would(schedule):
     """A resumed stream skips a banked task's draws: what follows must be what follows the real draws."""
     loads: list[int] = []
@@ -304,7 +325,7 @@ def test_fine_tune_taujp_never_reads_regularizer_labels(make_mlp):
         unlabeled_source(f"other{k}", label_trap_dataset(blobs(5, -torch.eye(2, 4) * (k + 1), k)[0]), seed=k)
         for k in range(2)
     ]
-    for schedule in ("cyclic", "strict"):
+    for schedule in ("cyclic", "strict", "mixed"):
         reg = Regularizer(sources, lam=0.5, schedule=schedule, batch_size=3)
         recipe = Recipe(mode="taujp", steps=2, batch_size=8, lr=1e-2, warmup=0, seed=0)
         result = fine_tune(copy.deepcopy(module), head, train, recipe, reg)
@@ -329,7 +350,7 @@ class Precomputing(TensorDataset):
         return super().__getitem__(index)
 
 
-@pytest.mark.parametrize("schedule", ["cyclic", "strict"])
+@pytest.mark.parametrize("schedule", ["cyclic", "strict", "mixed"])
 def test_prepare_encodes_what_the_steps_will_draw_and_draws_the_same(schedule):
     """The indices a run prepares are those its steps then load (past a source's first epoch), and preparing
     moves no source: the batches equal those of an unprepared twin."""
@@ -349,7 +370,7 @@ def test_prepare_encodes_what_the_steps_will_draw_and_draws_the_same(schedule):
 
 def test_an_eager_source_prepares_nothing_and_keeps_its_draws():
     source, twin = index_source(9, 2), index_source(9, 2)
-    assert source.upcoming(4, 5) == [int(v) for _ in range(5) for v in twin.next_batch(4).flatten().tolist()]
+    assert source.upcoming([4] * 5) == [int(v) for _ in range(5) for v in twin.next_batch(4).flatten().tolist()]
     source.prepare(range(9))
     assert source.next_indices(20) == index_source(9, 2).next_indices(20)
 

@@ -214,10 +214,26 @@ def test_a_parameter_without_gradient_is_refused_under_data_parallelism():
     mp.start_processes(_unused_worker, args=(2, _free_port()), nprocs=2, start_method="spawn")
 
 
+def test_every_process_scores_a_mixed_step_whole():
+    """Mixed reg batches are a row or two per source: not sliced, not weighted, so the mean of the processes'
+    gradients is the single-process penalty's."""
+    def mixed(shard=None) -> Regularizer:
+        sources = [UnlabeledSource(f"o{k}", torch.arange(6.0).unsqueeze(1) + 10 * k, seed=k) for k in range(3)]
+        return Regularizer(sources, schedule="mixed", batch_size=2, shard=shard)
+
+    alone, ranks = mixed(), [mixed((r, 4)) for r in range(4)]
+    for step in range(4):
+        expected = [b.tolist() for b in alone.batches(step)]
+        assert sum(len(b) for b in expected) == 2
+        assert all([b.tolist() for b in rank.batches(step)] == expected for rank in ranks)
+    tangent = torch.tensor([[3.0, 4.0]])
+    assert ranks[0].loss([tangent]).item() == pytest.approx(alone.loss([tangent]).item())
+
+
 def test_more_processes_than_a_reg_batch_is_refused():
     from editkit.errors import ConfigError
 
     with pytest.raises(ConfigError, match="reg_batch"):
-        Regularizer([UnlabeledSource("o", torch.zeros(4, 2))], batch_size=2, shard=(0, 4))
+        Regularizer([UnlabeledSource("o", torch.zeros(4, 2))], schedule="cyclic", batch_size=2, shard=(0, 4))
     with pytest.raises(ConfigError, match="cannot be split"):
         GlobalBatchSampler(10, 3, world_size=4)
