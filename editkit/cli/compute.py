@@ -462,7 +462,8 @@ def bench(
     import time
 
     from editkit.runs.bench.run import run_bench
-    from editkit.runs.bench.tables import addition_table, claims_table, cost_table, negation_table, taujp_table, xi_table
+    from editkit.runs.bench.tables import (addition_table, claims_table, cost_table, negation_table, seed_cost_table,
+                                           taujp_table, xi_table)
     from editkit.cli.console import RichProgress, console
     from editkit.runs.stream import process_runtime
 
@@ -481,18 +482,27 @@ def bench(
     with process_runtime(**runtime_options) as runtime:
         result = run_bench(config, runtime=runtime, progress=RichProgress())
     report = result.report
-    for build in (addition_table, negation_table, taujp_table, xi_table, cost_table):
-        console.print(build(report))
-    corr = report["taujp"]["correlation"]
-    console.print(f"[bold]τJp ↔ normalized accuracy:[/bold] pearson r = "
-                  f"{'n/a' if corr['pearson'] is None else format(corr['pearson'], '.3f')}, spearman ρ = "
-                  f"{'n/a' if corr['spearman'] is None else format(corr['spearman'], '.3f')} over {corr['n']} task pairs × modes")
+    if "seeds" in report:
+        for build in (addition_table, seed_cost_table):
+            console.print(build(report))
+    else:
+        for build in (addition_table, negation_table, taujp_table, xi_table, cost_table):
+            console.print(build(report))
+        corr = report["taujp"]["correlation"]
+        console.print(f"[bold]τJp ↔ normalized accuracy:[/bold] pearson r = "
+                      f"{'n/a' if corr['pearson'] is None else format(corr['pearson'], '.3f')}, spearman ρ = "
+                      f"{'n/a' if corr['spearman'] is None else format(corr['spearman'], '.3f')} over {corr['n']} "
+                      "task pairs × modes")
     claims = claims_table(report)
     if claims is not None:
         console.print(claims)
-    trained = {m: len(c["trained_now"]) for m, c in report["cost"].items()}
-    console.print(f"vectors trained now: {', '.join(f'{m} {n}' for m, n in trained.items())}  "
-                  f"(others reused from {config.bank_root})   {time.perf_counter() - start:.0f} s")
+    if "seeds" in report:
+        console.print(f"seeds {', '.join(map(str, report['seeds']))}: each seed's full report in "
+                      f"{', '.join(report['runs'].values())}   {time.perf_counter() - start:.0f} s")
+    else:
+        trained = {m: len(c["trained_now"]) for m, c in report["cost"].items()}
+        console.print(f"vectors trained now: {', '.join(f'{m} {n}' for m, n in trained.items())}  "
+                      f"(others reused from {config.bank_root})   {time.perf_counter() - start:.0f} s")
     console.print(f"report: {result.report_path}   plots: {', '.join(report['plots'].values())}")
 
 

@@ -25,7 +25,8 @@ from editkit.cli import app
 from editkit.scenario import build as scenario_mod, spec as scenario_spec
 from editkit.models.backbone import state_fingerprint
 from editkit.bank.store import Bank
-from editkit.runs.bench.run import BenchConfig, parse_names, verdict
+from editkit.runs.bench.claims import verdict
+from editkit.runs.bench.run import BenchConfig, parse_names
 from editkit.merge.coefficients import alpha_grid, search_alpha, select_alpha, select_negation_alpha
 from editkit.eval.diagnostics import taujp_matrix
 from editkit.errors import ConfigError
@@ -434,6 +435,46 @@ def test_second_run_reuses_the_banks(bench_run):
     assert again["claims"] is None  # no tauJp row to judge
 
 
+@pytest.mark.slow
+def test_a_bench_over_two_seeds_reuses_the_first_and_reports_means_spreads_and_paired_claims(bench_run):
+    """--seeds 2: seed 0 is the one-seed bench's (its banks reused), seed 1 trains beside it; every aggregated
+    number is recomputed here from the two seeds' own reports."""
+    root, scenario, _, report = bench_run
+    args = bench_args(scenario, root, "--modes", "linear,taujp", "--methods", "task-arithmetic,ties", "--seeds", "2")
+    args[args.index("--run-dir") + 1] = str(root / "run-seeds")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    over = json.loads((root / "run-seeds" / "report.json").read_text())
+    assert over["seeds"] == [0, 1]
+    seeds = [json.loads((root / "run-seeds" / f"seed-{s}" / "report.json").read_text()) for s in (0, 1)]
+    assert seeds[0]["cost"]["taujp"]["trained_now"] == []  # the one-seed bench's banks
+    assert seeds[1]["cost"]["taujp"]["trained_now"] == TASKS
+    assert Bank(root / "banks" / "seed-1" / f"{report['scenario']}-taujp").names() == TASKS
+    first = {(r["method"], r["variant"], r["coefficient"]): r for r in report["addition"]["rows"]}
+    for row in seeds[0]["addition"]["rows"]:
+        assert row == first[(row["method"], row["variant"], row["coefficient"])]
+    assert seeds[1]["addition"]["rows"] != seeds[0]["addition"]["rows"]  # another seed, other vectors
+    for k, row in enumerate(over["addition"]["rows"]):
+        values = [s["addition"]["rows"][k]["absolute"] for s in seeds]
+        assert row["absolute"] == pytest.approx(np.mean(values))
+        assert row["spread"]["absolute"]["std"] == pytest.approx(np.std(values, ddof=1))
+    ours = [next(r for r in s["addition"]["rows"] if (r["method"], r["mode"], r["coefficient"]) ==
+                 ("task-arithmetic", "taujp", "1.0")) for s in seeds]
+    claim = over["claims"]["vs_baselines"]["absolute"]
+    against = (claim["against"]["method"], claim["against"]["variant"], "tuned")
+    theirs = [next(r for r in s["addition"]["rows"] if (r["method"], r["variant"], r["coefficient"]) == against)
+              for s in seeds]
+    differences = [o["absolute"] - t["absolute"] for o, t in zip(ours, theirs)]
+    assert claim["differences"] == pytest.approx(differences)
+    error = abs(differences[0] - differences[1]) / 2  # sample std of two values over sqrt(2)
+    assert claim["margin"] == pytest.approx(max(0.005, 2 * error))
+    assert over["cost"]["taujp"]["steady_over_linear"]["values"] == [s["cost"]["taujp"]["steady_over_linear"]
+                                                                     for s in seeds]
+    assert " ± " in result.output and "means over 2 seeds" in " ".join(result.output.split())
+    with Image.open(root / "run-seeds" / over["plots"]["seeds"]) as image:
+        assert image.size[0] > 200
+
+
 # --- refusals: one red line, nothing written --------------------------------------------------
 
 
@@ -457,6 +498,7 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path):
     refused(base + ["--modes", "linear,lienar"], "lienar")
     refused(base + ["--methods", "ties,magmaxx"], "magmaxx")
     refused(base + ["--grid", "0"], "empty")
+    refused(base + ["--seeds", "0"], "at least 1")
     refused(base + ["--grid", "1"], "at least 2")
     refused(base + ["--negation-grid", "0"], "empty")
     refused(base + ["--negation-max", "0"], "positive")

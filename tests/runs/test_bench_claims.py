@@ -7,7 +7,9 @@ import pytest
 from rich.console import Console
 
 from editkit.errors import ConfigError
-from editkit.runs.bench.run import METHOD_LABELS, BenchConfig, claims, verdict
+from editkit.runs.bench.claims import claims, verdict
+from editkit.runs.bench.run import METHOD_LABELS, BenchConfig
+from editkit.runs.bench.seeds import aggregate, mean_rows, seed_bank_root, seed_list, spread
 from editkit.runs.bench.tables import claims_table
 
 MARGIN = 0.005  # 0.5 points
@@ -17,7 +19,7 @@ def row(method: str, mode: str | None, coefficient: str | None, absolute: float,
         alpha: float | None = 1.0, adapter: str | None = None) -> dict:
     return {"method": method, "label": METHOD_LABELS[method], "mode": mode,
             "variant": f"{mode}-{adapter}" if adapter else mode, "coefficient": coefficient,
-            "alpha": alpha, "absolute": absolute, "normalized": normalized}
+            "alpha": alpha, "absolute": absolute, "normalized": normalized, "per_task": {"a": absolute}}
 
 
 def rows(*, baseline: tuple[float, float], variant: tuple[float, float]) -> list[dict]:
@@ -96,8 +98,8 @@ def test_the_table_shows_each_verdict_with_its_difference_and_the_margin():
     assert "a difference within ±0.50 points is a tie" in " ".join(text.split())  # the title, wrapped
     lines = {tuple(c.strip() for c in line.strip().strip("│").split("│")) for line in text.splitlines()
              if line.count("│") >= 2}
-    assert ("baseline", "absolute", "79.4", "78.4", "TIES-merging (linear, α=0.80)", "+1.00", "ahead") in lines
-    assert ("τJp variant", "normalized", "96.2", "96.3", "task arithmetic (taujp-nonlinear, α=0.55)", "-0.09",
+    assert ("baseline", "absolute", "79.4", "78.4", "TIES-merging (linear, α=0.80)", "+1.00", "0.50", "ahead") in lines
+    assert ("τJp variant", "normalized", "96.2", "96.3", "task arithmetic (taujp-nonlinear, α=0.55)", "-0.09", "0.50",
             "tie") in lines
     assert claims_table({"claims": None}) is None
 
@@ -106,3 +108,72 @@ def test_the_table_shows_each_verdict_with_its_difference_and_the_margin():
 def test_a_margin_outside_0_1_is_refused(margin):
     with pytest.raises(ConfigError, match="claim margin"):
         BenchConfig(claim_margin=margin).validated()
+
+
+# --- over seeds: means, spreads and a margin of two standard errors ---------------------------------------------
+
+
+def seed_rows(ours: float, baseline: float) -> list[dict]:
+    """One seed's rows: tauJp at alpha = 1 and the one baseline, both with normalized = absolute + 0.1."""
+    return [row("task-arithmetic", "taujp", "1.0", ours, ours + 0.1),
+            row("ties", "linear", "tuned", baseline, baseline + 0.1, alpha=0.8)]
+
+
+def test_spread_is_the_mean_and_sample_standard_deviation():
+    numbers = spread([0.70, 0.74, 0.78])
+    assert numbers["mean"] == pytest.approx(0.74) and numbers["std"] == pytest.approx(0.04)  # sqrt(0.0032 / 2)
+    assert spread([0.7]) == {"mean": 0.7, "std": 0.0, "values": [0.7]}
+    assert spread([0.7, None]) is None
+
+
+def test_a_mean_lead_inside_two_standard_errors_is_a_tie_and_outside_it_a_lead():
+    # differences +3, -1, +1 points: mean +1, sample std 2, standard error 2 / sqrt(3) = 1.155 -> margin 2.31 points
+    noisy = [seed_rows(0.80, 0.77), seed_rows(0.78, 0.79), seed_rows(0.80, 0.79)]
+    judged = claims(mean_rows(noisy), MARGIN, noisy)
+    comparison = judged["vs_baselines"]["absolute"]
+    assert comparison["difference"] == pytest.approx(0.01)
+    assert comparison["differences"] == pytest.approx([0.03, -0.01, 0.01])
+    assert comparison["standard_error"] == pytest.approx(0.02 / 3 ** 0.5)
+    assert comparison["margin"] == pytest.approx(2 * 0.02 / 3 ** 0.5) and comparison["verdict"] == "tie"
+    assert judged["seeds"] == 3 and judged["margin"] == MARGIN
+    # the same 1-point mean lead, every seed alike: the spread is 0 and the fixed margin rules: ahead
+    steady = [seed_rows(0.80, 0.79)] * 3
+    comparison = claims(mean_rows(steady), MARGIN, steady)["vs_baselines"]["absolute"]
+    assert comparison["standard_error"] == 0.0 and comparison["margin"] == MARGIN and comparison["verdict"] == "ahead"
+
+
+def test_mean_rows_keep_every_seeds_numbers_and_the_tuned_alphas():
+    per_seed = [seed_rows(0.80, 0.70), seed_rows(0.70, 0.72)]
+    per_seed[1][1]["alpha"] = 0.6
+    rows = mean_rows(per_seed)
+    assert rows[0]["absolute"] == pytest.approx(0.75) and rows[0]["spread"]["absolute"]["values"] == [0.80, 0.70]
+    assert rows[0]["spread"]["normalized"]["mean"] == pytest.approx(0.85)
+    assert rows[1]["alphas"] == [0.8, 0.6] and rows[1]["alpha"] == pytest.approx(0.7)
+    with pytest.raises(ConfigError, match="disagree"):
+        mean_rows([seed_rows(0.8, 0.7), seed_rows(0.8, 0.7)[:1]])
+
+
+def test_seeds_follow_the_recipe_seed_and_only_later_ones_get_banks_of_their_own(tmp_path):
+    assert seed_list(4, 3) == [4, 5, 6]
+    assert seed_bank_root(tmp_path, 4, first=4) == tmp_path
+    assert seed_bank_root(tmp_path, 6, first=4) == tmp_path / "seed-6"
+    with pytest.raises(ConfigError, match="at least 1"):
+        BenchConfig(seeds=0).validated()
+
+
+def test_the_seed_table_shows_mean_and_std_and_the_widened_margin():
+    from editkit.runs.bench.tables import addition_table
+
+    noisy = [seed_rows(0.80, 0.77), seed_rows(0.78, 0.79), seed_rows(0.80, 0.79)]
+    reports = [{"scenario": "s", "backbone": "b", "tasks": [], "modes": [], "methods": [], "cost": {},
+                "addition": {"rows": rows}, "timings": {"total_seconds": 1.0}}
+               for rows in noisy]
+    report = aggregate(reports, [0, 1, 2], ["r0", "r1", "r2"], MARGIN)
+    console = Console(width=300, record=True)
+    console.print(addition_table(report))
+    console.print(claims_table(report))
+    text = console.export_text()
+    assert "79.3 ± 1.2" in text and "78.3 ± 1.2" in text  # tauJp 80, 78, 80; TIES 77, 79, 79
+    assert "means over 3 seeds" in " ".join(text.split())
+    assert any(cells[-3:] == ["+1.00", "2.31", "tie"] for cells in (
+        [c.strip() for c in line.strip().strip("│").split("│")] for line in text.splitlines()))

@@ -167,16 +167,40 @@ def plot_negation(report: Mapping[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
+def plot_seeds(report: Mapping[str, Any], path: Path) -> Path:
+    """A bench over seeds: each row the claims weigh (tauJp at alpha = 1, every method at its tuned coefficient)
+    as its mean ± std, each seed a dot, on absolute and normalized accuracy."""
+    plt = pyplot()
+    rows = [r for r in report["addition"]["rows"] if r["coefficient"] == "tuned"
+            or (r["method"] == "task-arithmetic" and r["mode"] == "taujp" and r["coefficient"] == "1.0")]
+    names = [f"{r['label']} ({r['variant']}, {'α=1' if r['coefficient'] == '1.0' else 'tuned'})" for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.28 * len(rows) + 1.6), sharey=True)
+    for ax, key in zip(axes, ("absolute", "normalized")):
+        for y, row in enumerate(rows):
+            numbers = row["spread"][key]
+            ax.errorbar(numbers["mean"], y, xerr=numbers["std"], fmt="o", color=_color(row["variant"]), capsize=3)
+            ax.plot(numbers["values"], [y] * len(numbers["values"]), "x", color="black", alpha=0.5, markersize=4)
+        ax.set(title=f"{key} test accuracy", xlabel="mean ± std over seeds (× each seed)")
+    axes[0].set_yticks(range(len(rows)), names, fontsize=7)
+    fig.suptitle(f"{report['scenario']}: seeds {', '.join(map(str, report['seeds']))}")
+    return _save(fig, path)
+
+
+#: The figures of a one-seed bench report, and of one over seeds.
+PAINTERS = {
+    "alpha_curves": plot_alpha_curves,
+    "incremental": plot_incremental,
+    "taujp_matrix": plot_taujp_matrices,
+    "taujp_correlation": plot_correlation,
+    "xi": plot_xi,
+    "negation": plot_negation,
+}
+SEED_PAINTERS = {"seeds": plot_seeds}
+
+
 def render_all(report: Mapping[str, Any], directory: Path) -> dict[str, str]:
     """Draw every figure into ``directory`` as ``<figure>.png``; {figure: file name} (relative to the run directory)."""
-    painters = {
-        "alpha_curves": plot_alpha_curves,
-        "incremental": plot_incremental,
-        "taujp_matrix": plot_taujp_matrices,
-        "taujp_correlation": plot_correlation,
-        "xi": plot_xi,
-        "negation": plot_negation,
-    }
+    painters = SEED_PAINTERS if "seeds" in report else PAINTERS
     out = {}
     for key, painter in painters.items():
         out[key] = f"{key}.png"

@@ -23,7 +23,10 @@ recipes and parameter shapes before any training starts). Then, on the banked ve
   a grid for one task pair;
 - **cost**: fine-tuning time, seconds per step, peak RSS, merging time;
 - **claims**: tauJp at alpha = 1 against the best baseline and, apart, the best tauJp variant, each
-  ahead, tied or behind by more than ``claim_margin``.
+  ahead, tied or behind by more than ``claim_margin`` (:mod:`editkit.runs.bench.claims`).
+
+``seeds`` > 1 runs all of it once per seed and reports each row as mean ± std, the claims with a margin of
+at least two standard errors (:mod:`editkit.runs.bench.seeds`).
 
 Everything lands in ``<run-dir>/report.json`` and PNGs, written only at the end
 (plots rendered into a temporary directory, moved into place, then the report
@@ -69,6 +72,8 @@ from editkit.eval.accuracy import AdditionSummary, addition_summary
 from editkit.eval.diagnostics import correlation, disentanglement_error, off_diagonal, pair_interference
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world, BANKS_DIR, DEFAULT_SCENARIO
 from editkit.train.runtime import Runtime, setup
+from editkit.runs.bench.claims import claims
+from editkit.runs.bench.seeds import aggregate, seed_bank_root, seed_list
 from editkit.runs.edit import CONTROLS
 from editkit.runs.loggers import LOGGERS, parse_loggers
 from editkit.runs.records import StepRecord, StreamResult
@@ -166,8 +171,13 @@ class BenchConfig:
         "help": "Negation: control accuracy to keep, as a fraction of the pretrained model's, when tuning alpha."})
     claim_margin: float = field(default=0.005, metadata={
         "help": "Accuracy difference (a fraction: 0.005 is 0.5 points) within which the report calls tauJp and "
-                "the best baseline or variant tied rather than ahead or behind: the bench runs one seed, so it "
-                "has no spread of its own to tell smaller differences from noise."})
+                "the best baseline or variant tied rather than ahead or behind: one seed has no spread of its own "
+                "to tell smaller differences from noise; over --seeds the margin is at least two standard errors "
+                "of the difference."})
+    seeds: int = field(default=1, metadata={
+        "help": "Run every stream with N seeds (the recipe's seed, +1, ...; each seed's report in "
+                "<run-dir>/seed-<s>/, its banks beside the first seed's in <bank-root>/seed-<s>/) and report "
+                "every row as mean ± std over them."})
     xi_pair: Sequence[str] | None = field(default=None, metadata={
         "help": "Task pair 'a,b' for the disentanglement error (default: the first two tasks)."})
     control: str = choice("auto", CONTROLS, "Negation control set: auto (ImageNet validation when the scenario "
@@ -214,6 +224,7 @@ class BenchConfig:
             raise ConfigError(f"negation control retention must be in [0, 1], got {self.negation_retain}")
         if not 0.0 <= self.claim_margin < 1.0:
             raise ConfigError(f"the claim margin is an accuracy difference in [0, 1), got {self.claim_margin}")
+        seed_list(0, int(self.seeds))  # at least one
         if not list(self.xi_grid):
             raise ConfigError("the xi grid is empty")
         if self.xi_samples < 1 or self.batch_size < 1:
@@ -232,7 +243,7 @@ class BenchConfig:
             negation_alphas=tuple(negation_alphas), negation_max=max(negation_alphas), ties_k=float(self.ties_k),
             negation_retain=float(self.negation_retain), claim_margin=float(self.claim_margin), xi_pair=pair,
             xi_grid=tuple(float(a) for a in self.xi_grid), xi_samples=int(self.xi_samples),
-            batch_size=int(self.batch_size),
+            batch_size=int(self.batch_size), seeds=int(self.seeds),
         )
 
     def variants(self, base: Recipe) -> dict[str, dict[str, Any]]:
@@ -400,6 +411,8 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
         raise ConfigError("editkit bench runs in one process; start it without torchrun")
     runtime = runtime or setup()
     spec = load_scenario(config.scenario)
+    if config.seeds > 1:
+        return _run_seeds(config, spec, runtime, progress)
     if len(spec.tasks) < 2:
         raise ConfigError(f"scenario {spec.name!r} has {len(spec.tasks)} task; bench merges vectors and needs at least 2")
     tasks = spec.task_names
@@ -476,6 +489,25 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     report["timings"] = timings
     _write_outputs(report, run_dir)
     log.info("bench %s done in %.0f s; report %s", spec.name, timings["total_seconds"], run_dir / "report.json")
+    return BenchResult(report, run_dir)
+
+
+def _run_seeds(config: BenchConfig, spec, runtime: Runtime, progress: Progress) -> BenchResult:
+    """One whole bench per seed (:mod:`editkit.runs.bench.seeds`), then their means and spreads; a seed whose
+    bench fails stops the run before the aggregated report is written."""
+    first = int(config.recipe.get("seed", spec.recipe.seed))
+    seeds = seed_list(first, config.seeds)
+    run_dir = config.run_directory(spec.recipe, spec.name)
+    runs = [run_dir / f"seed-{seed}" for seed in seeds]
+    results = []
+    for seed, run in zip(seeds, runs):
+        log.info("bench %s: seed %d of %s", spec.name, seed, seeds)
+        results.append(run_bench(replace(config, seeds=1, recipe={**config.recipe, "seed": seed}, run_dir=run,
+                                         bank_root=seed_bank_root(config.bank_root, seed, first)),
+                                 runtime=runtime, progress=progress))
+    report = jsonable(aggregate([r.report for r in results], seeds, runs, config.claim_margin))
+    report["run_dir"] = str(run_dir)
+    _write_outputs(report, run_dir)
     return BenchResult(report, run_dir)
 
 
@@ -733,62 +765,6 @@ def with_step_ratios(cost: dict[str, CostSection]) -> dict[str, CostSection]:
         steady = section["steady_seconds_per_step"]
         section["steady_over_linear"] = steady / linear if steady and linear else None
     return cost
-
-
-class Comparison(TypedDict):
-    """One claim of ``report["claims"]``: tauJp at alpha = 1 against the row ``against`` on one accuracy."""
-
-    verdict: str  # ahead | tie | behind (see verdict)
-    difference: float  # tauJp's accuracy minus the other row's (a fraction, as every accuracy in the report)
-    margin: float
-    against: dict[str, Any]
-
-
-def verdict(difference: float, margin: float) -> str:
-    """``ahead`` or ``behind`` only when the difference exceeds the margin; ``tie`` within it, ends included."""
-    if difference > margin:
-        return "ahead"
-    return "behind" if difference < -margin else "tie"
-
-
-def _describe(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {"method": row["method"], "mode": row["mode"], "variant": row["variant"], "alpha": row["alpha"],
-            "absolute": row["absolute"], "normalized": row["normalized"]}
-
-
-def _compare(ours: Mapping[str, Any], others: Sequence[Mapping[str, Any]], key: str,
-             margin: float) -> Comparison | None:
-    """``ours`` against the best of ``others`` on ``key`` (None when none of them has that number)."""
-    scored = [r for r in others if r[key] is not None]
-    if not scored:
-        return None
-    best = max(scored, key=lambda r: r[key])
-    difference = ours[key] - best[key]
-    return {"verdict": verdict(difference, margin), "difference": difference, "margin": margin,
-            "against": _describe(best)}
-
-
-def claims(rows: Sequence[Mapping[str, Any]], margin: float) -> dict[str, Any] | None:
-    """Where tauJp task arithmetic at alpha = 1 stands, on absolute and normalized accuracy, against the best
-    baseline (pretrained, and every method over vectors fine-tuned without the penalty, at its tuned
-    coefficient) and, apart, against the best tauJp variant (any method over penalized vectors, taujp's own
-    or taujp-nonlinear's, at its tuned coefficient): a variant is the method itself in another form, so
-    being behind one is no loss to a baseline. Differences within ``margin`` are ties."""
-    ours = next((r for r in rows if r["method"] == "task-arithmetic" and r["mode"] == Mode.TAUJP
-                 and r["coefficient"] == "1.0"), None)
-    tuned = [r for r in rows if r["method"] in METHODS and r["coefficient"] == "tuned"]
-    baselines = [r for r in rows if r["method"] == "pretrained"] + [r for r in tuned if not Mode(r["mode"]).penalized]
-    variants = [r for r in tuned if Mode(r["mode"]).penalized]
-    if ours is None or not baselines:
-        return None
-    return {
-        "margin": margin,
-        "taujp_alpha1": _describe(ours),
-        "vs_baselines": {key: _compare(ours, baselines, key, margin) for key in ("absolute", "normalized")},
-        "vs_variants": {key: _compare(ours, variants, key, margin) for key in ("absolute", "normalized")},
-        "baselines": [_describe(r) for r in baselines],
-        "variants": [_describe(r) for r in variants],
-    }
 
 
 def _refuse_unswept_heads(scenario: str, heads: Mapping[str, nn.Module]) -> None:

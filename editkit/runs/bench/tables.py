@@ -19,10 +19,17 @@ def _num(value: float | None, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+def _accuracy(row: Mapping[str, Any], key: str) -> str:
+    """The row's accuracy in %, as ``mean ± std`` when it is a mean over seeds."""
+    numbers = row.get("spread", {}).get(key)
+    return pct(row[key]) if numbers is None else f"{pct(numbers['mean'])} ± {pct(numbers['std'])}"
+
+
 def addition_table(report: Mapping[str, Any]):
     tasks = report["tasks"]
-    table = Table(title=f"task addition — {report['scenario']} (test accuracy %, coefficients tuned on validation)",
-                  title_justify="left")
+    over = f", mean ± std over seeds {', '.join(map(str, report['seeds']))}" if "seeds" in report else ""
+    table = Table(title=f"task addition — {report['scenario']} (test accuracy %, coefficients tuned on validation"
+                        f"{over})", title_justify="left")
     for column in ("method", "mode", "coef"):
         table.add_column(column)
     for t in tasks:
@@ -42,7 +49,7 @@ def addition_table(report: Mapping[str, Any]):
         else:
             coef = f"{symbol}={_num(row['alpha'])}"
         table.add_row(row["label"], row["variant"] or "—", coef, *[pct(row["per_task"][t]) for t in tasks],
-                      pct(row["absolute"]), pct(row["normalized"]))
+                      _accuracy(row, "absolute"), _accuracy(row, "normalized"))
     return table
 
 
@@ -132,6 +139,24 @@ def cost_table(report: Mapping[str, Any]):
     return table
 
 
+def seed_cost_table(report: Mapping[str, Any]):
+    """A bench over seeds: each stream's fine-tuning cost as mean ± std over the seeds."""
+    table = Table(title=f"cost over seeds {', '.join(map(str, report['seeds']))} (this machine; mean ± std)",
+                  title_justify="left")
+    columns = {"fine-tune s": ("finetune_seconds", 1), "steady s/step": ("steady_seconds_per_step", 3),
+               "vs linear": ("steady_over_linear", 2), "peak RSS MiB": ("peak_rss_mib", 0), "merge s": ("merge_seconds", 3)}
+    table.add_column("mode")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for label, cost in report["cost"].items():
+        cells = []
+        for key, digits in columns.values():
+            numbers = cost[key]
+            cells.append("—" if numbers is None else f"{_num(numbers['mean'], digits)} ± {_num(numbers['std'], digits)}")
+        table.add_row(label, *cells)
+    return table
+
+
 def claims_table(report: Mapping[str, Any]):
     """Each claim's two numbers, their difference and its verdict, in points, with the margin that makes a tie;
     None when the report has no tauJp row to judge."""
@@ -139,10 +164,13 @@ def claims_table(report: Mapping[str, Any]):
     if not claims:
         return None
     margin = 100 * claims["margin"]
+    seeds = claims.get("seeds")
+    over = (f"means over {seeds} seeds; a difference within the larger of ±{margin:.2f} points and two standard "
+            "errors is a tie" if seeds else f"a difference within ±{margin:.2f} points is a tie")
     table = Table(title=f"claims: τJp task arithmetic at α=1 vs the best at its tuned coefficient (test accuracy %; "
-                        f"a difference within ±{margin:.2f} points is a tie)", title_justify="left")
-    for column in ("against", "accuracy", "τJp α=1", "best", "which", "difference", "verdict"):
-        table.add_column(column, justify="right" if column in ("τJp α=1", "best", "difference") else "left")
+                        f"{over})", title_justify="left")
+    for column in ("against", "accuracy", "τJp α=1", "best", "which", "difference", "± margin", "verdict"):
+        table.add_column(column, justify="right" if column in ("τJp α=1", "best", "difference", "± margin") else "left")
     ours = claims["taujp_alpha1"]
     for against, comparisons in (("baseline", claims["vs_baselines"]), ("τJp variant", claims["vs_variants"])):
         for key, comparison in comparisons.items():
@@ -150,7 +178,8 @@ def claims_table(report: Mapping[str, Any]):
                 continue
             best = comparison["against"]
             table.add_row(against, key, pct(ours[key]), pct(best[key]), _which(best),
-                          f"{100 * comparison['difference']:+.2f}", comparison["verdict"])
+                          f"{100 * comparison['difference']:+.2f}", f"{100 * comparison['margin']:.2f}",
+                          comparison["verdict"])
     return table
 
 

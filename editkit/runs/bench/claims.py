@@ -1,0 +1,103 @@
+"""The bench's claims: where tauJp task arithmetic at alpha = 1 stands against the best baseline and the best
+tauJp variant, on absolute and normalized accuracy.
+
+A difference is ``ahead`` or ``behind`` only beyond a margin, else a ``tie``. One seed has no spread of its
+own, so its margin is a fixed accuracy difference (0.5 points by default). Over several seeds
+(``editkit bench --seeds N``) the rows are means and each claim compares means with a margin of at least two
+standard errors of the difference: the seeds are paired (the two rows of one seed share its scenario build,
+heads and reg batches), so the standard error is that of the per-seed differences, ``std / sqrt(N)``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Mapping, Sequence, TypedDict
+
+from editkit.core.modes import Mode
+from editkit.merge import MERGE_METHODS
+
+ACCURACIES = ("absolute", "normalized")
+
+
+class Comparison(TypedDict, total=False):
+    """One claim of ``report["claims"]``: tauJp at alpha = 1 against the row ``against`` on one accuracy."""
+
+    verdict: str  # ahead | tie | behind (see verdict)
+    difference: float  # tauJp's accuracy minus the other row's (a fraction, as every accuracy in the report)
+    margin: float  # the fixed margin, or two standard errors of the difference where that is larger
+    against: dict[str, Any]
+    differences: list[float]  # over seeds only: each seed's difference
+    standard_error: float | None  # over seeds only: of the mean difference (None with one seed)
+
+
+def verdict(difference: float, margin: float) -> str:
+    """``ahead`` or ``behind`` only when the difference exceeds the margin; ``tie`` within it, ends included."""
+    if difference > margin:
+        return "ahead"
+    return "behind" if difference < -margin else "tie"
+
+
+def row_key(row: Mapping[str, Any]) -> tuple[str, str | None, str | None]:
+    """What identifies a row across seeds: its method, stream and coefficient (the tuned alpha may differ)."""
+    return row["method"], row["variant"], row["coefficient"]
+
+
+def _describe(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"method": row["method"], "mode": row["mode"], "variant": row["variant"], "alpha": row["alpha"],
+            "absolute": row["absolute"], "normalized": row["normalized"]}
+
+
+def standard_error(differences: Sequence[float]) -> float | None:
+    """Of the mean of paired differences: their sample standard deviation over sqrt(N); None under 2 seeds."""
+    if len(differences) < 2:
+        return None
+    return statistics.stdev(differences) / math.sqrt(len(differences))
+
+
+def _compare(ours: Mapping[str, Any], others: Sequence[Mapping[str, Any]], key: str, margin: float,
+             per_seed: Sequence[Mapping[tuple, Mapping[str, Any]]] | None) -> Comparison | None:
+    """``ours`` against the best of ``others`` on ``key`` (None when none of them has that number); with
+    ``per_seed`` (each seed's rows by :func:`row_key`) the margin widens to two standard errors where larger."""
+    scored = [r for r in others if r[key] is not None]
+    if not scored:
+        return None
+    best = max(scored, key=lambda r: r[key])
+    difference = ours[key] - best[key]
+    if per_seed is None:
+        return {"verdict": verdict(difference, margin), "difference": difference, "margin": margin,
+                "against": _describe(best)}
+    differences = [rows[row_key(ours)][key] - rows[row_key(best)][key] for rows in per_seed]
+    error = standard_error(differences)
+    widened = margin if error is None else max(margin, 2.0 * error)
+    return {"verdict": verdict(difference, widened), "difference": difference, "margin": widened,
+            "against": _describe(best), "differences": differences, "standard_error": error}
+
+
+def claims(rows: Sequence[Mapping[str, Any]], margin: float,
+           per_seed: Sequence[Sequence[Mapping[str, Any]]] | None = None) -> dict[str, Any] | None:
+    """Where tauJp task arithmetic at alpha = 1 stands, on absolute and normalized accuracy, against the best
+    baseline (pretrained, and every method over vectors fine-tuned without the penalty, at its tuned
+    coefficient) and, apart, against the best tauJp variant (any method over penalized vectors, taujp's own
+    or taujp-nonlinear's, at its tuned coefficient): a variant is the method itself in another form, so
+    being behind one is no loss to a baseline. Differences within ``margin`` are ties.
+
+    per_seed: each seed's rows, when ``rows`` are their means (see the module docstring).
+    """
+    ours = next((r for r in rows if r["method"] == "task-arithmetic" and r["mode"] == Mode.TAUJP
+                 and r["coefficient"] == "1.0"), None)
+    tuned = [r for r in rows if r["method"] in MERGE_METHODS and r["coefficient"] == "tuned"]
+    baselines = [r for r in rows if r["method"] == "pretrained"] + [r for r in tuned if not Mode(r["mode"]).penalized]
+    variants = [r for r in tuned if Mode(r["mode"]).penalized]
+    if ours is None or not baselines:
+        return None
+    seeds = None if per_seed is None else [{row_key(r): r for r in seed_rows} for seed_rows in per_seed]
+    return {
+        "margin": margin,
+        "seeds": None if per_seed is None else len(per_seed),
+        "taujp_alpha1": _describe(ours),
+        "vs_baselines": {key: _compare(ours, baselines, key, margin, seeds) for key in ACCURACIES},
+        "vs_variants": {key: _compare(ours, variants, key, margin, seeds) for key in ACCURACIES},
+        "baselines": [_describe(r) for r in baselines],
+        "variants": [_describe(r) for r in variants],
+    }
