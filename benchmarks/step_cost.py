@@ -6,7 +6,7 @@ warm-up) and samples the process's resident memory while each mode runs. Prints 
 against the plain (non-linear) step and writes them as JSON.
 
 - classification scenarios (default ``offline-vision``; ``offline-text`` too): nonlinear,
-  linear, taujp (cyclic), taujp (strict) and taujp-nonlinear (cyclic: plain steps plus
+  linear, taujp (cyclic), taujp (strict), taujp (mixed) and taujp-nonlinear (cyclic: plain steps plus
   the penalty's jvp on the reg batch only), on the first task with the others (and the
   generic source) as penalty sources;
 - language scenarios (``--scenario toxic``): nonlinear, linear and taujp for each
@@ -49,6 +49,7 @@ RATIOS = {  # name -> (label over label), each the median over rounds of the rou
     "linear_over_nonlinear": ("linear", "nonlinear"),
     "taujp_over_linear": ("taujp", "linear"),
     "strict_over_linear": ("taujp_strict", "linear"),
+    "mixed_over_linear": ("taujp_mixed", "linear"),
     "taujp_nonlinear_over_nonlinear": ("taujp_nonlinear", "nonlinear"),
 }
 MODES = {  # label -> (mode, schedule)
@@ -56,6 +57,7 @@ MODES = {  # label -> (mode, schedule)
     "linear": ("linear", "cyclic"),
     "taujp": ("taujp", "cyclic"),
     "taujp_strict": ("taujp", "strict"),
+    "taujp_mixed": ("taujp", "mixed"),
     "taujp_nonlinear": ("taujp-nonlinear", "cyclic"),
 }
 
