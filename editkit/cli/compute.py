@@ -105,6 +105,10 @@ def stream(
     console.print(f"[bold]final merged model (alpha = 1.0, {report['mode']}, scope {report['recipe']['scope']}"
                   f"{merged_by}):"
                   f"[/bold] {scores}  ({result.seconds:.0f} s)")
+    if "continual" in report and report["continual"]["bwt"] is not None:
+        continual = report["continual"]
+        console.print(f"continual: ACC {pct(continual['acc'])}  BWT {100 * continual['bwt']:+.1f}  forgetting "
+                      f"{100 * continual['forgetting']:.1f} (points, the merged model after each step)")
     console.print(f"bank: {report['bank']}   report: {Path(report['plots'][0]).parent / 'report.json'}")
 
 
@@ -462,8 +466,8 @@ def bench(
     import time
 
     from editkit.runs.bench.run import run_bench
-    from editkit.runs.bench.tables import (addition_table, claims_table, cost_table, negation_table, seed_cost_table,
-                                           taujp_table, xi_table)
+    from editkit.runs.bench.tables import (addition_table, claims_table, continual_table, cost_table, negation_table,
+                                           seed_cost_table, taujp_table, xi_table)
     from editkit.cli.console import RichProgress, console
     from editkit.runs.stream import process_runtime
 
@@ -483,10 +487,10 @@ def bench(
         result = run_bench(config, runtime=runtime, progress=RichProgress())
     report = result.report
     if "seeds" in report:
-        for build in (addition_table, seed_cost_table):
+        for build in (addition_table, continual_table, seed_cost_table):
             console.print(build(report))
     else:
-        for build in (addition_table, negation_table, taujp_table, xi_table, cost_table):
+        for build in (addition_table, continual_table, negation_table, taujp_table, xi_table, cost_table):
             console.print(build(report))
         corr = report["taujp"]["correlation"]
         console.print(f"[bold]τJp ↔ normalized accuracy:[/bold] pearson r = "

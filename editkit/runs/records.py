@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, NotRequired, TypedDict
 
+from editkit.eval.continual import ContinualMetrics, continual_metrics
 from editkit.train.loop import FineTuneResult
 from editkit.train.recipe import Recipe
 from editkit.train.runtime import Runtime
@@ -131,3 +132,9 @@ class StreamResult:
             "single_task": {s.task: s.single_task for s in self.steps},
             "pretrained": {s.task: s.pretrained for s in self.steps},
         }
+
+    @property
+    def continual(self) -> ContinualMetrics:
+        """The merged model's accuracy matrix over the stream's steps, ACC, BWT and forgetting
+        (:mod:`editkit.eval.continual`)."""
+        return continual_metrics([s.task for s in self.steps], [s.merged["per_task"] for s in self.steps])

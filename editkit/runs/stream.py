@@ -458,9 +458,11 @@ def run_scenario(
         report = None
         if runtime.is_main:
             plot = plot_stream(result, out_dir / "stream.png")
+            accuracies = spec.heads.get("kind") != "lm"  # a language model's scores are perplexities
             report = stream_report(result, backbone=built.backbone.name, bank=bank_dir,
                                    extra={"plots": [str(plot)], "runtime": runtime.describe(),
-                                          "merge": merge.to_dict()})
+                                          "merge": merge.to_dict(),
+                                          **({"continual": result.continual} if accuracies else {})})
             write_json(out_dir / "report.json", report)
         runtime.barrier()
         return result, report

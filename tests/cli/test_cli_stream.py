@@ -77,6 +77,12 @@ def check_report(report: dict, scope: str) -> None:
     assert final["absolute"] == pytest.approx(sum(final["per_task"].values()) / 4)
     ratios = [final["per_task"][t] / final["single_task"][t] for t in tasks]
     assert final["normalized"] == pytest.approx(sum(ratios) / 4)
+    # The continual-learning numbers: row t of the matrix is the merged model after step t, BWT by its definition.
+    merged = [step["merged"]["per_task"] for step in report["steps"]]
+    continual = report["continual"]
+    assert continual["matrix"] == [[row.get(t) for t in tasks] for row in merged]
+    assert continual["acc"] == pytest.approx(final["absolute"])
+    assert continual["bwt"] == pytest.approx(sum(merged[3][t] - merged[i][t] for i, t in enumerate(tasks[:3])) / 3)
 
 
 def test_stream_seen_scope_writes_report_bank_and_plot(seen_run):
@@ -84,6 +90,7 @@ def test_stream_seen_scope_writes_report_bank_and_plot(seen_run):
     report = json.loads((root / "run" / "report.json").read_text())
     check_report(report, "seen")
     assert "final merged model" in result.output and "after animal" in result.output
+    assert f"BWT {100 * report['continual']['bwt']:+.1f}" in result.output
     for plot in report["plots"]:
         with Image.open(plot) as image:
             assert image.format == "PNG" and image.size[0] > 100

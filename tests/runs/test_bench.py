@@ -390,6 +390,21 @@ def test_editkit_add_method_scores_the_bench_row_at_coefficient_one(bench_run, t
 
 
 @pytest.mark.slow
+def test_every_stream_has_its_accuracy_matrix_acc_bwt_and_forgetting(bench_run):
+    _, _, output, report = bench_run
+    printed = table_rows(output)
+    for mode, stream in report["streams"].items():
+        merged = [step["merged"]["per_task"] for step in stream["steps"]]
+        continual = report["continual"][mode]
+        assert continual["matrix"] == [[merged[0][TASKS[0]], None], [merged[1][TASKS[0]], merged[1][TASKS[1]]]]
+        assert continual["acc"] == pytest.approx((merged[1][TASKS[0]] + merged[1][TASKS[1]]) / 2)
+        assert continual["bwt"] == pytest.approx(merged[1][TASKS[0]] - merged[0][TASKS[0]])
+        assert continual["forgetting"] == pytest.approx(-continual["bwt"])  # two tasks: the best is the first
+        assert [mode, pct(continual["acc"]), pct(continual["bwt"]), pct(continual["forgetting"])] in printed
+    assert report["plots"]["accuracy_matrix"] == "accuracy_matrix.png"
+
+
+@pytest.mark.slow
 def test_every_listed_png_is_a_valid_image(bench_run):
     root, _, _, report = bench_run
     assert set(report["plots"]) >= {"alpha_curves", "incremental", "taujp_matrix", "taujp_correlation", "xi"}
@@ -470,6 +485,7 @@ def test_a_bench_over_two_seeds_reuses_the_first_and_reports_means_spreads_and_p
     assert claim["margin"] == pytest.approx(max(0.005, 2 * error))
     assert over["cost"]["taujp"]["steady_over_linear"]["values"] == [s["cost"]["taujp"]["steady_over_linear"]
                                                                      for s in seeds]
+    assert over["continual"]["taujp"]["bwt"]["values"] == [s["continual"]["taujp"]["bwt"] for s in seeds]
     assert " ± " in result.output and "means over 2 seeds" in " ".join(result.output.split())
     with Image.open(root / "run-seeds" / over["plots"]["seeds"]) as image:
         assert image.size[0] > 200

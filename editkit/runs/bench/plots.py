@@ -167,6 +167,29 @@ def plot_negation(report: Mapping[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
+def plot_accuracy_matrices(report: Mapping[str, Any], path: Path) -> Path:
+    """Each stream's accuracy matrix: row t, the merged model after step t; column i, task i (blank before it
+    is seen), with ACC, BWT and forgetting in the title."""
+    plt = pyplot()
+    continual = report["continual"]
+    fig, axes = plt.subplots(1, len(continual), figsize=(3.6 * len(continual) + 0.6, 3.6), squeeze=False)
+    for ax, (label, numbers) in zip(axes[0], continual.items()):
+        tasks = numbers["tasks"]
+        grid = np.array([[np.nan if v is None else v for v in row] for row in numbers["matrix"]])
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis")
+        for (t, i), value in np.ndenumerate(grid):
+            if not np.isnan(value):
+                ax.text(i, t, f"{100 * value:.0f}", ha="center", va="center", fontsize=7,
+                        color="white" if value < 0.6 else "black")
+        ax.set_xticks(range(len(tasks)), tasks, rotation=45, ha="right", fontsize=7)
+        ax.set_yticks(range(len(tasks)), [f"after {t}" for t in tasks], fontsize=7)
+        bwt = "—" if numbers["bwt"] is None else f"{100 * numbers['bwt']:+.1f}"
+        ax.set_title(f"{label}: ACC {100 * numbers['acc']:.1f}, BWT {bwt}", fontsize=9)
+    fig.colorbar(image, ax=list(axes[0]), shrink=0.8, label="test accuracy")
+    fig.suptitle(f"{report['scenario']}: accuracy after each step (merged, α = 1)")
+    return _save(fig, path, tight=False)
+
+
 def plot_seeds(report: Mapping[str, Any], path: Path) -> Path:
     """A bench over seeds: each row the claims weigh (tauJp at alpha = 1, every method at its tuned coefficient)
     as its mean ± std, each seed a dot, on absolute and normalized accuracy."""
@@ -194,6 +217,7 @@ PAINTERS = {
     "taujp_correlation": plot_correlation,
     "xi": plot_xi,
     "negation": plot_negation,
+    "accuracy_matrix": plot_accuracy_matrices,
 }
 SEED_PAINTERS = {"seeds": plot_seeds}
 

@@ -21,6 +21,8 @@ recipes and parameter shapes before any training starts). Then, on the banked ve
 - **diagnostics**: the tauJp matrix per mode, its correlation with normalized
   accuracy across task pairs and modes, the weight-disentanglement error xi on
   a grid for one task pair;
+- **continual**: each stream's accuracy matrix (the merged model after every step on every seen task),
+  ACC, BWT and forgetting (:mod:`editkit.eval.continual`);
 - **cost**: fine-tuning time, seconds per step, peak RSS, merging time;
 - **claims**: tauJp at alpha = 1 against the best baseline and, apart, the best tauJp variant, each
   ahead, tied or behind by more than ``claim_margin`` (:mod:`editkit.runs.bench.claims`).
@@ -816,6 +818,8 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
         "negation": {m: results[m]["negation"] for m in states},
         **diagnostics,
         "streams": streams,
+        # the continual-learning field's numbers of each stream's merged model after every step
+        "continual": {mode: state.stream.continual for mode, state in states.items()},
         "cost": with_step_ratios({m: _cost(states[m], results[m], tasks) for m in states}),
         "claims": claims(rows, config.claim_margin),
     })

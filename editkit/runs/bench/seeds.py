@@ -18,6 +18,8 @@ from typing import Any, Mapping, Sequence
 from editkit.errors import ConfigError
 from editkit.runs.bench.claims import ACCURACIES, claims, row_key
 
+#: The continual-learning numbers of each stream, as spreads over the seeds.
+CONTINUAL_KEYS = ("acc", "bwt", "forgetting")
 #: The cost table's numbers that are worth a spread (the rest are per-seed bookkeeping).
 COST_KEYS = ("finetune_seconds", "steady_seconds_per_step", "steady_over_linear", "peak_rss_mib", "merge_seconds")
 
@@ -66,6 +68,12 @@ def mean_cost(per_seed: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, 
             for label in per_seed[0]}
 
 
+def mean_continual(per_seed: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Each stream's ACC, BWT and forgetting as spreads over the seeds."""
+    return {label: {key: spread([continual[label][key] for continual in per_seed]) for key in CONTINUAL_KEYS}
+            for label in per_seed[0]}
+
+
 def aggregate(reports: Sequence[Mapping[str, Any]], seeds: Sequence[int], runs: Sequence[Path],
               margin: float) -> dict[str, Any]:
     """The report of a bench over ``seeds``, from each seed's report (written into ``runs``)."""
@@ -81,6 +89,7 @@ def aggregate(reports: Sequence[Mapping[str, Any]], seeds: Sequence[int], runs: 
         "seeds": list(seeds),
         "runs": {str(seed): str(run) for seed, run in zip(seeds, runs)},
         "addition": {**first["addition"], "rows": rows},
+        "continual": mean_continual([r["continual"] for r in reports]),
         "cost": mean_cost([r["cost"] for r in reports]),
         "claims": claims(rows, margin, per_seed_rows),
         "torch_threads": first.get("torch_threads"),

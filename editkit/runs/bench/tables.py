@@ -139,6 +139,26 @@ def cost_table(report: Mapping[str, Any]):
     return table
 
 
+def continual_table(report: Mapping[str, Any]):
+    """Each stream's ACC, BWT and forgetting (the merged model after each step; mean ± std over seeds)."""
+    over = f", mean ± std over seeds {', '.join(map(str, report['seeds']))}" if "seeds" in report else ""
+    table = Table(title=f"continual learning — the merged model after each step (test accuracy %{over}; "
+                        "BWT < 0 and forgetting > 0 are what the later tasks took away)", title_justify="left")
+    table.add_column("mode")
+    for column in ("ACC", "BWT", "forgetting"):
+        table.add_column(column, justify="right")
+    for label, numbers in report["continual"].items():
+        cells = []
+        for key in ("acc", "bwt", "forgetting"):
+            value = numbers[key]
+            if isinstance(value, Mapping):
+                cells.append(f"{pct(value['mean'])} ± {pct(value['std'])}")
+            else:
+                cells.append(pct(value))
+        table.add_row(label, *cells)
+    return table
+
+
 def seed_cost_table(report: Mapping[str, Any]):
     """A bench over seeds: each stream's fine-tuning cost as mean ± std over the seeds."""
     table = Table(title=f"cost over seeds {', '.join(map(str, report['seeds']))} (this machine; mean ± std)",
