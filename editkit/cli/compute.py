@@ -465,6 +465,7 @@ def bench(
 ) -> None:
     import time
 
+    from editkit.errors import ConfigError
     from editkit.runs.bench.run import run_bench
     from editkit.runs.bench.tables import (addition_table, claims_table, continual_table, cost_table, negation_table,
                                            seed_cost_table, taujp_table, xi_table)
@@ -481,6 +482,9 @@ def bench(
 
     spec = load_scenario(config.scenario)
     if spec.negation is not None:
+        if config.seeds > 1:
+            raise ConfigError(f"--seeds is for classification scenarios; {spec.name!r} is a language negation "
+                              "scenario, whose bench runs one seed (--seed)")
         _bench_language(spec, config, runtime_options)
         return
     with process_runtime(**runtime_options) as runtime:

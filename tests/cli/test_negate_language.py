@@ -180,6 +180,14 @@ def test_theta0s_scores_are_computed_once_whatever_asks_for_them(streamed, monke
     assert {key: sampled[key] for key in plain} == plain and sampled["n"] == 4
 
 
+def test_a_language_bench_over_seeds_is_refused_before_any_work(tmp_path, language_extensions):
+    scenario = scenario_file(tmp_path)
+    result = invoke("bench", "--scenario", scenario, "--seeds", 2, "--bank-root", tmp_path / "banks")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "--seeds is for classification scenarios" in result.output and "language negation" in result.output
+    assert not (tmp_path / "banks").exists()
+
+
 def test_the_language_bench_negates_full_and_adapter_vectors_as_negate_does(tmp_path, language_extensions):
     """`bench --adapters none,lora`: a bank per stream, and each stream's negation (scored on theta_0 with or
     without the adapter, theta_0 shared per adapter) is exactly what `editkit negate` reports for that bank alone."""
