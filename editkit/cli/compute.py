@@ -468,7 +468,7 @@ def bench(
     from editkit.errors import ConfigError
     from editkit.runs.bench.run import run_bench
     from editkit.runs.bench.tables import (addition_table, claims_table, continual_table, cost_table, negation_table,
-                                           seed_cost_table, taujp_table, xi_table)
+                                           repeat_cost_table, taujp_table, xi_table)
     from editkit.cli.console import RichProgress, console
     from editkit.runs.stream import process_runtime
 
@@ -482,16 +482,16 @@ def bench(
 
     spec = load_scenario(config.scenario)
     if spec.negation is not None:
-        if config.seeds > 1:
-            raise ConfigError(f"--seeds is for classification scenarios; {spec.name!r} is a language negation "
-                              "scenario, whose bench runs one seed (--seed)")
+        if config.seeds > 1 or config.orders > 1:
+            raise ConfigError(f"--seeds and --orders are for classification scenarios; {spec.name!r} is a language "
+                              "negation scenario, whose bench runs once (--seed)")
         _bench_language(spec, config, runtime_options)
         return
     with process_runtime(**runtime_options) as runtime:
         result = run_bench(config, runtime=runtime, progress=RichProgress())
     report = result.report
-    if "seeds" in report:
-        for build in (addition_table, continual_table, seed_cost_table):
+    if "repeats" in report:
+        for build in (addition_table, continual_table, repeat_cost_table):
             console.print(build(report))
     else:
         for build in (addition_table, continual_table, negation_table, taujp_table, xi_table, cost_table):
@@ -504,9 +504,10 @@ def bench(
     claims = claims_table(report)
     if claims is not None:
         console.print(claims)
-    if "seeds" in report:
-        console.print(f"seeds {', '.join(map(str, report['seeds']))}: each seed's full report in "
-                      f"{', '.join(report['runs'].values())}   {time.perf_counter() - start:.0f} s")
+    if "repeats" in report:
+        for run in report["repeats"]["runs"]:
+            console.print(f"{run['name']} (seed {run['seed']}; {', '.join(run['order'])}): {run['run_dir']}")
+        console.print(f"{time.perf_counter() - start:.0f} s")
     else:
         trained = {m: len(c["trained_now"]) for m, c in report["cost"].items()}
         console.print(f"vectors trained now: {', '.join(f'{m} {n}' for m, n in trained.items())}  "

@@ -381,7 +381,7 @@ def run_benchmark(
 
 
 def run_scenario(
-    scenario: str | Path,
+    scenario: str | Path | ScenarioSpec,
     *,
     bank: str | Path | None = None,
     run_dir: str | Path | None = None,
@@ -396,7 +396,8 @@ def run_scenario(
     merge: StreamMerge | None = None,
     **overrides: Any,
 ) -> tuple[StreamResult, dict[str, Any] | None]:
-    """Run a scenario file end to end and write ``report.json`` + ``stream.png`` into the run directory.
+    """Run a scenario (a name, a file, or a parsed spec) end to end and write ``report.json`` + ``stream.png`` into
+    the run directory.
 
     ``overrides`` replace recipe fields (``mode="linear"``, ``steps=20``, ``epochs=2``,
     ``scope="all"``...) for every task, above the scenario's per-task values; ``None`` keeps.

@@ -44,7 +44,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from editkit.core.registry import Registry
 from editkit.data import GENERIC_SOURCES, TASK_SOURCES
@@ -108,9 +108,20 @@ class ScenarioSpec:
     def task_names(self) -> list[str]:
         return [t.name for t in self.tasks]
 
+    def reordered(self, order: Sequence[str]) -> ScenarioSpec:
+        """The same scenario with its tasks arriving in ``order`` (every task once)."""
+        if sorted(order) != sorted(self.task_names):
+            raise ConfigError(f"task order {list(order)} is not an order of {self.name!r}'s tasks "
+                              f"({', '.join(self.task_names)})")
+        by_name = {t.name: t for t in self.tasks}
+        return dataclasses.replace(self, tasks=tuple(by_name[name] for name in order))
 
-def load_scenario(name_or_path: str | Path) -> ScenarioSpec:
-    """Parse and check a scenario by name (see ``known_scenarios``) or by file path."""
+
+def load_scenario(name_or_path: str | Path | ScenarioSpec) -> ScenarioSpec:
+    """Parse and check a scenario by name (see ``known_scenarios``) or by file path; a spec already parsed
+    (:meth:`ScenarioSpec.reordered`, say) is its own."""
+    if isinstance(name_or_path, ScenarioSpec):
+        return name_or_path
     path = scenario_file(name_or_path)
     return parse_scenario(read_scenario(path), path)
 

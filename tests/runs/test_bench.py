@@ -460,7 +460,8 @@ def test_a_bench_over_two_seeds_reuses_the_first_and_reports_means_spreads_and_p
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     over = json.loads((root / "run-seeds" / "report.json").read_text())
-    assert over["seeds"] == [0, 1]
+    assert [(r["name"], r["seed"], r["order"]) for r in over["repeats"]["runs"]] == [("seed-0", 0, TASKS),
+                                                                                    ("seed-1", 1, TASKS)]
     seeds = [json.loads((root / "run-seeds" / f"seed-{s}" / "report.json").read_text()) for s in (0, 1)]
     assert seeds[0]["cost"]["taujp"]["trained_now"] == []  # the one-seed bench's banks
     assert seeds[1]["cost"]["taujp"]["trained_now"] == TASKS
@@ -487,8 +488,36 @@ def test_a_bench_over_two_seeds_reuses_the_first_and_reports_means_spreads_and_p
                                                                      for s in seeds]
     assert over["continual"]["taujp"]["bwt"]["values"] == [s["continual"]["taujp"]["bwt"] for s in seeds]
     assert " ± " in result.output and "means over 2 seeds" in " ".join(result.output.split())
-    with Image.open(root / "run-seeds" / over["plots"]["seeds"]) as image:
+    with Image.open(root / "run-seeds" / over["plots"]["spread"]) as image:
         assert image.size[0] > 200
+
+
+@pytest.mark.slow
+def test_a_bench_over_two_task_orders_streams_the_tasks_in_each_order(bench_run):
+    """--orders 2 over two tasks: the scenario's order (the one-run bench's banks) and the other one, trained in
+    banks/order-1 with the same seed; each run's streams and accuracy matrix follow its order."""
+    root, scenario, _, report = bench_run
+    args = bench_args(scenario, root, "--modes", "linear,taujp", "--methods", "task-arithmetic", "--orders", "2")
+    args[args.index("--run-dir") + 1] = str(root / "run-orders")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    over = json.loads((root / "run-orders" / "report.json").read_text())
+    assert [(r["name"], r["seed"], r["order"]) for r in over["repeats"]["runs"]] == [
+        ("order-0", 0, TASKS), ("order-1", 0, TASKS[::-1])]
+    runs = [json.loads((root / "run-orders" / f"order-{k}" / "report.json").read_text()) for k in (0, 1)]
+    assert runs[0]["cost"]["taujp"]["trained_now"] == [] and runs[0]["continual"] == {
+        mode: report["continual"][mode] for mode in ("linear", "taujp")}
+    assert runs[1]["tasks"] == TASKS[::-1] and runs[1]["cost"]["taujp"]["trained_now"] == TASKS[::-1]
+    assert [s["task"] for s in runs[1]["streams"]["taujp"]["steps"]] == TASKS[::-1]
+    assert runs[1]["continual"]["taujp"]["tasks"] == TASKS[::-1]
+    bank = Bank(root / "banks" / "order-1" / f"{report['scenario']}-taujp")
+    assert bank.names() == TASKS[::-1] and [e.recipe["seed"] for e in bank.entries()] == [0, 0]
+    for k, row in enumerate(over["addition"]["rows"]):
+        for task in TASKS:
+            assert row["per_task"][task] == pytest.approx(np.mean([r["addition"]["rows"][k]["per_task"][task]
+                                                                   for r in runs]))
+    assert over["continual"]["taujp"]["bwt"]["values"] == [r["continual"]["taujp"]["bwt"] for r in runs]
+    assert "mean ± std over 2 task orders" in " ".join(result.output.split())
 
 
 # --- refusals: one red line, nothing written --------------------------------------------------

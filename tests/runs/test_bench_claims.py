@@ -9,7 +9,8 @@ from rich.console import Console
 from editkit.errors import ConfigError
 from editkit.runs.bench.claims import claims, verdict
 from editkit.runs.bench.run import METHOD_LABELS, BenchConfig
-from editkit.runs.bench.seeds import aggregate, mean_rows, seed_bank_root, seed_list, spread
+from editkit.runs.bench.repeats import (Repeat, aggregate, mean_rows, order_repeats, repeat_bank_root, seed_repeats,
+                                        spread)
 from editkit.runs.bench.tables import claims_table
 
 MARGIN = 0.005  # 0.5 points
@@ -135,7 +136,7 @@ def test_a_mean_lead_inside_two_standard_errors_is_a_tie_and_outside_it_a_lead()
     assert comparison["differences"] == pytest.approx([0.03, -0.01, 0.01])
     assert comparison["standard_error"] == pytest.approx(0.02 / 3 ** 0.5)
     assert comparison["margin"] == pytest.approx(2 * 0.02 / 3 ** 0.5) and comparison["verdict"] == "tie"
-    assert judged["seeds"] == 3 and judged["margin"] == MARGIN
+    assert judged["repeats"] == 3 and judged["margin"] == MARGIN
     # the same 1-point mean lead, every seed alike: the spread is 0 and the fixed margin rules: ahead
     steady = [seed_rows(0.80, 0.79)] * 3
     comparison = claims(mean_rows(steady), MARGIN, steady)["vs_baselines"]["absolute"]
@@ -149,16 +150,32 @@ def test_mean_rows_keep_every_seeds_numbers_and_the_tuned_alphas():
     assert rows[0]["absolute"] == pytest.approx(0.75) and rows[0]["spread"]["absolute"]["values"] == [0.80, 0.70]
     assert rows[0]["spread"]["normalized"]["mean"] == pytest.approx(0.85)
     assert rows[1]["alphas"] == [0.8, 0.6] and rows[1]["alpha"] == pytest.approx(0.7)
-    with pytest.raises(ConfigError, match="disagree"):
+    with pytest.raises(ConfigError, match="disagree on their rows"):
         mean_rows([seed_rows(0.8, 0.7), seed_rows(0.8, 0.7)[:1]])
 
 
 def test_seeds_follow_the_recipe_seed_and_only_later_ones_get_banks_of_their_own(tmp_path):
-    assert seed_list(4, 3) == [4, 5, 6]
-    assert seed_bank_root(tmp_path, 4, first=4) == tmp_path
-    assert seed_bank_root(tmp_path, 6, first=4) == tmp_path / "seed-6"
-    with pytest.raises(ConfigError, match="at least 1"):
+    seeds = seed_repeats(4, 3, ["a", "b"])
+    assert [(r.name, r.seed, r.order) for r in seeds] == [("seed-4", 4, ("a", "b")), ("seed-5", 5, ("a", "b")),
+                                                         ("seed-6", 6, ("a", "b"))]
+    assert repeat_bank_root(tmp_path, seeds[0], seeds[0]) == tmp_path
+    assert repeat_bank_root(tmp_path, seeds[2], seeds[0]) == tmp_path / "seed-6"
+    with pytest.raises(ConfigError, match="--seeds is a number of seeds, at least 1"):
         BenchConfig(seeds=0).validated()
+    with pytest.raises(ConfigError, match="not both"):
+        BenchConfig(seeds=2, orders=2).validated()
+
+
+def test_orders_start_with_the_scenarios_and_never_repeat_one():
+    orders = order_repeats(["a", "b", "c"], 6, seed=0)
+    assert orders[0] == Repeat("order-0", 0, ("a", "b", "c"))
+    assert sorted(r.order for r in orders) == sorted({r.order for r in orders})  # all 3! orders, each once
+    assert len(orders) == 6 and all(r.seed == 0 for r in orders)
+    assert [r.order for r in order_repeats(["a", "b", "c"], 3, seed=0)] == [r.order for r in orders[:3]]  # seeded
+    with pytest.raises(ConfigError, match="3 tasks have only 6 orders"):
+        order_repeats(["a", "b", "c"], 7, seed=0)
+    with pytest.raises(ConfigError, match="--orders is a number of task orders, at least 1"):
+        BenchConfig(orders=0).validated()
 
 
 def test_the_seed_table_shows_mean_and_std_and_the_widened_margin():
@@ -166,14 +183,14 @@ def test_the_seed_table_shows_mean_and_std_and_the_widened_margin():
 
     noisy = [seed_rows(0.80, 0.77), seed_rows(0.78, 0.79), seed_rows(0.80, 0.79)]
     reports = [{"scenario": "s", "backbone": "b", "tasks": [], "modes": [], "methods": [], "cost": {},
-                "addition": {"rows": rows}, "timings": {"total_seconds": 1.0}}
+                "continual": {}, "addition": {"rows": rows}, "timings": {"total_seconds": 1.0}}
                for rows in noisy]
-    report = aggregate(reports, [0, 1, 2], ["r0", "r1", "r2"], MARGIN)
+    report = aggregate(reports, seed_repeats(0, 3, ["a"]), "seeds", ["r0", "r1", "r2"], MARGIN)
     console = Console(width=300, record=True)
     console.print(addition_table(report))
     console.print(claims_table(report))
     text = console.export_text()
     assert "79.3 ± 1.2" in text and "78.3 ± 1.2" in text  # tauJp 80, 78, 80; TIES 77, 79, 79
-    assert "means over 3 seeds" in " ".join(text.split())
+    assert "means over 3 seeds" in " ".join(text.split()) and "mean ± std over seeds 0, 1, 2" in " ".join(text.split())
     assert any(cells[-3:] == ["+1.00", "2.31", "tie"] for cells in (
         [c.strip() for c in line.strip().strip("│").split("│")] for line in text.splitlines()))

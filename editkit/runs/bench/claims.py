@@ -2,10 +2,11 @@
 tauJp variant, on absolute and normalized accuracy.
 
 A difference is ``ahead`` or ``behind`` only beyond a margin, else a ``tie``. One seed has no spread of its
-own, so its margin is a fixed accuracy difference (0.5 points by default). Over several seeds
-(``editkit bench --seeds N``) the rows are means and each claim compares means with a margin of at least two
-standard errors of the difference: the seeds are paired (the two rows of one seed share its scenario build,
-heads and reg batches), so the standard error is that of the per-seed differences, ``std / sqrt(N)``.
+own, so its margin is a fixed accuracy difference (0.5 points by default). Over several runs
+(``editkit bench --seeds N`` or ``--orders N``) the rows are means and each claim compares means with a margin
+of at least two standard errors of the difference: the runs are paired (the two rows of one run share its
+scenario build, heads, task order and reg batches), so the standard error is that of the per-run differences,
+``std / sqrt(N)``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ class Comparison(TypedDict, total=False):
     difference: float  # tauJp's accuracy minus the other row's (a fraction, as every accuracy in the report)
     margin: float  # the fixed margin, or two standard errors of the difference where that is larger
     against: dict[str, Any]
-    differences: list[float]  # over seeds only: each seed's difference
-    standard_error: float | None  # over seeds only: of the mean difference (None with one seed)
+    differences: list[float]  # over runs only: each run's difference
+    standard_error: float | None  # over runs only: of the mean difference (None with one run)
 
 
 def verdict(difference: float, margin: float) -> str:
@@ -49,25 +50,25 @@ def _describe(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def standard_error(differences: Sequence[float]) -> float | None:
-    """Of the mean of paired differences: their sample standard deviation over sqrt(N); None under 2 seeds."""
+    """Of the mean of paired differences: their sample standard deviation over sqrt(N); None under 2 runs."""
     if len(differences) < 2:
         return None
     return statistics.stdev(differences) / math.sqrt(len(differences))
 
 
 def _compare(ours: Mapping[str, Any], others: Sequence[Mapping[str, Any]], key: str, margin: float,
-             per_seed: Sequence[Mapping[tuple, Mapping[str, Any]]] | None) -> Comparison | None:
+             per_run: Sequence[Mapping[tuple, Mapping[str, Any]]] | None) -> Comparison | None:
     """``ours`` against the best of ``others`` on ``key`` (None when none of them has that number); with
-    ``per_seed`` (each seed's rows by :func:`row_key`) the margin widens to two standard errors where larger."""
+    ``per_run`` (each run's rows by :func:`row_key`) the margin widens to two standard errors where larger."""
     scored = [r for r in others if r[key] is not None]
     if not scored:
         return None
     best = max(scored, key=lambda r: r[key])
     difference = ours[key] - best[key]
-    if per_seed is None:
+    if per_run is None:
         return {"verdict": verdict(difference, margin), "difference": difference, "margin": margin,
                 "against": _describe(best)}
-    differences = [rows[row_key(ours)][key] - rows[row_key(best)][key] for rows in per_seed]
+    differences = [rows[row_key(ours)][key] - rows[row_key(best)][key] for rows in per_run]
     error = standard_error(differences)
     widened = margin if error is None else max(margin, 2.0 * error)
     return {"verdict": verdict(difference, widened), "difference": difference, "margin": widened,
@@ -75,14 +76,14 @@ def _compare(ours: Mapping[str, Any], others: Sequence[Mapping[str, Any]], key: 
 
 
 def claims(rows: Sequence[Mapping[str, Any]], margin: float,
-           per_seed: Sequence[Sequence[Mapping[str, Any]]] | None = None) -> dict[str, Any] | None:
+           per_run: Sequence[Sequence[Mapping[str, Any]]] | None = None) -> dict[str, Any] | None:
     """Where tauJp task arithmetic at alpha = 1 stands, on absolute and normalized accuracy, against the best
     baseline (pretrained, and every method over vectors fine-tuned without the penalty, at its tuned
     coefficient) and, apart, against the best tauJp variant (any method over penalized vectors, taujp's own
     or taujp-nonlinear's, at its tuned coefficient): a variant is the method itself in another form, so
     being behind one is no loss to a baseline. Differences within ``margin`` are ties.
 
-    per_seed: each seed's rows, when ``rows`` are their means (see the module docstring).
+    per_run: each run's rows, when ``rows`` are their means over seeds or task orders (see the module docstring).
     """
     ours = next((r for r in rows if r["method"] == "task-arithmetic" and r["mode"] == Mode.TAUJP
                  and r["coefficient"] == "1.0"), None)
@@ -91,13 +92,13 @@ def claims(rows: Sequence[Mapping[str, Any]], margin: float,
     variants = [r for r in tuned if Mode(r["mode"]).penalized]
     if ours is None or not baselines:
         return None
-    seeds = None if per_seed is None else [{row_key(r): r for r in seed_rows} for seed_rows in per_seed]
+    runs = None if per_run is None else [{row_key(r): r for r in run_rows} for run_rows in per_run]
     return {
         "margin": margin,
-        "seeds": None if per_seed is None else len(per_seed),
+        "repeats": None if per_run is None else len(per_run),
         "taujp_alpha1": _describe(ours),
-        "vs_baselines": {key: _compare(ours, baselines, key, margin, seeds) for key in ACCURACIES},
-        "vs_variants": {key: _compare(ours, variants, key, margin, seeds) for key in ACCURACIES},
+        "vs_baselines": {key: _compare(ours, baselines, key, margin, runs) for key in ACCURACIES},
+        "vs_variants": {key: _compare(ours, variants, key, margin, runs) for key in ACCURACIES},
         "baselines": [_describe(r) for r in baselines],
         "variants": [_describe(r) for r in variants],
     }

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from editkit.runs.bench.repeats import describe
 from editkit.runs.report import pyplot
 
 #: Colour of each stream label (report keys): adapter streams in a lighter shade of their mode's.
@@ -190,9 +191,9 @@ def plot_accuracy_matrices(report: Mapping[str, Any], path: Path) -> Path:
     return _save(fig, path, tight=False)
 
 
-def plot_seeds(report: Mapping[str, Any], path: Path) -> Path:
-    """A bench over seeds: each row the claims weigh (tauJp at alpha = 1, every method at its tuned coefficient)
-    as its mean ± std, each seed a dot, on absolute and normalized accuracy."""
+def plot_spread(report: Mapping[str, Any], path: Path) -> Path:
+    """A bench over seeds or task orders: each row the claims weigh (tauJp at alpha = 1, every method at its tuned coefficient)
+    as its mean ± std, each run a cross, on absolute and normalized accuracy."""
     plt = pyplot()
     rows = [r for r in report["addition"]["rows"] if r["coefficient"] == "tuned"
             or (r["method"] == "task-arithmetic" and r["mode"] == "taujp" and r["coefficient"] == "1.0")]
@@ -203,13 +204,13 @@ def plot_seeds(report: Mapping[str, Any], path: Path) -> Path:
             numbers = row["spread"][key]
             ax.errorbar(numbers["mean"], y, xerr=numbers["std"], fmt="o", color=_color(row["variant"]), capsize=3)
             ax.plot(numbers["values"], [y] * len(numbers["values"]), "x", color="black", alpha=0.5, markersize=4)
-        ax.set(title=f"{key} test accuracy", xlabel="mean ± std over seeds (× each seed)")
+        ax.set(title=f"{key} test accuracy", xlabel="mean ± std (× each run)")
     axes[0].set_yticks(range(len(rows)), names, fontsize=7)
-    fig.suptitle(f"{report['scenario']}: seeds {', '.join(map(str, report['seeds']))}")
+    fig.suptitle(f"{report['scenario']}: {describe(report)}")
     return _save(fig, path)
 
 
-#: The figures of a one-seed bench report, and of one over seeds.
+#: The figures of a one-run bench report, and of one over seeds or task orders.
 PAINTERS = {
     "alpha_curves": plot_alpha_curves,
     "incremental": plot_incremental,
@@ -219,12 +220,12 @@ PAINTERS = {
     "negation": plot_negation,
     "accuracy_matrix": plot_accuracy_matrices,
 }
-SEED_PAINTERS = {"seeds": plot_seeds}
+REPEAT_PAINTERS = {"spread": plot_spread}
 
 
 def render_all(report: Mapping[str, Any], directory: Path) -> dict[str, str]:
     """Draw every figure into ``directory`` as ``<figure>.png``; {figure: file name} (relative to the run directory)."""
-    painters = SEED_PAINTERS if "seeds" in report else PAINTERS
+    painters = REPEAT_PAINTERS if "repeats" in report else PAINTERS
     out = {}
     for key, painter in painters.items():
         out[key] = f"{key}.png"

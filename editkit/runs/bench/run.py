@@ -27,8 +27,8 @@ recipes and parameter shapes before any training starts). Then, on the banked ve
 - **claims**: tauJp at alpha = 1 against the best baseline and, apart, the best tauJp variant, each
   ahead, tied or behind by more than ``claim_margin`` (:mod:`editkit.runs.bench.claims`).
 
-``seeds`` > 1 runs all of it once per seed and reports each row as mean ± std, the claims with a margin of
-at least two standard errors (:mod:`editkit.runs.bench.seeds`).
+``seeds`` > 1 or ``orders`` > 1 runs all of it once per seed or task order and reports each row as
+mean ± std, the claims with a margin of at least two standard errors (:mod:`editkit.runs.bench.repeats`).
 
 Everything lands in ``<run-dir>/report.json`` and PNGs, written only at the end
 (plots rendered into a temporary directory, moved into place, then the report
@@ -75,7 +75,7 @@ from editkit.eval.diagnostics import correlation, disentanglement_error, off_dia
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world, BANKS_DIR, DEFAULT_SCENARIO
 from editkit.train.runtime import Runtime, setup
 from editkit.runs.bench.claims import claims
-from editkit.runs.bench.seeds import aggregate, seed_bank_root, seed_list
+from editkit.runs.bench.repeats import aggregate, order_repeats, repeat_bank_root, repeat_count, seed_repeats
 from editkit.runs.edit import CONTROLS
 from editkit.runs.loggers import LOGGERS, parse_loggers
 from editkit.runs.records import StepRecord, StreamResult
@@ -174,12 +174,16 @@ class BenchConfig:
     claim_margin: float = field(default=0.005, metadata={
         "help": "Accuracy difference (a fraction: 0.005 is 0.5 points) within which the report calls tauJp and "
                 "the best baseline or variant tied rather than ahead or behind: one seed has no spread of its own "
-                "to tell smaller differences from noise; over --seeds the margin is at least two standard errors "
-                "of the difference."})
+                "to tell smaller differences from noise; over --seeds or --orders the margin is at least two "
+                "standard errors of the difference."})
     seeds: int = field(default=1, metadata={
         "help": "Run every stream with N seeds (the recipe's seed, +1, ...; each seed's report in "
                 "<run-dir>/seed-<s>/, its banks beside the first seed's in <bank-root>/seed-<s>/) and report "
                 "every row as mean ± std over them."})
+    orders: int = field(default=1, metadata={
+        "help": "Run every stream over N task orders (the scenario's, then seeded permutations; each order's "
+                "report in <run-dir>/order-<k>/, its banks in <bank-root>/order-<k>/) and report every row as "
+                "mean ± std over them (OPCM's protocol)."})
     xi_pair: Sequence[str] | None = field(default=None, metadata={
         "help": "Task pair 'a,b' for the disentanglement error (default: the first two tasks)."})
     control: str = choice("auto", CONTROLS, "Negation control set: auto (ImageNet validation when the scenario "
@@ -226,7 +230,9 @@ class BenchConfig:
             raise ConfigError(f"negation control retention must be in [0, 1], got {self.negation_retain}")
         if not 0.0 <= self.claim_margin < 1.0:
             raise ConfigError(f"the claim margin is an accuracy difference in [0, 1), got {self.claim_margin}")
-        seed_list(0, int(self.seeds))  # at least one
+        seeds, orders = repeat_count(self.seeds, "--seeds", "seeds"), repeat_count(self.orders, "--orders", "task orders")
+        if seeds > 1 and orders > 1:
+            raise ConfigError("give --seeds or --orders, not both: a bench repeats over one of them")
         if not list(self.xi_grid):
             raise ConfigError("the xi grid is empty")
         if self.xi_samples < 1 or self.batch_size < 1:
@@ -245,7 +251,7 @@ class BenchConfig:
             negation_alphas=tuple(negation_alphas), negation_max=max(negation_alphas), ties_k=float(self.ties_k),
             negation_retain=float(self.negation_retain), claim_margin=float(self.claim_margin), xi_pair=pair,
             xi_grid=tuple(float(a) for a in self.xi_grid), xi_samples=int(self.xi_samples),
-            batch_size=int(self.batch_size), seeds=int(self.seeds),
+            batch_size=int(self.batch_size), seeds=seeds, orders=orders,
         )
 
     def variants(self, base: Recipe) -> dict[str, dict[str, Any]]:
@@ -403,18 +409,25 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
 
     runtime: where to run, in one process (default: ``editkit.train.runtime.setup()``'s: CUDA when available).
     """
-    from editkit.scenario.spec import load_scenario, task_recipes
-    from editkit.scenario.build import build_scenario, require_scenario
+    from editkit.scenario.spec import load_scenario
 
-    started = time.perf_counter()
     progress = progress or NullProgress()
     config = config.validated()
     if runtime.distributed if runtime is not None else torchrun_world()[1] > 1:
         raise ConfigError("editkit bench runs in one process; start it without torchrun")
     runtime = runtime or setup()
     spec = load_scenario(config.scenario)
-    if config.seeds > 1:
-        return _run_seeds(config, spec, runtime, progress)
+    if config.seeds > 1 or config.orders > 1:
+        return _run_repeats(config, spec, runtime, progress)
+    return _bench_once(config, spec, runtime, progress)
+
+
+def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: Progress) -> BenchResult:
+    """One bench of ``spec`` (its tasks in the order it lists them), with a validated ``config``."""
+    from editkit.scenario.spec import task_recipes
+    from editkit.scenario.build import build_scenario, require_scenario
+
+    started = time.perf_counter()
     if len(spec.tasks) < 2:
         raise ConfigError(f"scenario {spec.name!r} has {len(spec.tasks)} task; bench merges vectors and needs at least 2")
     tasks = spec.task_names
@@ -452,7 +465,7 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     control = _control_task(built, config)
     timings["build_seconds"] = time.perf_counter() - t0
 
-    _run_streams(config, states, progress, runtime, run_dir, arms)
+    _run_streams(config, spec, states, progress, runtime, run_dir, arms)
     timings["stream_seconds"] = {m: s.stream_seconds for m, s in states.items()}
 
     t0 = time.perf_counter()
@@ -494,20 +507,22 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     return BenchResult(report, run_dir)
 
 
-def _run_seeds(config: BenchConfig, spec, runtime: Runtime, progress: Progress) -> BenchResult:
-    """One whole bench per seed (:mod:`editkit.runs.bench.seeds`), then their means and spreads; a seed whose
-    bench fails stops the run before the aggregated report is written."""
-    first = int(config.recipe.get("seed", spec.recipe.seed))
-    seeds = seed_list(first, config.seeds)
+def _run_repeats(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: Progress) -> BenchResult:
+    """One whole bench per seed or task order (:mod:`editkit.runs.bench.repeats`), then their means and
+    spreads; a run that fails stops the bench before the aggregated report is written."""
+    seed = int(config.recipe.get("seed", spec.recipe.seed))
+    over = "seeds" if config.seeds > 1 else "orders"
+    repeats = (seed_repeats(seed, config.seeds, spec.task_names) if over == "seeds"
+               else order_repeats(spec.task_names, config.orders, seed))
     run_dir = config.run_directory(spec.recipe, spec.name)
-    runs = [run_dir / f"seed-{seed}" for seed in seeds]
+    runs = [run_dir / repeat.name for repeat in repeats]
     results = []
-    for seed, run in zip(seeds, runs):
-        log.info("bench %s: seed %d of %s", spec.name, seed, seeds)
-        results.append(run_bench(replace(config, seeds=1, recipe={**config.recipe, "seed": seed}, run_dir=run,
-                                         bank_root=seed_bank_root(config.bank_root, seed, first)),
-                                 runtime=runtime, progress=progress))
-    report = jsonable(aggregate([r.report for r in results], seeds, runs, config.claim_margin))
+    for repeat, run in zip(repeats, runs):
+        log.info("bench %s: %s (%s)", spec.name, repeat.name, ", ".join(repeat.order))
+        one = replace(config, seeds=1, orders=1, recipe={**config.recipe, "seed": repeat.seed}, run_dir=run,
+                      bank_root=repeat_bank_root(config.bank_root, repeat, repeats[0]))
+        results.append(_bench_once(one, spec.reordered(repeat.order), runtime, progress))
+    report = jsonable(aggregate([r.report for r in results], repeats, over, runs, config.claim_margin))
     report["run_dir"] = str(run_dir)
     _write_outputs(report, run_dir)
     return BenchResult(report, run_dir)
@@ -524,8 +539,8 @@ def _arms(spec, built: BuiltScenario, states: Mapping[str, _ModeState]) -> dict[
     return adapter_arms(built, recipes)
 
 
-def _run_streams(config: BenchConfig, states: Mapping[str, _ModeState], progress: Progress, runtime: Runtime,
-                 run_dir: Path, arms: Mapping[str, BuiltScenario]) -> None:
+def _run_streams(config: BenchConfig, spec: ScenarioSpec, states: Mapping[str, _ModeState], progress: Progress,
+                 runtime: Runtime, run_dir: Path, arms: Mapping[str, BuiltScenario]) -> None:
     """Each stream through ``run_scenario(resume=True)``, exactly as ``editkit stream`` runs it:
     banked experiences with the same recipe are reused, missing ones trained. Every stream runs over
     the bench's own built scenario of its adapter (the frozen-prefix states of a text are computed once). The
@@ -543,7 +558,7 @@ def _run_streams(config: BenchConfig, states: Mapping[str, _ModeState], progress
                     state.bank.update_metrics(record.task, {RSS_METRIC: peak})
                     record.extra[RSS_METRIC] = peak
 
-            state.stream, _ = run_scenario(config.scenario, bank=state.bank.root, run_dir=scratch, resume=True,
+            state.stream, _ = run_scenario(spec, bank=state.bank.root, run_dir=scratch, resume=True,
                                            progress=progress, on_step=on_step, build=config.build, runtime=runtime,
                                            loggers=config.log, log_dir=run_dir / state.label,
                                            built=arms[state.recipe.adapter], **state.overrides)

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from rich.markup import escape
 from rich.table import Table
 
+from editkit.runs.bench.repeats import describe
 from editkit.runs.bench.run import METHOD_LABELS
 from editkit.merge.coefficients import NEGATION_RETAIN
 from editkit.runs.report import pct
@@ -20,14 +21,14 @@ def _num(value: float | None, digits: int = 2) -> str:
 
 
 def _accuracy(row: Mapping[str, Any], key: str) -> str:
-    """The row's accuracy in %, as ``mean ± std`` when it is a mean over seeds."""
+    """The row's accuracy in %, as ``mean ± std`` when it is a mean over seeds or task orders."""
     numbers = row.get("spread", {}).get(key)
     return pct(row[key]) if numbers is None else f"{pct(numbers['mean'])} ± {pct(numbers['std'])}"
 
 
 def addition_table(report: Mapping[str, Any]):
     tasks = report["tasks"]
-    over = f", mean ± std over seeds {', '.join(map(str, report['seeds']))}" if "seeds" in report else ""
+    over = f", mean ± std over {describe(report)}" if "repeats" in report else ""
     table = Table(title=f"task addition — {report['scenario']} (test accuracy %, coefficients tuned on validation"
                         f"{over})", title_justify="left")
     for column in ("method", "mode", "coef"):
@@ -140,8 +141,8 @@ def cost_table(report: Mapping[str, Any]):
 
 
 def continual_table(report: Mapping[str, Any]):
-    """Each stream's ACC, BWT and forgetting (the merged model after each step; mean ± std over seeds)."""
-    over = f", mean ± std over seeds {', '.join(map(str, report['seeds']))}" if "seeds" in report else ""
+    """Each stream's ACC, BWT and forgetting (the merged model after each step; mean ± std over repeats)."""
+    over = f", mean ± std over {describe(report)}" if "repeats" in report else ""
     table = Table(title=f"continual learning — the merged model after each step (test accuracy %{over}; "
                         "BWT < 0 and forgetting > 0 are what the later tasks took away)", title_justify="left")
     table.add_column("mode")
@@ -159,9 +160,9 @@ def continual_table(report: Mapping[str, Any]):
     return table
 
 
-def seed_cost_table(report: Mapping[str, Any]):
-    """A bench over seeds: each stream's fine-tuning cost as mean ± std over the seeds."""
-    table = Table(title=f"cost over seeds {', '.join(map(str, report['seeds']))} (this machine; mean ± std)",
+def repeat_cost_table(report: Mapping[str, Any]):
+    """A bench over seeds or task orders: each stream's fine-tuning cost as mean ± std over them."""
+    table = Table(title=f"cost over {describe(report)} (this machine; mean ± std)",
                   title_justify="left")
     columns = {"fine-tune s": ("finetune_seconds", 1), "steady s/step": ("steady_seconds_per_step", 3),
                "vs linear": ("steady_over_linear", 2), "peak RSS MiB": ("peak_rss_mib", 0), "merge s": ("merge_seconds", 3)}
@@ -184,9 +185,9 @@ def claims_table(report: Mapping[str, Any]):
     if not claims:
         return None
     margin = 100 * claims["margin"]
-    seeds = claims.get("seeds")
-    over = (f"means over {seeds} seeds; a difference within the larger of ±{margin:.2f} points and two standard "
-            "errors is a tie" if seeds else f"a difference within ±{margin:.2f} points is a tie")
+    repeats = claims.get("repeats")
+    over = (f"means over {repeats} {claims.get('over', 'runs')}; a difference within the larger of ±{margin:.2f} "
+            "points and two standard errors is a tie" if repeats else f"a difference within ±{margin:.2f} points is a tie")
     table = Table(title=f"claims: τJp task arithmetic at α=1 vs the best at its tuned coefficient (test accuracy %; "
                         f"{over})", title_justify="left")
     for column in ("against", "accuracy", "τJp α=1", "best", "which", "difference", "± margin", "verdict"):
