@@ -468,7 +468,7 @@ def bench(
     from editkit.errors import ConfigError
     from editkit.runs.bench.run import run_bench
     from editkit.runs.bench.tables import (addition_table, claims_table, continual_table, cost_table, negation_table,
-                                           repeat_cost_table, taujp_table, xi_table)
+                                           repeat_cost_table, strategy_cost_table, taujp_table, xi_table)
     from editkit.cli.console import RichProgress, console
     from editkit.runs.stream import process_runtime
 
@@ -494,8 +494,10 @@ def bench(
         for build in (addition_table, continual_table, repeat_cost_table):
             console.print(build(report))
     else:
-        for build in (addition_table, continual_table, negation_table, taujp_table, xi_table, cost_table):
-            console.print(build(report))
+        for build in (addition_table, continual_table, negation_table, taujp_table, xi_table, cost_table,
+                      strategy_cost_table):
+            if (table := build(report)) is not None:
+                console.print(table)
         corr = report["taujp"]["correlation"]
         console.print(f"[bold]τJp ↔ normalized accuracy:[/bold] pearson r = "
                       f"{'n/a' if corr['pearson'] is None else format(corr['pearson'], '.3f')}, spearman ρ = "

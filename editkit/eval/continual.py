@@ -11,7 +11,8 @@ alpha = 1, which the stream scores after every experience. From the last row:
 - **forgetting** (Chaudhry et al. 2018): the mean over ``i < T-1`` of
   ``max_{l < T-1} matrix[l][i] - matrix[T-1][i]``, the drop from each task's best.
 
-BWT and forgetting need two experiences at least; with one they are None.
+BWT and forgetting need two experiences at least; with one they are None. A model trained on every task at
+once (joint training) has one row only: :func:`final_metrics`.
 """
 
 from __future__ import annotations
@@ -50,3 +51,9 @@ def continual_metrics(tasks: Sequence[str], rows: Sequence[Mapping[str, float]])
     bwt = sum(last[i] - matrix[i][i] for i in earlier) / len(earlier)
     forgetting = sum(max(matrix[l][i] for l in range(i, len(tasks) - 1)) - last[i] for i in earlier) / len(earlier)
     return {"tasks": list(tasks), "matrix": matrix, "acc": acc, "bwt": bwt, "forgetting": forgetting}
+
+
+def final_metrics(tasks: Sequence[str], row: Mapping[str, float]) -> ContinualMetrics:
+    """ACC of a model scored once, after training on every task together: its matrix is that one row."""
+    return {"tasks": list(tasks), "matrix": [[row[task] for task in tasks]],
+            "acc": sum(row[task] for task in tasks) / len(tasks), "bwt": None, "forgetting": None}

@@ -520,6 +520,44 @@ def test_a_bench_over_two_task_orders_streams_the_tasks_in_each_order(bench_run)
     assert "mean ± std over 2 task orders" in " ".join(result.output.split())
 
 
+@pytest.mark.slow
+def test_avalanche_strategies_run_the_same_stream_beside_the_modes(bench_run):
+    """--strategies: each strategy's row is its model after the last task, its matrix the stream's scores, and the
+    claims weigh tauJp against the rehearsal-free ones, the rehearsal ones and joint training apart."""
+    root, scenario, _, report = bench_run
+    args = bench_args(scenario, root, "--modes", "taujp", "--methods", "task-arithmetic", "--strategies",
+                      "naive,lwf,replay,joint", "--strategy-params", "replay.mem_size=50")
+    args[args.index("--run-dir") + 1] = str(root / "run-strategies")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    got = json.loads((root / "run-strategies" / "report.json").read_text())
+    assert got["cost"]["taujp"]["trained_now"] == []  # the banks are the one-mode bench's
+    rows = {r["method"]: r for r in got["addition"]["rows"] if r["variant"] == "avalanche"}
+    assert list(rows) == ["naive", "lwf", "replay", "joint"]
+    for name, row in rows.items():
+        matrix = got["strategies"][name]["rows"]
+        assert row["per_task"] == matrix[-1] and row["absolute"] == pytest.approx(np.mean(list(matrix[-1].values())))
+        assert got["continual"][name]["acc"] == pytest.approx(row["absolute"])
+        if name == "joint":
+            assert len(matrix) == 1 and row["normalized"] is None and got["continual"][name]["bwt"] is None
+        else:
+            assert [list(r) for r in matrix] == [TASKS[:1], TASKS]
+            kept = [matrix[-1][t] / matrix[i][t] for i, t in enumerate(TASKS)]
+            assert row["normalized"] == pytest.approx(np.mean(kept))
+            assert got["continual"][name]["bwt"] == pytest.approx(matrix[1][TASKS[0]] - matrix[0][TASKS[0]])
+        assert got["strategy_cost"][name]["steps"] == STEPS * len(TASKS)
+    assert got["strategies"]["replay"]["options"] == {"mem_size": 50} and got["strategy_cost"]["replay"]["buffer_size"] == 50
+    assert "continual-learning-baselines" in got["strategies"]["lwf"]["defaults_from"]
+    ours = next(r for r in got["addition"]["rows"] if r["mode"] == "taujp" and r["coefficient"] == "1.0")
+    free = got["claims"]["vs_strategies"]["rehearsal_free"]["absolute"]
+    assert free["difference"] == pytest.approx(ours["absolute"] - max(rows[n]["absolute"] for n in ("naive", "lwf")))
+    assert got["claims"]["vs_strategies"]["joint"]["absolute"]["against"]["method"] == "joint"
+    printed = table_rows(result.output)
+    assert any(line[:2] == ["Naive", "avalanche"] for line in printed)
+    assert any(line[0] == "replay" and line[-1] == "50" for line in printed)  # the strategies' cost table
+    assert any(line[0] == "strategy, rehearsal-free" for line in printed)
+
+
 # --- refusals: one red line, nothing written --------------------------------------------------
 
 
@@ -544,6 +582,9 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path):
     refused(base + ["--methods", "ties,magmaxx"], "magmaxx")
     refused(base + ["--grid", "0"], "empty")
     refused(base + ["--seeds", "0"], "at least 1")
+    refused(base + ["--strategies", "naive,gem"], "unknown strategies 'gem'", "naive, ewc, lwf, si, replay, agem, joint")
+    refused(base + ["--strategies", "ewc", "--strategy-params", "ewc.lamda=3"], "no option 'lamda'", "ewc_lambda, mode")
+    refused(base + ["--strategies", "ewc", "--strategy-params", "lwf.alpha=2"], "lwf, which --strategies does not run")
     refused(base + ["--grid", "1"], "at least 2")
     refused(base + ["--negation-grid", "0"], "empty")
     refused(base + ["--negation-max", "0"], "positive")

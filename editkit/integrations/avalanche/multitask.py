@@ -94,8 +94,11 @@ class MultiHeadTaskModel(MultiTaskModule):
             raise KeyError(f"no head for task label {task_label} (heads: {', '.join(self.heads)})")
         return self.heads[key]
 
-    def forward(self, x: Any, task_labels: torch.Tensor | int) -> torch.Tensor:
-        """Each example's logits under its task's head, unpadded (see the module docstring)."""
+    def forward(self, x: Any, task_labels: torch.Tensor | int | None) -> torch.Tensor | dict[int, torch.Tensor]:
+        """Each example's logits under its task's head, unpadded (see the module docstring); with no task labels,
+        Avalanche's contract: every task trained so far, ``{task label: logits}`` (LwF distils through it)."""
+        if task_labels is None:
+            return self.forward_all_tasks(x)
         labels = torch.as_tensor(task_labels).reshape(-1).unique().tolist()
         if len(labels) == 1:
             return self.forward_single_task(x, labels[0])

@@ -268,3 +268,42 @@ class TauJpPlugin(SupervisedPlugin):
             raise ConfigError("TauJpPlugin trains a MultiHeadTaskModel (editkit.integrations.avalanche.multitask); "
                               f"the strategy's model is a {type(strategy.model).__name__}")
         return strategy.model
+
+
+class StepBudget(SupervisedPlugin):
+    """The recipe's training of each experience inside any Avalanche strategy
+    (:mod:`editkit.integrations.avalanche.strategies`): a fresh AdamW with the recipe's lr, weight decay and
+    warmup + cosine schedule, its gradient clipping, and exactly ``steps[i]`` optimizer steps in the i-th call
+    to ``train`` (training stops at the budget, whatever the epochs). Times the steps; ``bar``, when set,
+    advances with them."""
+
+    def __init__(self, recipe: Recipe, *, steps: Sequence[int]) -> None:
+        super().__init__()
+        self.recipe = recipe
+        self.steps = list(steps)
+        self.seconds = 0.0
+        self.bar = None
+        self._call, self._count, self._budget, self._started = 0, 0, 0, 0.0
+        self._schedule: torch.optim.lr_scheduler.LambdaLR | None = None
+
+    def before_training_exp(self, strategy, **kwargs) -> None:
+        self._budget = self.steps[self._call]
+        recipe = self.recipe.with_overrides(steps=self._budget, epochs=None)
+        strategy.optimizer, self._schedule = optimizer_for(list(strategy.model.task_model.theta), recipe)
+        self._count = 0
+        self._started = time.perf_counter()
+
+    def before_update(self, strategy, **kwargs) -> None:
+        clip_gradients([p for p in strategy.model.task_model.theta if p.grad is not None], self.recipe.grad_clip)
+
+    def after_update(self, strategy, **kwargs) -> None:
+        self._schedule.step()
+        self._count += 1
+        if self.bar is not None:
+            self.bar.advance(1)
+        if self._count >= self._budget:
+            strategy.stop_training()
+
+    def after_training_exp(self, strategy, **kwargs) -> None:
+        self.seconds += time.perf_counter() - self._started
+        self._call += 1

@@ -16,6 +16,7 @@ import statistics
 from typing import Any, Mapping, Sequence, TypedDict
 
 from editkit.core.modes import Mode
+from editkit.integrations.avalanche.strategies import STRATEGIES
 from editkit.merge import MERGE_METHODS
 
 ACCURACIES = ("absolute", "normalized")
@@ -83,6 +84,10 @@ def claims(rows: Sequence[Mapping[str, Any]], margin: float,
     or taujp-nonlinear's, at its tuned coefficient): a variant is the method itself in another form, so
     being behind one is no loss to a baseline. Differences within ``margin`` are ties.
 
+    Avalanche's strategies (rows of ``editkit bench --strategies``) are judged apart, in three groups: the
+    rehearsal-free ones (Naive, EWC, LwF, SI: tauJp keeps no example either), the rehearsal ones (Replay,
+    A-GEM keep examples of past tasks) and joint training (every task at once: an upper bound).
+
     per_run: each run's rows, when ``rows`` are their means over seeds or task orders (see the module docstring).
     """
     ours = next((r for r in rows if r["method"] == "task-arithmetic" and r["mode"] == Mode.TAUJP
@@ -93,12 +98,18 @@ def claims(rows: Sequence[Mapping[str, Any]], margin: float,
     if ours is None or not baselines:
         return None
     runs = None if per_run is None else [{row_key(r): r for r in run_rows} for run_rows in per_run]
+    groups = {"rehearsal_free": lambda spec: not spec.rehearsal and not spec.joint,
+              "rehearsal": lambda spec: spec.rehearsal, "joint": lambda spec: spec.joint}
+    strategies = {group: [r for r in rows if r["method"] in STRATEGIES and wanted(STRATEGIES[r["method"]])]
+                  for group, wanted in groups.items()}
     return {
         "margin": margin,
         "repeats": None if per_run is None else len(per_run),
         "taujp_alpha1": _describe(ours),
         "vs_baselines": {key: _compare(ours, baselines, key, margin, runs) for key in ACCURACIES},
         "vs_variants": {key: _compare(ours, variants, key, margin, runs) for key in ACCURACIES},
+        "vs_strategies": {group: {key: _compare(ours, members, key, margin, runs) for key in ACCURACIES}
+                          for group, members in strategies.items() if members},
         "baselines": [_describe(r) for r in baselines],
         "variants": [_describe(r) for r in variants],
     }

@@ -183,7 +183,8 @@ def plot_accuracy_matrices(report: Mapping[str, Any], path: Path) -> Path:
                 ax.text(i, t, f"{100 * value:.0f}", ha="center", va="center", fontsize=7,
                         color="white" if value < 0.6 else "black")
         ax.set_xticks(range(len(tasks)), tasks, rotation=45, ha="right", fontsize=7)
-        ax.set_yticks(range(len(tasks)), [f"after {t}" for t in tasks], fontsize=7)
+        steps = [f"after {t}" for t in tasks] if len(grid) == len(tasks) else ["after all (joint)"]
+        ax.set_yticks(range(len(grid)), steps, fontsize=7)
         bwt = "—" if numbers["bwt"] is None else f"{100 * numbers['bwt']:+.1f}"
         ax.set_title(f"{label}: ACC {100 * numbers['acc']:.1f}, BWT {bwt}", fontsize=9)
     fig.colorbar(image, ax=list(axes[0]), shrink=0.8, label="test accuracy")

@@ -74,7 +74,9 @@ from editkit.eval.accuracy import AdditionSummary, addition_summary
 from editkit.eval.diagnostics import correlation, disentanglement_error, off_diagonal, pair_interference
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world, BANKS_DIR, DEFAULT_SCENARIO
 from editkit.train.runtime import Runtime, setup
+from editkit.integrations.avalanche.strategies import STRATEGIES, parse_strategy_params
 from editkit.runs.bench.claims import claims
+from editkit.runs.bench.strategies import run_strategies, strategy_sections
 from editkit.runs.bench.repeats import aggregate, order_repeats, repeat_bank_root, repeat_count, seed_repeats
 from editkit.runs.edit import CONTROLS
 from editkit.runs.loggers import LOGGERS, parse_loggers
@@ -100,7 +102,8 @@ log = logging.getLogger(__name__)
 
 METHODS = tuple(MERGE_METHODS)  # every registered merge method
 #: How tables name each row's method: the merge methods' labels and the two reference rows.
-METHOD_LABELS = {"pretrained": "pretrained", **{m: MERGE_METHODS.label(m) for m in METHODS}, "single-task": "single-task"}
+METHOD_LABELS = {"pretrained": "pretrained", **{m: MERGE_METHODS.label(m) for m in METHODS}, "single-task": "single-task",
+                 **{s: spec.label for s, spec in STRATEGIES.items()}}
 DEFAULT_NEGATION_GRID = 11  # 0, 0.1, ..., 1: non-linear negation costs tasks x grid forwards of every validation split
 DEFAULT_XI_GRID = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)
 DEFAULT_XI_SAMPLES = 250
@@ -139,6 +142,12 @@ class BenchConfig:
         "help": f"Comma-separated modes to fine-tune and compare (any of {', '.join(Mode)})."})
     methods: Sequence[str] = field(default=METHODS, metadata={
         "help": "Merging methods besides pretrained and single-task."})
+    strategies: Sequence[str] = field(default=(), metadata={
+        "help": f"Comma-separated Avalanche strategies to run through the same stream beside the modes (any of "
+                f"{', '.join(STRATEGIES)}): plain fine-tuning of the same backbone and heads with the recipe's "
+                "optimizer, batch and steps, scored task-incrementally after each experience. Default: none."})
+    strategy_params: Sequence[str] = field(default=(), metadata={
+        "help": "Comma-separated STRATEGY.OPTION=VALUE over a strategy's defaults (e.g. ewc.ewc_lambda=100)."})
     adapters: Sequence[str] | None = field(default=None, metadata={
         "help": f"Comma-separated adapters to compare ({', '.join(ADAPTERS)}): every mode's stream runs once per "
                 "adapter, on its own copy of theta_0, and the tables show rows <mode> and <mode>-lora side by side "
@@ -202,6 +211,11 @@ class BenchConfig:
         """A copy with names parsed and every value checked (raises ConfigError)."""
         modes = parse_names(self.modes, tuple(Mode), "modes")
         methods = parse_names(self.methods, METHODS, "methods")
+        strategies = parse_names(self.strategies, tuple(STRATEGIES), "strategies") if self.strategies else ()
+        params = self.strategy_params.split(",") if isinstance(self.strategy_params, str) else list(self.strategy_params)
+        unasked = sorted(set(parse_strategy_params([p for p in params if p.strip()])) - set(strategies))
+        if unasked:
+            raise ConfigError(f"--strategy-params sets options of {', '.join(unasked)}, which --strategies does not run")
         recipe = {k: v for k, v in self.recipe.items() if v is not None}
         if "mode" in recipe:
             raise ConfigError("bench runs every mode it is given: choose them with modes (--modes), not recipe.mode")
@@ -244,7 +258,8 @@ class BenchConfig:
             if len(pair) != 2 or pair[0] == pair[1]:
                 raise ConfigError(f"--xi-pair needs two different task names 'a,b', got {self.xi_pair!r}")
         return replace(
-            self, modes=modes, methods=methods, adapters=adapters, log=parse_loggers(self.log),
+            self, modes=modes, methods=methods, strategies=strategies,
+            strategy_params=tuple(p.strip() for p in params if p.strip()), adapters=adapters, log=parse_loggers(self.log),
             bank_root=Path(self.bank_root),
             run_dir=Path(self.run_dir) if self.run_dir is not None else None, recipe=recipe,
             grid=len(alphas), alphas=tuple(alphas), negation_grid=len(negation_alphas),
@@ -467,6 +482,12 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
 
     _run_streams(config, spec, states, progress, runtime, run_dir, arms)
     timings["stream_seconds"] = {m: s.stream_seconds for m, s in states.items()}
+    t0 = time.perf_counter()
+    per_task = task_recipes(spec, **config.recipe)
+    strategies = strategy_sections(run_strategies(
+        config.strategies, parse_strategy_params(config.strategy_params), built,
+        [per_task[n].resolved(len(built.task(n).train)) for n in tasks], runtime=runtime, progress=progress), tasks)
+    timings["strategy_seconds"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     modules = {adapter: runtime.place(arm.backbone.module) for adapter, arm in arms.items()}
@@ -497,7 +518,7 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
     diagnostics = _diagnostics(evaluators, mode_results, config, tasks, pair, progress)
     timings["diagnostics_seconds"] = time.perf_counter() - t0
 
-    report = _report(spec, built, config, states, tasks, pretrained, mode_results, diagnostics, run_dir)
+    report = _report(spec, built, config, states, tasks, pretrained, mode_results, diagnostics, strategies, run_dir)
     report["torch_threads"] = torch.get_num_threads()
     report["runtime"] = runtime.describe()  # with the threads, what the numbers depend on beyond the seed
     timings["total_seconds"] = time.perf_counter() - started
@@ -795,11 +816,12 @@ def _refuse_unswept_heads(scenario: str, heads: Mapping[str, nn.Module]) -> None
 
 def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], tasks: Sequence[str],
             pretrained: Mapping[str, Mapping[str, float]], results: Mapping[str, dict[str, Any]],
-            diagnostics: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+            diagnostics: Mapping[str, Any], strategies: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
     rows = [_row("pretrained", None, None, None, pretrained["test"], None,
                  val_absolute=addition_summary(pretrained["val"], None)["absolute"])]
     for mode in states:
         rows += results[mode]["rows"]
+    rows += strategies["rows"]
     streams: dict[str, StreamSection] = {}
     for mode, state in states.items():
         streams[mode] = {
@@ -834,7 +856,9 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
         **diagnostics,
         "streams": streams,
         # the continual-learning field's numbers of each stream's merged model after every step
-        "continual": {mode: state.stream.continual for mode, state in states.items()},
+        "continual": {**{mode: state.stream.continual for mode, state in states.items()}, **strategies["continual"]},
+        "strategies": strategies["strategies"],
+        "strategy_cost": strategies["strategy_cost"],
         "cost": with_step_ratios({m: _cost(states[m], results[m], tasks) for m in states}),
         "claims": claims(rows, config.claim_margin),
     })

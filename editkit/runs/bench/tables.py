@@ -178,6 +178,19 @@ def repeat_cost_table(report: Mapping[str, Any]):
     return table
 
 
+def strategy_cost_table(report: Mapping[str, Any]):
+    """Each Avalanche strategy's training cost (None when the bench ran none): time, peak memory, examples kept."""
+    if not report.get("strategy_cost"):
+        return None
+    table = Table(title="cost of the Avalanche strategies (this machine)", title_justify="left")
+    for column in ("strategy", "train s", "steps", "s/step", "peak RSS MiB", "examples kept"):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for name, c in report["strategy_cost"].items():
+        table.add_row(name, _num(c["train_seconds"], 1), str(c["steps"]), _num(c["seconds_per_step"], 3),
+                      _num(c["peak_rss_mib"], 0), str(c["buffer_size"]))
+    return table
+
+
 def claims_table(report: Mapping[str, Any]):
     """Each claim's two numbers, their difference and its verdict, in points, with the margin that makes a tie;
     None when the report has no tauJp row to judge."""
@@ -193,7 +206,10 @@ def claims_table(report: Mapping[str, Any]):
     for column in ("against", "accuracy", "τJp α=1", "best", "which", "difference", "± margin", "verdict"):
         table.add_column(column, justify="right" if column in ("τJp α=1", "best", "difference", "± margin") else "left")
     ours = claims["taujp_alpha1"]
-    for against, comparisons in (("baseline", claims["vs_baselines"]), ("τJp variant", claims["vs_variants"])):
+    groups = {"rehearsal_free": "strategy, rehearsal-free", "rehearsal": "strategy, rehearsal", "joint": "joint training"}
+    against_strategies = [(groups[g], c) for g, c in claims.get("vs_strategies", {}).items()]
+    for against, comparisons in (("baseline", claims["vs_baselines"]), ("τJp variant", claims["vs_variants"]),
+                                 *against_strategies):
         for key, comparison in comparisons.items():
             if comparison is None:
                 continue

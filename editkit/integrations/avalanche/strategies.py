@@ -1,0 +1,195 @@
+"""Avalanche's own continual-learning strategies on a scenario's stream, for the bench to put beside tauJp.
+
+Each strategy is Avalanche's class with its own plugins (``avalanche.training.Naive``, ``EWC``, ``LwF``,
+``SynapticIntelligence``, ``Replay``, ``AGEM``, ``JointTraining``): nothing here re-implements one. What editkit
+fixes is everything the modes fix, so a row differs from a mode's by the strategy alone:
+
+- the model: theta_0's backbone in plain (``nonlinear``) form, with the scenario's fixed heads, one per task
+  label (:class:`~editkit.integrations.avalanche.multitask.MultiHeadTaskModel`); the backbone is shared and
+  never changed, each strategy trains its own copy of theta;
+- per experience, the recipe's optimizer (AdamW, lr, weight decay, warmup + cosine, gradient clipping), fresh
+  for each experience as a mode's is, the recipe's batch size and exactly its number of steps
+  (:class:`StepBudget`); Avalanche's own data loaders draw the batches (Replay's mix in its buffer);
+- evaluation after each experience on the test split of every task seen, task-incremental (each task's
+  head), which is the accuracy matrix of :mod:`editkit.eval.continual`. ``joint`` trains once on every
+  task together, ``steps`` times the number of tasks, and has a last row only.
+
+Strategies carry on from the weights the previous experience left, as ``sequential`` does: that is what
+they are. Default options come from ContinualAI's continual-learning-baselines (Avalanche's reproductions)
+where it has the strategy, else Avalanche's defaults; :data:`STRATEGIES` records which.
+Avalanche is imported only when a strategy runs (seconds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Sequence
+
+from editkit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """One of Avalanche's strategies: its class in ``avalanche.training`` and the options editkit gives it."""
+
+    label: str  # the class name, as tables show it
+    options: Mapping[str, Any] = field(default_factory=dict)
+    source: str = "Avalanche's defaults"
+    rehearsal: bool = False  # keeps examples of past tasks (its buffer is part of its cost)
+    joint: bool = False  # trains on every task at once: an upper bound, not a continual strategy
+
+    def buffer_size(self, options: Mapping[str, Any], tasks: int) -> int:
+        """Examples the strategy keeps: Replay's memory, A-GEM's patterns of every past experience."""
+        if "mem_size" in options:
+            return int(options["mem_size"])
+        if "patterns_per_exp" in options:
+            return int(options["patterns_per_exp"]) * max(0, tasks - 1)
+        return 0
+
+
+_BASELINES = "continual-learning-baselines"
+STRATEGIES: dict[str, StrategySpec] = {
+    "naive": StrategySpec("Naive"),
+    "ewc": StrategySpec("EWC", {"ewc_lambda": 1.0, "mode": "separate"}, f"{_BASELINES} (permuted_mnist/ewc.py)"),
+    "lwf": StrategySpec("LwF", {"alpha": 1.0, "temperature": 1.0}, f"{_BASELINES} (split_mnist/lwf.py)"),
+    "si": StrategySpec("SynapticIntelligence", {"si_lambda": 1.0, "eps": 0.001},
+                       f"{_BASELINES} (split_mnist/synaptic_intelligence.py)"),
+    "replay": StrategySpec("Replay", {"mem_size": 200}, "Avalanche's defaults", rehearsal=True),
+    "agem": StrategySpec("AGEM", {"patterns_per_exp": 250, "sample_size": 256}, f"{_BASELINES} (permuted_mnist/agem.py)",
+                         rehearsal=True),
+    "joint": StrategySpec("JointTraining", joint=True),
+}
+
+
+def strategy_options(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The strategy's default options with ``given`` over them; a name it does not take is refused, naming them."""
+    spec = STRATEGIES[name]
+    unknown = sorted(set(given) - set(spec.options))
+    if unknown:
+        known = ", ".join(spec.options) or "none"
+        raise ConfigError(f"strategy {name!r} has no option {', '.join(map(repr, unknown))}; its options: {known}")
+    return {**spec.options, **given}
+
+
+def parse_strategy_params(values: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``["ewc.ewc_lambda=100", "replay.mem_size=500"]`` -> ``{"ewc": {"ewc_lambda": 100.0}, ...}`` (numbers
+    as numbers), each checked against its strategy's options."""
+    out: dict[str, dict[str, Any]] = {}
+    for value in values:
+        key, sep, raw = value.partition("=")
+        name, dot, option = key.strip().partition(".")
+        if not sep or not dot:
+            raise ConfigError(f"strategy option {value!r} is not STRATEGY.OPTION=VALUE (e.g. ewc.ewc_lambda=100)")
+        if name not in STRATEGIES:
+            raise ConfigError(f"unknown strategy {name!r} in {value!r}; choose from {', '.join(STRATEGIES)}")
+        out.setdefault(name, {})[option] = _number(raw.strip())
+    for name, given in out.items():
+        strategy_options(name, given)
+    return out
+
+
+def _number(raw: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+@dataclass
+class StrategyResult:
+    """What one strategy did to a stream: each experience's scores (task -> accuracy, the tasks seen so far;
+    ``joint``: one row, after training on all), its cost and its options."""
+
+    name: str
+    rows: list[dict[str, float]]
+    options: dict[str, Any]
+    train_seconds: float
+    steps: int  # training iterations, as Avalanche's own clock counts them
+    peak_rss_bytes: int | None
+    buffer_size: int  # examples it may keep (Replay's memory, A-GEM's patterns of the past experiences)
+
+
+def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, Any] | None = None, runtime=None,
+                 progress=None) -> StrategyResult:
+    """Train Avalanche's strategy ``name`` through ``built``'s stream (an
+    :class:`~editkit.scenario.build.BuiltScenario`) with each task's resolved recipe (``recipes``, in stream
+    order: its steps; the first one's optimizer settings and batch), scoring every seen task after each
+    experience (see the module docstring)."""
+    import torch
+
+    from editkit.integrations.avalanche.benchmark import benchmark_from_tasks, quiet_avalanche_import
+    from editkit.integrations.avalanche.multitask import MultiHeadTaskModel
+    from editkit.integrations.avalanche.plugin import StepBudget
+    from editkit.train.runtime import Runtime
+    from editkit.util.progress import NullProgress
+
+    with quiet_avalanche_import():
+        import avalanche.training as strategies
+        from avalanche.training.plugins import EvaluationPlugin
+
+    spec, runtime, progress = STRATEGIES[name], runtime or Runtime(), progress or NullProgress()
+    chosen = strategy_options(name, options or {})
+    tasks, recipe = list(built.tasks), recipes[0]
+    steps = [sum(r.steps for r in recipes)] if spec.joint else [r.steps for r in recipes]
+    model = MultiHeadTaskModel(built.backbone, [built.heads[t.name] for t in tasks], mode="nonlinear")
+    model = model.to(runtime.device)
+    benchmark = benchmark_from_tasks(tasks)
+    budget = StepBudget(recipe, steps=steps)
+    with _quiet_strategy(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(recipe.seed)  # Avalanche's loaders shuffle with torch's global generator
+        strategy = getattr(strategies, spec.label)(
+            model=model, optimizer=torch.optim.AdamW(list(model.task_model.theta), lr=recipe.lr),
+            criterion=torch.nn.CrossEntropyLoss(), train_mb_size=recipe.batch_size,
+            train_epochs=max(steps) + 1,  # every epoch takes a step at least: the budget ends each experience
+            eval_mb_size=256, device=runtime.device, plugins=[budget], evaluator=EvaluationPlugin(), eval_every=-1,
+            **chosen)
+        rows = _train(strategy, budget, tasks, benchmark, spec.joint, progress, name,
+                      lambda seen: _scores(model, built, seen, runtime))
+    return StrategyResult(name, rows[0], chosen, budget.seconds, strategy.clock.train_iterations, rows[1],
+                          spec.buffer_size(chosen, len(tasks)))
+
+
+#: Warnings Avalanche gives that say nothing to an editkit user: editkit scores the model itself (no Avalanche
+#: logger), and Replay calls its own storage policy's deprecated method.
+_AVALANCHE_NOISE = ("No loggers specified", "Call to deprecated function update")
+
+
+@contextlib.contextmanager
+def _quiet_strategy() -> Iterator[None]:
+    """Run a strategy without :data:`_AVALANCHE_NOISE`; every other warning is shown as usual. Recorded, not
+    filtered: Avalanche's deprecation decorator resets the filters around its own warning."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        if not str(w.message).startswith(_AVALANCHE_NOISE):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def _train(strategy, budget, tasks: Sequence, benchmark, joint: bool, progress, name: str, scores):
+    """(each experience's scores, the peak RSS of it all): ``train`` per experience, or once over the stream."""
+    from editkit.util.memory import PeakRSS
+
+    rows: list[dict[str, float]] = []
+    with PeakRSS() as rss:
+        experiences = [benchmark.train_stream] if joint else list(benchmark.train_stream)
+        for index, experience in enumerate(experiences):
+            seen = tasks if joint else tasks[: index + 1]
+            with progress.task(f"{name}: {'every task' if joint else seen[-1].name}", total=budget.steps[index]) as bar:
+                budget.bar = bar
+                strategy.train(experience, eval_streams=[])
+            rows.append(scores(seen))
+        return rows, rss.window()
+
+
+def _scores(model, built, seen: Sequence, runtime) -> dict[str, float]:
+    """Task-incremental accuracy of the strategy's model on each seen task's test split, under its own head."""
+    from editkit.eval.scorers import task_scorer
+
+    model.eval()
+    return {t.name: task_scorer(t.name, built.heads[t.name], t.test, built.backbone.batching)
+            .score(model.task_model, runtime=runtime) for t in seen}

@@ -1,0 +1,91 @@
+"""Avalanche's strategies through an editkit stream: the recipe's steps exactly (Avalanche's own clock), the
+scores of the model they leave (θ0's, counted by hand, when nothing may move), seeded runs, and refusals."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from editkit.core.batching import TensorBatching
+from editkit.errors import ConfigError
+from editkit.integrations.avalanche.strategies import STRATEGIES, parse_strategy_params, run_strategy, strategy_options
+from editkit.models.backbone import Backbone
+from editkit.models.heads import LinearHead
+from editkit.train.recipe import Recipe
+
+from helpers.models import mlp
+
+D_IN, FEATURES = 8, 6
+
+
+def stream(sizes=(3, 2), train: int = 40, test: int = 30) -> SimpleNamespace:
+    """A built scenario's three parts: tasks whose classes shift the input's mean, an MLP backbone, random heads."""
+    from editkit.data.tasks import tensor_task
+
+    generator = torch.Generator().manual_seed(0)
+    tasks = []
+    for t, classes in enumerate(sizes):
+        def split(n):
+            y = torch.randint(0, classes, (n,), generator=generator)
+            return torch.randn(n, D_IN, generator=generator) + torch.nn.functional.one_hot(y, D_IN).float() * 2, y
+        (xtr, ytr), (xte, yte) = split(train), split(test)
+        tasks.append(tensor_task(f"t{t}", [str(c) for c in range(classes)], xtr, ytr, xte, yte))
+    heads = {t.name: LinearHead(torch.randn(t.num_classes, FEATURES, generator=generator),
+                                torch.randn(t.num_classes, generator=generator)) for t in tasks}
+    backbone = Backbone("mlp", mlp(D_IN, 16, FEATURES, seed=1), FEATURES, batching=TensorBatching())
+    return SimpleNamespace(tasks=tasks, heads=heads, backbone=backbone)
+
+
+def recipes(*steps: int, lr: float = 1e-2) -> list[Recipe]:
+    return [Recipe(mode="nonlinear", steps=s, batch_size=16, lr=lr, warmup=0, seed=3) for s in steps]
+
+
+def by_hand(built, task) -> float:
+    """θ0's accuracy on a task's test split: its head's argmax over the backbone's features, counted here."""
+    with torch.no_grad():
+        predicted = built.heads[task.name](built.backbone.module(task.test.inputs)).argmax(1)
+    return (predicted == task.test.targets).float().mean().item()
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_every_strategy_takes_the_recipes_steps_across_epochs_and_scores_every_seen_task(name):
+    built = stream()
+    result = run_strategy(name, built, recipes(4, 7))  # 40 examples / 16 = 3 batches an epoch: 7 steps span three
+    assert result.steps == 11  # Avalanche's clock: 4 + 7 (joint: the two budgets, once over both tasks)
+    if STRATEGIES[name].joint:
+        assert [list(row) for row in result.rows] == [["t0", "t1"]]
+    else:
+        assert [list(row) for row in result.rows] == [["t0"], ["t0", "t1"]]
+    assert all(0.0 <= v <= 1.0 for row in result.rows for v in row.values())
+    assert result.options == dict(STRATEGIES[name].options) and result.train_seconds > 0
+
+
+@pytest.mark.parametrize("name", ["naive", "lwf", "replay"])
+def test_a_strategy_that_may_not_move_scores_theta0_as_counted_by_hand(name):
+    built = stream()
+    result = run_strategy(name, built, recipes(3, 3, lr=1e-30))  # steps taken, nothing moves at float precision
+    theta0 = {t.name: by_hand(built, t) for t in built.tasks}
+    assert result.rows == [{"t0": pytest.approx(theta0["t0"])}, pytest.approx(theta0)]
+    assert all(torch.equal(p, q) for p, q in zip(built.backbone.module.parameters(),
+                                                  mlp(D_IN, 16, FEATURES, seed=1).parameters()))  # θ0 untouched
+
+
+def test_a_strategy_is_seeded_by_the_recipe():
+    first, again = run_strategy("naive", stream(), recipes(5, 5)), run_strategy("naive", stream(), recipes(5, 5))
+    assert first.rows == again.rows
+    assert run_strategy("naive", stream(), [r.with_overrides(seed=4) for r in recipes(5, 5)]).rows != first.rows
+
+
+def test_options_are_checked_by_name_and_numbers_read_as_numbers():
+    assert parse_strategy_params(["ewc.ewc_lambda=100", "replay.mem_size=500", "ewc.mode=online"]) == {
+        "ewc": {"ewc_lambda": 100, "mode": "online"}, "replay": {"mem_size": 500}}
+    assert strategy_options("lwf", {"alpha": 0.5}) == {"alpha": 0.5, "temperature": 1.0}
+    with pytest.raises(ConfigError, match=r"strategy 'ewc' has no option 'ewc_lamda'; its options: ewc_lambda, mode"):
+        parse_strategy_params(["ewc.ewc_lamda=1"])
+    with pytest.raises(ConfigError, match=r"unknown strategy 'gem' in 'gem.x=1'; choose from naive, ewc, lwf"):
+        parse_strategy_params(["gem.x=1"])
+    with pytest.raises(ConfigError, match="STRATEGY.OPTION=VALUE"):
+        parse_strategy_params(["ewc_lambda=1"])
+    assert run_strategy("replay", stream(), recipes(2, 2), options={"mem_size": 7}).buffer_size == 7
