@@ -75,6 +75,8 @@ _PUBLIC: dict[str, str] = {
     "TauJpPlugin": "editkit.integrations.avalanche.plugin",
     "MultiHeadTaskModel": "editkit.integrations.avalanche.multitask",
     "MergedAccuracy": "editkit.integrations.avalanche.metrics",
+    "StepBudget": "editkit.integrations.avalanche.plugin",
+    "run_strategy": "editkit.integrations.avalanche.strategies",
     # errors
     "EditkitError": "editkit.errors",
     "ConfigError": "editkit.errors",
