@@ -21,7 +21,7 @@ from torch import nn
 
 from editkit.bank.store import Bank
 from editkit.core.batching import Batching, TensorBatching
-from editkit.eval.accuracy import classify
+from editkit.eval.accuracy import classify, correct_among
 from editkit.eval.diagnostics import tangent_norms
 from editkit.eval.features import outputs_over, prefix
 from editkit.train.runtime import Runtime
@@ -31,6 +31,7 @@ from editkit.core.modes import Mode
 from editkit.util.progress import Progress
 
 SPLITS = ("val", "test")
+CLASS_INCREMENTAL = "class-incremental"  # a memo key's tag: correctness among every task's classes
 IN_MEMORY_LIMIT = 4 << 30  # bytes of banked vectors a mode keeps in memory; above it sums stream from the bank
 
 
@@ -186,28 +187,48 @@ class ModeEvaluator:
     # predictions
     @torch.no_grad()
     def predictions(self, combo: Combo, split: str, tasks: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Each task's predicted classes under its own head (task-incremental); the class-incremental
+        correctness of the same features is kept beside them (:meth:`class_incremental_accuracies`)."""
         key = _combo_key(combo)
         missing = [t for t in tasks if (key, split, t) not in self._memo]
         if missing:
             if not key:
                 for t in missing:
-                    self._memo[(key, split, t)] = self._argmax(t, self.data.f0[split][t])
+                    self._remember(key, split, t, self.data.f0[split][t])
             elif self.linearized:
                 for t in missing:
                     features = self.data.f0[split][t].clone()
                     for k, c in key:
                         features.add_(self.tangents(k, split)[t], alpha=c)
-                    self._memo[(key, split, t)] = self._argmax(t, features)
+                    self._remember(key, split, t, features)
             else:
                 model = self.models.holding(self.combined(combo), linearized=False)
                 for t in missing:
-                    features = self.data.map(model, split, t)
-                    self._memo[(key, split, t)] = self._argmax(t, features)
+                    self._remember(key, split, t, self.data.map(model, split, t))
         return {t: self._memo[(key, split, t)] for t in tasks}
 
-    def _argmax(self, task: str, features: torch.Tensor) -> torch.Tensor:
-        head = self.heads[task]
-        return torch.cat([classify(head, features[i : i + 4096]) for i in range(0, len(features), 4096)])
+    def _remember(self, key: tuple, split: str, task: str, features: torch.Tensor) -> None:
+        """Memoise a task's predictions from its features, and, for a task of the stream, whether each input is
+        right among every task's classes (the control task, ImageNet, is no class of the stream)."""
+        self._memo[(key, split, task)] = self._chunked(lambda f: classify(self.heads[task], f), features)
+        tasks = list(self.vector_names)
+        if task in tasks:
+            heads, labels = [self.heads[t] for t in tasks], self.data.labels[split][task]
+            self._memo[(key, split, task, CLASS_INCREMENTAL)] = self._chunked(
+                lambda f, rows: correct_among(heads, tasks.index(task), f, labels[rows]), features, rows=True)
+
+    @staticmethod
+    def _chunked(fn, features: torch.Tensor, rows: bool = False) -> torch.Tensor:
+        """``fn`` over 4096 inputs at a time (with their row range when ``rows``), concatenated."""
+        chunks = [(features[i : i + 4096], slice(i, i + 4096)) for i in range(0, len(features), 4096)]
+        return torch.cat([fn(f, r) if rows else fn(f) for f, r in chunks])
+
+    def class_incremental_accuracies(self, combo: Combo, split: str, tasks: Sequence[str]) -> dict[str, float]:
+        """Each task's accuracy when its inputs are classified among every class of the stream's tasks, without
+        the task id (:func:`~editkit.eval.accuracy.correct_among`)."""
+        self.predictions(combo, split, tasks)
+        key = _combo_key(combo)
+        return {t: float(self._memo[(key, split, t, CLASS_INCREMENTAL)].double().mean()) for t in tasks}
 
     def accuracies(self, combo: Combo, split: str, tasks: Sequence[str]) -> dict[str, float]:
         preds = self.predictions(combo, split, tasks)

@@ -49,6 +49,16 @@ def by_hand(built, task) -> float:
     return (predicted == task.test.targets).float().mean().item()
 
 
+def among_by_hand(built, seen, own: int) -> float:
+    """θ0's class-incremental accuracy on task ``own``: the largest log-probability of every seen head wins."""
+    task = seen[own]
+    with torch.no_grad():
+        features = built.backbone.module(task.test.inputs)
+        scores = torch.cat([built.heads[t.name](features).log_softmax(1) for t in seen], dim=1)
+    offset = sum(t.num_classes for t in seen[:own])
+    return (scores.argmax(1) == task.test.targets + offset).float().mean().item()
+
+
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_every_strategy_takes_the_recipes_steps_across_epochs_and_scores_every_seen_task(name):
     built = stream()
@@ -68,6 +78,11 @@ def test_a_strategy_that_may_not_move_scores_theta0_as_counted_by_hand(name):
     result = run_strategy(name, built, recipes(3, 3, lr=1e-30))  # steps taken, nothing moves at float precision
     theta0 = {t.name: by_hand(built, t) for t in built.tasks}
     assert result.rows == [{"t0": pytest.approx(theta0["t0"])}, pytest.approx(theta0)]
+    t0, t1 = built.tasks
+    assert result.class_rows == [{"t0": pytest.approx(among_by_hand(built, [t0], 0))},
+                                 {"t0": pytest.approx(among_by_hand(built, [t0, t1], 0)),
+                                  "t1": pytest.approx(among_by_hand(built, [t0, t1], 1))}]
+    assert result.class_rows[0] == pytest.approx(result.rows[0])  # one task seen: no other class to confuse
     assert all(torch.equal(p, q) for p, q in zip(built.backbone.module.parameters(),
                                                   mlp(D_IN, 16, FEATURES, seed=1).parameters()))  # θ0 untouched
 

@@ -181,6 +181,30 @@ def test_mode_evaluator_matches_evaluate_vector_for_every_coefficient(tmp_path, 
 
 
 @pytest.mark.parametrize("mode", ["linear", "nonlinear"])
+def test_class_incremental_accuracy_is_the_best_log_probability_over_every_tasks_classes(tmp_path, mode):
+    """Counted here input by input: the model's features at the combined vector, each head's log-softmax, the
+    largest of all of them, right only when it is the input's own task's right class."""
+    module, tasks, heads, vectors, ev = tiny_setup(tmp_path, mode)
+    if ev.linearized:
+        ev.compute_tangents(["a", "b"])
+    for combo in ({"a": 1.0, "b": 1.0}, {"b": 0.5}, {}):
+        tau = {k: sum(c * vectors[v][k] for v, c in combo.items()) for k in vectors["a"]} if combo else {}
+        model = SharedModels.of(module).holding(tau, linearized=ev.linearized) if combo else module
+        expected = {}
+        for own, task in enumerate(tasks):
+            with torch.no_grad():
+                features = model(task.test.inputs)
+            right = 0
+            for x, label in zip(features, task.test.targets.tolist()):
+                scored = [(float(p), t, c) for t, name in enumerate(("a", "b"))
+                          for c, p in enumerate(torch.log_softmax(heads[name](x[None]), dim=1)[0])]
+                _, t, c = max(scored)
+                right += (t, c) == (own, label)
+            expected[task.name] = right / len(task.test.targets)
+        assert ev.class_incremental_accuracies(combo, "test", ["a", "b"]) == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["linear", "nonlinear"])
 def test_taujp_matrix_from_cached_tangents_equals_the_direct_one(tmp_path, mode):
     """The bench's matrix (cached tangents for linearized vectors, computed and dropped for non-linear ones)
     equals diagnostics.taujp_matrix, which test_diagnostics checks by hand and by finite differences."""
@@ -270,7 +294,9 @@ def test_addition_table_shape_and_numbers(bench_run):
     # every addition row is printed exactly as report.json holds it
     printed = table_rows(output)
     for row in rows:
-        cells = [pct(row["per_task"][t]) for t in TASKS] + [pct(row["absolute"]), pct(row["normalized"])]
+        cells = [pct(row["per_task"][t]) for t in TASKS] + [pct(row["absolute"]), pct(row["normalized"]),
+                                                             pct(row["class_incremental"])]
+        assert row["class_incremental"] == pytest.approx(np.mean(list(row["class_incremental_per_task"].values())))
         assert any(line[: 2] == [row["label"], row["mode"] or "—"] and line[3:] == cells for line in printed), row
 
 
@@ -546,6 +572,9 @@ def test_avalanche_strategies_run_the_same_stream_beside_the_modes(bench_run):
             assert row["normalized"] == pytest.approx(np.mean(kept))
             assert got["continual"][name]["bwt"] == pytest.approx(matrix[1][TASKS[0]] - matrix[0][TASKS[0]])
         assert got["strategy_cost"][name]["steps"] == STEPS * len(TASKS)
+        among = got["strategies"][name]["class_rows"][-1]
+        assert row["class_incremental"] == pytest.approx(np.mean(list(among.values())))
+        assert all(among[t] <= matrix[-1][t] + 1e-12 for t in TASKS)  # no task id can only cost accuracy
     assert got["strategies"]["replay"]["options"] == {"mem_size": 50} and got["strategy_cost"]["replay"]["buffer_size"] == 50
     assert "continual-learning-baselines" in got["strategies"]["lwf"]["defaults_from"]
     ours = next(r for r in got["addition"]["rows"] if r["mode"] == "taujp" and r["coefficient"] == "1.0")

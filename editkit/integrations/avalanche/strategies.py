@@ -102,10 +102,11 @@ def _number(raw: str) -> Any:
 @dataclass
 class StrategyResult:
     """What one strategy did to a stream: each experience's scores (task -> accuracy, the tasks seen so far;
-    ``joint``: one row, after training on all), its cost and its options."""
+    ``joint``: one row, after training on all), task- and class-incremental, its cost and its options."""
 
     name: str
     rows: list[dict[str, float]]
+    class_rows: list[dict[str, float]]  # the same, class-incremental: among every seen task's classes, no task id
     options: dict[str, Any]
     train_seconds: float
     steps: int  # training iterations, as Avalanche's own clock counts them
@@ -149,8 +150,9 @@ def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, A
             **chosen)
         rows = _train(strategy, budget, tasks, benchmark, spec.joint, progress, name,
                       lambda seen: _scores(model, built, seen, runtime))
-    return StrategyResult(name, rows[0], chosen, budget.seconds, strategy.clock.train_iterations, rows[1],
-                          spec.buffer_size(chosen, len(tasks)))
+    scored, peak = rows
+    return StrategyResult(name, [own for own, _ in scored], [among for _, among in scored], chosen, budget.seconds,
+                          strategy.clock.train_iterations, peak, spec.buffer_size(chosen, len(tasks)))
 
 
 #: Warnings Avalanche gives that say nothing to an editkit user: editkit scores the model itself (no Avalanche
@@ -171,10 +173,11 @@ def _quiet_strategy() -> Iterator[None]:
 
 
 def _train(strategy, budget, tasks: Sequence, benchmark, joint: bool, progress, name: str, scores):
-    """(each experience's scores, the peak RSS of it all): ``train`` per experience, or once over the stream."""
+    """(each experience's (task-, class-incremental) scores, the peak RSS of it all): ``train`` per experience, or
+    once over the stream."""
     from editkit.util.memory import PeakRSS
 
-    rows: list[dict[str, float]] = []
+    rows: list[tuple[dict[str, float], dict[str, float]]] = []
     with PeakRSS() as rss:
         experiences = [benchmark.train_stream] if joint else list(benchmark.train_stream)
         for index, experience in enumerate(experiences):
@@ -186,10 +189,23 @@ def _train(strategy, budget, tasks: Sequence, benchmark, joint: bool, progress, 
         return rows, rss.window()
 
 
-def _scores(model, built, seen: Sequence, runtime) -> dict[str, float]:
-    """Task-incremental accuracy of the strategy's model on each seen task's test split, under its own head."""
-    from editkit.eval.scorers import task_scorer
+def _scores(model, built, seen: Sequence, runtime) -> tuple[dict[str, float], dict[str, float]]:
+    """The strategy's model on each seen task's test split: (task-incremental accuracy, under the task's own
+    head; class-incremental accuracy, among every seen task's classes without the task id)."""
+    import torch
+
+    from editkit.eval.accuracy import classify, correct_among
+    from editkit.eval.features import outputs_over
 
     model.eval()
-    return {t.name: task_scorer(t.name, built.heads[t.name], t.test, built.backbone.batching)
-            .score(model.task_model, runtime=runtime) for t in seen}
+    heads = [built.heads[t.name] for t in seen]
+    own, among = {}, {}
+    with torch.no_grad():
+        for index, task in enumerate(seen):
+            labels: list[torch.Tensor] = []
+            features = outputs_over(model.task_model, task.test, batch_size=256, batching=built.backbone.batching,
+                                    runtime=runtime, labels=labels)
+            y = torch.cat(labels).long()
+            own[task.name] = float((classify(heads[index], features) == y).double().mean())
+            among[task.name] = float(correct_among(heads, index, features, y).double().mean())
+    return own, among

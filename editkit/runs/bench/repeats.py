@@ -28,6 +28,8 @@ import torch
 from editkit.errors import ConfigError
 from editkit.runs.bench.claims import ACCURACIES, claims, row_key
 
+#: A row's numbers given as spreads over the repeats.
+ROW_KEYS = ACCURACIES + ("class_incremental",)
 #: The continual-learning numbers of each stream, as spreads over the repeats.
 CONTINUAL_KEYS = ("acc", "bwt", "forgetting")
 #: The cost table's numbers that are worth a spread (the rest are per-run bookkeeping).
@@ -94,7 +96,7 @@ def mean_rows(per_run: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, 
         if any(m is None for m in matched):
             raise ConfigError(f"the repeated benches disagree on their rows: {row_key(row)} is missing from one")
         alphas = [m["alpha"] for m in matched]
-        numbers = {key: spread([m[key] for m in matched]) for key in ACCURACIES}
+        numbers = {key: spread([m.get(key) for m in matched]) for key in ROW_KEYS}
         out.append({**row, "per_task": {t: statistics.fmean(m["per_task"][t] for m in matched) for t in row["per_task"]},
                     **{key: s["mean"] if s else None for key, s in numbers.items()},
                     "alpha": statistics.fmean(alphas) if None not in alphas else None, "alphas": alphas,

@@ -308,6 +308,8 @@ class AdditionRow(TypedDict, total=False):
     per_task: dict[str, float]
     absolute: float
     normalized: float | None
+    class_incremental: float  # mean over tasks of their accuracy among every task's classes, no task id
+    class_incremental_per_task: dict[str, float]
     val_absolute: float
     val_normalized: float | None
 
@@ -338,6 +340,12 @@ class CostSection(TypedDict):
     total_seconds: float
     trained_now: list[str]
     reused: list[str]
+
+
+def _class_incremental(per_task: Mapping[str, float]) -> dict[str, Any]:
+    """A row's class-incremental numbers: each task's accuracy among every task's classes, and their mean."""
+    return {"class_incremental": float(np.mean(list(per_task.values()))),
+            "class_incremental_per_task": dict(per_task)}
 
 
 def _row(method: str, ev: ModeEvaluator | None, coefficient: str | None, alpha: float | None,
@@ -642,7 +650,8 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
             per_task = ev.accuracies(combo_of(a), "test", tasks)
             val = addition_summary(ev.accuracies(combo_of(a), "val", tasks), single["val"])
             out["rows"].append(_row(method, ev, coefficient, a, per_task, single["test"],
-                                    val_absolute=val["absolute"], val_normalized=val["normalized"]))
+                                    val_absolute=val["absolute"], val_normalized=val["normalized"],
+                                    **_class_incremental(ev.class_incremental_accuracies(combo_of(a), "test", tasks))))
 
     for method in (m for m in METHODS if m in config.methods):  # registry order, whatever order they were named in
         start = time.perf_counter()
@@ -658,8 +667,10 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
                 ev.compute_tangents(built, bar=bar)
         names = built or list(tasks)
         addition(method, lambda a, names=names: {n: a for n in names})
+    alone = {t: ev.class_incremental_accuracies({t: 1.0}, "test", [t])[t] for t in tasks}
     out["rows"].append(_row("single-task", ev, None, 1.0, single["test"], single["test"],
-                            val_absolute=addition_summary(single["val"], None)["absolute"]))
+                            val_absolute=addition_summary(single["val"], None)["absolute"], **_class_incremental(alone)))
+    out["pretrained_class_incremental"] = ev.class_incremental_accuracies({}, "test", tasks)
 
     # merging time: the bank's streamed sum of every vector (median of 3)
     times = []
@@ -817,8 +828,9 @@ def _refuse_unswept_heads(scenario: str, heads: Mapping[str, nn.Module]) -> None
 def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], tasks: Sequence[str],
             pretrained: Mapping[str, Mapping[str, float]], results: Mapping[str, dict[str, Any]],
             diagnostics: Mapping[str, Any], strategies: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+    theta0 = next(iter(results.values()))["pretrained_class_incremental"]
     rows = [_row("pretrained", None, None, None, pretrained["test"], None,
-                 val_absolute=addition_summary(pretrained["val"], None)["absolute"])]
+                 val_absolute=addition_summary(pretrained["val"], None)["absolute"], **_class_incremental(theta0))]
     for mode in states:
         rows += results[mode]["rows"]
     rows += strategies["rows"]

@@ -40,9 +40,11 @@ def strategy_row(result: StrategyResult, tasks: Sequence[str]) -> dict[str, Any]
     if not STRATEGIES[result.name].joint:
         learnt = {t: result.rows[i][t] for i, t in enumerate(tasks)}
         normalized = sum(last[t] / learnt[t] for t in tasks if learnt[t] > 0) / len(tasks)
+    among = result.class_rows[-1]
     return {"method": result.name, "label": STRATEGIES[result.name].label, "mode": None, "variant": VARIANT,
             "coefficient": None, "alpha": None, "per_task": dict(last), "absolute": absolute,
-            "normalized": normalized}
+            "normalized": normalized, "class_incremental": sum(among[t] for t in tasks) / len(tasks),
+            "class_incremental_per_task": dict(among)}
 
 
 def strategy_cost(result: StrategyResult) -> dict[str, Any]:
@@ -61,6 +63,7 @@ def strategy_sections(results: Mapping[str, StrategyResult], tasks: Sequence[str
         "continual": {name: continual(r, tasks) for name, r in results.items()},
         "strategies": {name: {"class": STRATEGIES[name].label, "options": r.options,
                               "defaults_from": STRATEGIES[name].source, "rehearsal": STRATEGIES[name].rehearsal,
-                              "joint": STRATEGIES[name].joint, "rows": r.rows} for name, r in results.items()},
+                              "joint": STRATEGIES[name].joint, "rows": r.rows, "class_rows": r.class_rows}
+                       for name, r in results.items()},
         "strategy_cost": {name: strategy_cost(r) for name, r in results.items()},
     }

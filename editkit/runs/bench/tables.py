@@ -23,7 +23,7 @@ def _num(value: float | None, digits: int = 2) -> str:
 def _accuracy(row: Mapping[str, Any], key: str) -> str:
     """The row's accuracy in %, as ``mean ± std`` when it is a mean over seeds or task orders."""
     numbers = row.get("spread", {}).get(key)
-    return pct(row[key]) if numbers is None else f"{pct(numbers['mean'])} ± {pct(numbers['std'])}"
+    return pct(row.get(key)) if numbers is None else f"{pct(numbers['mean'])} ± {pct(numbers['std'])}"
 
 
 def addition_table(report: Mapping[str, Any]):
@@ -37,6 +37,11 @@ def addition_table(report: Mapping[str, Any]):
         table.add_column(t, justify="right")
     table.add_column("absolute", justify="right", style="bold")
     table.add_column("normalized", justify="right", style="bold")
+    table.add_column("class-incr.", justify="right")
+    table.caption = ("absolute / normalized: task-incremental (each task through its own head); class-incr.: each "
+                     "task's inputs classified among every task's classes without the task id, the heads' "
+                     "log-probabilities compared")
+    table.caption_justify = "left"
     previous = None
     for row in report["addition"]["rows"]:
         if previous is not None and row["variant"] != previous:
@@ -50,7 +55,7 @@ def addition_table(report: Mapping[str, Any]):
         else:
             coef = f"{symbol}={_num(row['alpha'])}"
         table.add_row(row["label"], row["variant"] or "—", coef, *[pct(row["per_task"][t]) for t in tasks],
-                      _accuracy(row, "absolute"), _accuracy(row, "normalized"))
+                      _accuracy(row, "absolute"), _accuracy(row, "normalized"), _accuracy(row, "class_incremental"))
     return table
 
 
