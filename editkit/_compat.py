@@ -1,4 +1,4 @@
-"""Make torchvision importable next to the CPU build of torch.
+"""Make torchvision importable next to the CPU build of torch; import avalanche without its solver warning.
 
 PyPI only ships a CUDA build of torchvision 0.28.0. Next to torch 2.13.0+cpu its
 compiled extension (``torchvision/_C.so``) cannot load, and ``import torchvision``
@@ -20,13 +20,15 @@ first looked up, by whichever library asks first, and never when nothing does.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.abc
 import importlib.util
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+import warnings
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
     import torch
@@ -127,3 +129,16 @@ def install_torchvision_shim() -> None:
         return
     if not any(isinstance(finder, TorchvisionShim) for finder in sys.meta_path):
         sys.meta_path.insert(0, TorchvisionShim())
+
+
+@contextlib.contextmanager
+def quiet_avalanche_import() -> Iterator[None]:
+    """Import avalanche modules inside this block.
+
+    Avalanche imports qpsolvers for its GEM strategy, which editkit never uses, and
+    qpsolvers warns on every import that no QP solver is installed; that one warning
+    is silenced here.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="no QP solver found", category=UserWarning)
+        yield

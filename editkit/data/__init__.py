@@ -27,5 +27,5 @@ LABELLED_TEXTS: Registry[Record] = Registry("text-classification dataset")
 (texts, class ids, class names) of one split (``train`` / ``val`` / ``test``) of a named text-classification
 dataset; its ``check()`` lists what is missing."""
 
-from editkit.data import (glue, hf_text, natural, offline_text, packaged, text, text_classification,  # noqa: E402,F401
+from editkit.data import (glue, hf_text, natural, offline_text, packaged, split, text, text_classification,  # noqa: E402,F401
                           toxic_corpus, user_data, user_images, vision8)  # (built-in extensions register themselves)

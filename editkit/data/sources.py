@@ -406,6 +406,15 @@ def parse_idx(data: bytes) -> np.ndarray:
     return arr.astype(dtype.newbyteorder("="), copy=True)
 
 
+def encode_idx(array: np.ndarray) -> bytes:
+    """An unsigned-byte array as an idx file's bytes (what :func:`parse_idx` reads back), the layout
+    torchvision's MNIST-family datasets read from ``<root>/<Name>/raw/``."""
+    if array.dtype != np.uint8 or not 1 <= array.ndim <= 255:
+        raise ValueError(f"idx files here hold uint8 arrays of 1 to 255 dimensions, got {array.dtype} {array.shape}")
+    header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
+    return header + np.ascontiguousarray(array).tobytes()
+
+
 def read_idx(path: str | os.PathLike) -> np.ndarray:
     """Read an idx file, gzip-compressed if its name ends in ``.gz`` (see :func:`parse_idx`)."""
     path = Path(path)

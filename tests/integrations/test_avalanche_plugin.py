@@ -24,7 +24,8 @@ from editkit.bank.store import Bank
 from editkit.core.taujp import UnlabeledSource
 from editkit.data.tasks import tensor_task
 from editkit.errors import ConfigError
-from editkit.integrations.avalanche.benchmark import benchmark_from_tasks, quiet_avalanche_import
+from editkit._compat import quiet_avalanche_import
+from editkit.integrations.avalanche.benchmark import benchmark_from_tasks
 from editkit.integrations.avalanche.metrics import MergedAccuracy
 from editkit.integrations.avalanche.multitask import MultiHeadTaskModel
 from editkit.integrations.avalanche.plugin import TauJpPlugin, UnlabeledBuffer

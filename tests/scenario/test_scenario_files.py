@@ -185,7 +185,7 @@ def test_the_reported_defect_no_longer_runs_with_defaults(tmp_path):
     (('family = "toy"', 'family = "resnet"'), "[backbone]: unknown backbone family 'resnet'; known: causal-lm, clip, efficientnet-lite0, seq2seq-lm, text-encoder, torchvision, toy"),
     (('kind = "probe"', 'kind = "knn"'), "[heads]: unknown head kind 'knn'; known: lm, probe, text-to-text, zero-shot"),
     (('kind = "natural-crops"', 'kind = "noise"'), "[generic]: unknown generic source 'noise'; known: natural-crops, text"),
-    (('"blobs:ab"', '"blob:ab"'), "task 'first': unknown task source 'blob'; known: blobs, csv, glue, hf-dataset, imagefolder, jsonl, labelled-text, packaged, parquet, text, vision8"),
+    (('"blobs:ab"', '"blob:ab"'), "task 'first': unknown task source 'blob'; known: blobs, csv, glue, hf-dataset, imagefolder, jsonl, labelled-text, packaged, parquet, split, text, vision8"),
 ])
 def test_unknown_extension_names_list_the_registered_ones(tmp_path, toy_extensions, edit, message):
     with pytest.raises(ConfigError) as err:

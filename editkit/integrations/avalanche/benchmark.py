@@ -7,27 +7,13 @@ Avalanche is imported here only (it takes seconds to import).
 
 from __future__ import annotations
 
-import contextlib
-import warnings
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from torch.utils.data import Dataset
 
+from editkit._compat import quiet_avalanche_import
 from editkit.data.tasks import TaskData
-
-
-@contextlib.contextmanager
-def quiet_avalanche_import() -> Iterator[None]:
-    """Import avalanche modules inside this block.
-
-    Avalanche imports qpsolvers for its GEM strategy, which editkit never uses, and
-    qpsolvers warns on every import that no QP solver is installed; that one warning
-    is silenced here.
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="no QP solver found", category=UserWarning)
-        yield
 
 
 def import_avalanche():

@@ -33,7 +33,7 @@ from editkit.eval.accuracy import AdditionSummary, addition_summary, evaluate_ve
 from editkit.eval.scorers import task_scorer
 from editkit.merge.continual import stream_merge
 from editkit.train.runtime import Runtime
-from editkit.integrations.avalanche.benchmark import quiet_avalanche_import
+from editkit._compat import quiet_avalanche_import
 
 with quiet_avalanche_import():
     from avalanche.distributed import DistributedHelper

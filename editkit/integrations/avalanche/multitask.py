@@ -36,7 +36,7 @@ from editkit.core.linearize import build_task_model
 from editkit.core.modes import Mode
 from editkit.models.backbone import Backbone
 from editkit.train.loop import StepComputer
-from editkit.integrations.avalanche.benchmark import quiet_avalanche_import
+from editkit._compat import quiet_avalanche_import
 
 with quiet_avalanche_import():
     from avalanche.models import MultiTaskModule

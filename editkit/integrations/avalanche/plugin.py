@@ -54,7 +54,7 @@ from editkit.merge.continual import starting_vector
 from editkit.train.loop import StepComputer, clip_gradients, labelled_batches, optimizer_for, reg_batch_stream
 from editkit.train.recipe import Recipe, attach_adapter
 from editkit.train.runtime import Runtime
-from editkit.integrations.avalanche.benchmark import quiet_avalanche_import
+from editkit._compat import quiet_avalanche_import
 from editkit.integrations.avalanche.metrics import MergedAccuracy
 from editkit.integrations.avalanche.multitask import MultiHeadTaskModel
 

@@ -122,7 +122,8 @@ def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, A
     experience (see the module docstring)."""
     import torch
 
-    from editkit.integrations.avalanche.benchmark import benchmark_from_tasks, quiet_avalanche_import
+    from editkit._compat import quiet_avalanche_import
+    from editkit.integrations.avalanche.benchmark import benchmark_from_tasks
     from editkit.integrations.avalanche.multitask import MultiHeadTaskModel
     from editkit.integrations.avalanche.plugin import StepBudget
     from editkit.train.runtime import Runtime
