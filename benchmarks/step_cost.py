@@ -25,7 +25,7 @@ the result (the rounds' ratios are printed, so a spread shows). ``--threads`` pi
 the cores torch sees), recorded with the results.
 
     python benchmarks/step_cost.py [--scenario toxic] [--steps 30] [--warmup 5] [--rounds 3] [--threads N]
-                                   [--channels-last] [--json runs/step_cost.json]
+                                   [--channels-last] [--mixed-reg-batch N] [--json runs/step_cost.json]
 """
 
 from __future__ import annotations
@@ -124,6 +124,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="times every mode runs, in turn (classification)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads, pinned")
     parser.add_argument("--channels-last", action="store_true", help="the backbone's 4-D weights channels-last")
+    parser.add_argument("--mixed-reg-batch", type=int, default=None,
+                        help="the mixed schedule's reg rows per step (default: the scenario's reg batch)")
     parser.add_argument("--json", type=Path, default=Path("runs/step_cost.json"))
     args = parser.parse_args()
     if args.steps - args.warmup < 5:
@@ -154,7 +156,8 @@ def main() -> None:
     for _ in range(args.rounds):
         rounds.append({})
         for label, (mode, schedule) in MODES.items():
-            recipe = spec.recipe.with_overrides(mode=mode, schedule=schedule, steps=args.steps)
+            reg_batch = args.mixed_reg_batch if schedule == "mixed" else None
+            recipe = spec.recipe.with_overrides(mode=mode, schedule=schedule, steps=args.steps, reg_batch=reg_batch)
             timed, peak = measure(built, recipe, sources, args.warmup, runtime)
             rounds[-1][label] = statistics.median(timed)
             durations[label] += timed
@@ -170,6 +173,7 @@ def main() -> None:
         "batch_size": spec.recipe.batch_size,
         "reg_batch": spec.recipe.reg_batch_size,
         "n_sources_strict": len(sources),
+        "mixed_reg_batch": args.mixed_reg_batch or spec.recipe.reg_batch_size,
         "torch_threads": torch.get_num_threads(),
         "runtime": runtime.describe(),
         "rounds": args.rounds,
