@@ -482,9 +482,9 @@ def bench(
 
     spec = load_scenario(config.scenario)
     if spec.negation is not None:
-        if config.seeds > 1 or config.orders > 1:
-            raise ConfigError(f"--seeds and --orders are for classification scenarios; {spec.name!r} is a language "
-                              "negation scenario, whose bench runs once (--seed)")
+        if config.seeds > 1 or config.orders > 1 or config.strategies:
+            raise ConfigError(f"--seeds, --orders and --strategies are for classification scenarios; {spec.name!r} is "
+                              "a language negation scenario, whose bench runs once (--seed) over its modes")
         _bench_language(spec, config, runtime_options)
         return
     with process_runtime(**runtime_options) as runtime:

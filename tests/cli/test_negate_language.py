@@ -184,7 +184,10 @@ def test_a_language_bench_over_seeds_is_refused_before_any_work(tmp_path, langua
     scenario = scenario_file(tmp_path)
     result = invoke("bench", "--scenario", scenario, "--seeds", 2, "--bank-root", tmp_path / "banks")
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert "--seeds is for classification scenarios" in result.output and "language negation" in result.output
+    assert "--seeds, --orders and --strategies are for classification scenarios" in " ".join(result.output.split())
+    assert "language negation" in " ".join(result.output.split())
+    strategies = invoke("bench", "--scenario", scenario, "--strategies", "lwf", "--bank-root", tmp_path / "banks")
+    assert strategies.exit_code == 1 and "are for classification scenarios" in " ".join(strategies.output.split())
     assert not (tmp_path / "banks").exists()
 
 

@@ -104,3 +104,13 @@ def test_options_are_checked_by_name_and_numbers_read_as_numbers():
     with pytest.raises(ConfigError, match="STRATEGY.OPTION=VALUE"):
         parse_strategy_params(["ewc_lambda=1"])
     assert run_strategy("replay", stream(), recipes(2, 2), options={"mem_size": 7}).buffer_size == 7
+
+
+def test_strategies_over_texts_of_different_lengths_are_refused_before_training():
+    from editkit.runs.bench.strategies import refuse_unbatchable
+
+    texts = SimpleNamespace(backbone=SimpleNamespace(batching=object(), name="minilm-tail"))
+    with pytest.raises(ConfigError, match=r"--strategies lwf,ewc: .* 'offline-text' feeds minilm-tail texts"):
+        refuse_unbatchable(["lwf", "ewc"], "offline-text", texts)
+    refuse_unbatchable([], "offline-text", texts)  # nothing asked, nothing refused
+    refuse_unbatchable(["lwf"], "offline-vision", stream())
