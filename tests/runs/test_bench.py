@@ -255,6 +255,17 @@ def bench_run(tmp_path_factory):
     return root, scenario, result.output, report
 
 
+def bench_again(bench_run, run_dir: str, *extra) -> tuple[object, dict]:
+    """The fixture's bench run again over its banks with ``extra`` options into ``<root>/<run_dir>``: (the CLI
+    result, its report), the command having succeeded."""
+    root, scenario, _, _ = bench_run
+    args = bench_args(scenario, root, *extra)
+    args[args.index("--run-dir") + 1] = str(root / run_dir)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return result, json.loads((root / run_dir / "report.json").read_text())
+
+
 def pct(v):
     return "—" if v is None else f"{100 * v:.1f}"
 
@@ -480,12 +491,9 @@ def test_second_run_reuses_the_banks(bench_run):
 def test_a_bench_over_two_seeds_reuses_the_first_and_reports_means_spreads_and_paired_claims(bench_run):
     """--seeds 2: seed 0 is the one-seed bench's (its banks reused), seed 1 trains beside it; every aggregated
     number is recomputed here from the two seeds' own reports."""
-    root, scenario, _, report = bench_run
-    args = bench_args(scenario, root, "--modes", "linear,taujp", "--methods", "task-arithmetic,ties", "--seeds", "2")
-    args[args.index("--run-dir") + 1] = str(root / "run-seeds")
-    result = runner.invoke(app, args)
-    assert result.exit_code == 0, result.output
-    over = json.loads((root / "run-seeds" / "report.json").read_text())
+    root, _, _, report = bench_run
+    result, over = bench_again(bench_run, "run-seeds", "--modes", "linear,taujp", "--methods", "task-arithmetic,ties",
+                               "--seeds", "2")
     assert [(r["name"], r["seed"], r["order"]) for r in over["repeats"]["runs"]] == [("seed-0", 0, TASKS),
                                                                                     ("seed-1", 1, TASKS)]
     seeds = [json.loads((root / "run-seeds" / f"seed-{s}" / "report.json").read_text()) for s in (0, 1)]
@@ -522,12 +530,9 @@ def test_a_bench_over_two_seeds_reuses_the_first_and_reports_means_spreads_and_p
 def test_a_bench_over_two_task_orders_streams_the_tasks_in_each_order(bench_run):
     """--orders 2 over two tasks: the scenario's order (the one-run bench's banks) and the other one, trained in
     banks/order-1 with the same seed; each run's streams and accuracy matrix follow its order."""
-    root, scenario, _, report = bench_run
-    args = bench_args(scenario, root, "--modes", "linear,taujp", "--methods", "task-arithmetic", "--orders", "2")
-    args[args.index("--run-dir") + 1] = str(root / "run-orders")
-    result = runner.invoke(app, args)
-    assert result.exit_code == 0, result.output
-    over = json.loads((root / "run-orders" / "report.json").read_text())
+    root, _, _, report = bench_run
+    result, over = bench_again(bench_run, "run-orders", "--modes", "linear,taujp", "--methods", "task-arithmetic",
+                               "--orders", "2")
     assert [(r["name"], r["seed"], r["order"]) for r in over["repeats"]["runs"]] == [
         ("order-0", 0, TASKS), ("order-1", 0, TASKS[::-1])]
     runs = [json.loads((root / "run-orders" / f"order-{k}" / "report.json").read_text()) for k in (0, 1)]
@@ -550,13 +555,8 @@ def test_a_bench_over_two_task_orders_streams_the_tasks_in_each_order(bench_run)
 def test_avalanche_strategies_run_the_same_stream_beside_the_modes(bench_run):
     """--strategies: each strategy's row is its model after the last task, its matrix the stream's scores, and the
     claims weigh tauJp against the rehearsal-free ones, the rehearsal ones and joint training apart."""
-    root, scenario, _, report = bench_run
-    args = bench_args(scenario, root, "--modes", "taujp", "--methods", "task-arithmetic", "--strategies",
-                      "naive,lwf,replay,joint", "--strategy-params", "replay.mem_size=50")
-    args[args.index("--run-dir") + 1] = str(root / "run-strategies")
-    result = runner.invoke(app, args)
-    assert result.exit_code == 0, result.output
-    got = json.loads((root / "run-strategies" / "report.json").read_text())
+    result, got = bench_again(bench_run, "run-strategies", "--modes", "taujp", "--methods", "task-arithmetic",
+                              "--strategies", "naive,lwf,replay,joint", "--strategy-params", "replay.mem_size=50")
     assert got["cost"]["taujp"]["trained_now"] == []  # the banks are the one-mode bench's
     rows = {r["method"]: r for r in got["addition"]["rows"] if r["variant"] == "avalanche"}
     assert list(rows) == ["naive", "lwf", "replay", "joint"]
