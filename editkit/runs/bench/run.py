@@ -145,7 +145,7 @@ class BenchConfig:
     strategies: Sequence[str] = field(default=(), metadata={
         "help": f"Comma-separated Avalanche strategies to run through the same stream beside the modes (any of "
                 f"{', '.join(STRATEGIES)}): plain fine-tuning of the same backbone and heads with the recipe's "
-                "optimizer, batch and steps, scored task-incrementally after each experience. Default: none."})
+                "optimizer, batch and steps, scored after each experience (task- and class-incremental). Default: none."})
     strategy_params: Sequence[str] = field(default=(), metadata={
         "help": "Comma-separated STRATEGY.OPTION=VALUE over a strategy's defaults (e.g. ewc.ewc_lambda=100)."})
     adapters: Sequence[str] | None = field(default=None, metadata={
