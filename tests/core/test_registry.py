@@ -82,8 +82,8 @@ def test_unregister_and_labels():
 @pytest.mark.parametrize("registry, names", [
     (BACKBONES, ["causal-lm", "clip", "efficientnet-lite0", "seq2seq-lm", "text-encoder", "torchvision"]),
     (HEADS, ["lm", "probe", "text-to-text", "zero-shot"]),
-    (TASK_SOURCES, ["csv", "glue", "hf-dataset", "imagefolder", "jsonl", "labelled-text", "packaged", "parquet", "text",
-                    "vision8"]),
+    (TASK_SOURCES, ["csv", "glue", "hf-dataset", "imagefolder", "jsonl", "labelled-text", "packaged", "parquet", "split",
+                    "text", "vision8"]),
     (GENERIC_SOURCES, ["natural-crops", "text", "text-sentences"]),
     (LABELLED_TEXTS, ["harm", "party", "rt-sentiment", "rt-subjectivity"]),
     (TEXT_CORPORA, ["civil-comments-prompts", "civil-comments-toxic", "clean-books", "clean-news", "clean-reviews",
@@ -127,11 +127,13 @@ def test_built_in_records_declare_the_options_scenario_files_use():
             assert all(o.help for o in registry[name].options), f"{registry.what} {name!r} has an option without help"
 
 
-def test_bench_methods_and_labels_come_from_the_merge_registry():
+def test_bench_methods_and_labels_come_from_the_merge_registry_and_the_strategies():
     assert METHODS == ("cart", "dare", "iso-c", "iso-cts", "magmax", "opcm", "task-arithmetic", "ties", "tsv")
     assert METHOD_LABELS == {"pretrained": "pretrained", "cart": "CART", "dare": "DARE", "iso-c": "Iso-C",
                              "iso-cts": "Iso-CTS", "magmax": "MagMax", "opcm": "OPCM", "tsv": "TSV-Merge",
-                             "task-arithmetic": "task arithmetic", "ties": "TIES-merging", "single-task": "single-task"}
+                             "task-arithmetic": "task arithmetic", "ties": "TIES-merging", "single-task": "single-task",
+                             "naive": "Naive", "ewc": "EWC", "lwf": "LwF", "si": "SynapticIntelligence",
+                             "replay": "Replay", "agem": "AGEM", "joint": "JointTraining"}
     known = "cart, dare, iso-c, iso-cts, magmax, opcm, task-arithmetic, ties, tsv"
     with pytest.raises(ConfigError, match=f"unknown methods 'magmaxx'; choose from {known}"):
         parse_names("ties,magmaxx", METHODS, "methods")
