@@ -11,7 +11,8 @@ fixes is everything the modes fix, so a row differs from a mode's by the strateg
   for each experience as a mode's is, the recipe's batch size and exactly its number of steps
   (:class:`StepBudget`); Avalanche's own data loaders draw the batches (Replay's mix in its buffer);
 - evaluation after each experience on the test split of every task seen, task-incremental (each task's
-  head), which is the accuracy matrix of :mod:`editkit.eval.continual`. ``joint`` trains once on every
+  head: the accuracy matrix of :mod:`editkit.eval.continual`) and class-incremental (among every seen task's
+  classes, :func:`~editkit.eval.accuracy.correct_among`). ``joint`` trains once on every
   task together, ``steps`` times the number of tasks, and has a last row only.
 
 Strategies carry on from the weights the previous experience left, as ``sequential`` does: that is what
@@ -144,14 +145,14 @@ def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, A
     with _quiet_strategy(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.seed)  # Avalanche's loaders shuffle with torch's global generator
         strategy = getattr(strategies, spec.label)(
+            # a placeholder: StepBudget gives each experience a fresh optimizer with the recipe's schedule
             model=model, optimizer=torch.optim.AdamW(list(model.task_model.theta), lr=recipe.lr),
             criterion=torch.nn.CrossEntropyLoss(), train_mb_size=recipe.batch_size,
             train_epochs=max(steps) + 1,  # every epoch takes a step at least: the budget ends each experience
             eval_mb_size=256, device=runtime.device, plugins=[budget], evaluator=EvaluationPlugin(), eval_every=-1,
             **chosen)
-        rows = _train(strategy, budget, tasks, benchmark, spec.joint, progress, name,
-                      lambda seen: _scores(model, built, seen, runtime))
-    scored, peak = rows
+        scored, peak = _train(strategy, budget, tasks, benchmark, spec.joint, progress, name,
+                              lambda seen: _scores(model, built, seen, runtime))
     return StrategyResult(name, [own for own, _ in scored], [among for _, among in scored], chosen, budget.seconds,
                           strategy.clock.train_iterations, peak, spec.buffer_size(chosen, len(tasks)))
 
