@@ -15,7 +15,7 @@ theta_0's continuations come from the sample cache when it holds them: ``--cold-
 (``<derived cache>/samples``), as on a machine that never sampled them.
 
     python benchmarks/negate_parts.py [--scenario toxic] [--bank DIR] [--steps N] [--cold-samples]
-                                      [--json runs/negate_parts.json]
+                                      [--precision bf16|fp32] [--json runs/negate_parts.json]
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def main() -> None:
     parser.add_argument("--bank", type=Path, help="bank to use (default: a fresh one, so the vector is fine-tuned)")
     parser.add_argument("--steps", type=int, help="fine-tuning steps (default: the scenario's)")
     parser.add_argument("--cold-samples", action="store_true", help="theta_0's continuations sampled anew")
+    parser.add_argument("--precision", choices=("bf16", "fp32"), help="the passes' precision (default: the "
+                        "scenario's own, as the command's)")
     parser.add_argument("--json", type=Path, default=Path("runs/negate_parts.json"))
     args = parser.parse_args()
     keep_freed_memory()
@@ -66,7 +68,8 @@ def main() -> None:
             shutil.rmtree(derived_cache_dir() / sample_cache.FOLDER, ignore_errors=True)
         with profiled() as runs:
             report = negate_scenario(spec, spec.task_names[0], args.bank or Path(scratch) / "bank",
-                                     runtime=default_runtime(), steps=args.steps)
+                                     runtime=default_runtime(precision=args.precision or spec.precision),
+                                     steps=args.steps)
     seconds = report["seconds"]
     parts = {"loading": seconds.get("loading", 0.0)}
     if "fine-tuning" in seconds:

@@ -210,7 +210,8 @@ def main() -> None:
     except ConfigError as error:
         parser.error(str(error))
     with process_runtime() as runtime:  # as ``editkit stream`` runs: on a CPU, freed memory kept for reuse
-        built = build_scenario(spec, seed=spec.recipe.seed, device=str(runtime.device))
+        built = build_scenario(spec, seed=spec.recipe.seed, device=str(runtime.device),
+                               precision=runtime.precision)
         tasks, heads = stream_tasks(built, max(args.tasks), spec.recipe.seed)
         built.backbone.module.to(runtime.device)
         exps = task_experiences(tasks)

@@ -85,13 +85,14 @@ def stream(
 
     progress = RichProgress()
     singles: dict[str, float] = {}
-    language = load_scenario(scenario).heads.get("kind") == "lm"  # scores are perplexities, not accuracies
+    spec = load_scenario(scenario)
+    language = spec.heads.get("kind") == "lm"  # scores are perplexities, not accuracies
 
     def show(step: StepRecord) -> None:
         singles[step.task] = step.single_task
         console.print(step_table(step, singles, perplexity=language))
 
-    with process_runtime(**runtime_options) as runtime:
+    with process_runtime(**runtime_options, scenario=spec) as runtime:
         result, report = run_scenario(scenario, bank=bank, run_dir=run_dir, resume=resume, progress=progress,
                                       on_step=show, build=options, runtime=runtime, loggers=log, merge=chosen,
                                       **recipe)
@@ -345,7 +346,7 @@ def _negate_language(name: str, spec, bank: Path, *, alpha: Optional[float], mod
     from editkit.runs.stream import process_runtime
 
     progress = RichProgress()
-    with process_runtime(**runtime_options) as runtime:
+    with process_runtime(**runtime_options, scenario=spec) as runtime:
         if spec is not None:
             report = negate_scenario(spec, name, bank, alpha=alpha, settings=language, progress=progress,
                                      build=build, runtime=runtime, mode=mode, steps=steps)
@@ -487,7 +488,7 @@ def bench(
                               "a language negation scenario, whose bench runs once (--seed) over its modes")
         _bench_language(spec, config, runtime_options)
         return
-    with process_runtime(**runtime_options) as runtime:
+    with process_runtime(**runtime_options, scenario=spec) as runtime:
         result = run_bench(config, runtime=runtime, progress=RichProgress())
     report = result.report
     if "repeats" in report:
@@ -523,7 +524,7 @@ def _bench_language(spec, config: BenchConfig, runtime_options: dict) -> None:
     from editkit.runs.bench.language import run_language_bench
     from editkit.runs.stream import process_runtime
 
-    with process_runtime(**runtime_options) as runtime:
+    with process_runtime(**runtime_options, scenario=spec) as runtime:
         report, path = run_language_bench(spec, variants=config.variants(spec.recipe), bank_root=config.bank_root,
                                           run_dir=config.run_directory(spec.recipe, spec.name), build=config.build, runtime=runtime,
                                           progress=RichProgress(), loggers=config.log)

@@ -223,13 +223,14 @@ def stored_prefix_states(backbone: Any, blocks: Sequence[torch.Tensor]) -> list[
     """:func:`prefix_states`, read from the cache when this prefix computed them for these blocks before
     (:mod:`editkit.core.derived_cache`): theta_0's prefix never changes, and a language scenario's run spends
     minutes on it (the toxic text's 1,600 blocks through 26 blocks of SmolLM2). Keyed by the prefix's fingerprint,
-    the blocks' token ids (the batch they were computed in), the device kind and the versions."""
+    the blocks' token ids (the batch they were computed in), the device kind, the precision and the versions."""
     import transformers
 
     fingerprint = getattr(backbone, "prefix_fingerprint", None)
     if fingerprint is None:
         return prefix_states(backbone, blocks)
     key = {"format": PREFIX_CACHE_FORMAT, "prefix": fingerprint, "device": backbone.device.type,
+           "precision": getattr(backbone, "precision", "fp32"),
            "blocks": digest([ids.tolist() for ids in blocks]), "torch": torch.__version__,
            "transformers": transformers.__version__}
     return cached("prefix-states", ".safetensors", key, lambda: prefix_states(backbone, blocks),

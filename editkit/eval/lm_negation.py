@@ -24,6 +24,7 @@ alphas costs a few tail passes; sampling runs the whole model.
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence
 
@@ -161,6 +162,12 @@ def edited_weights(backbone: Any, delta: Mapping[str, torch.Tensor] | None) -> I
                 backbone.lm.get_parameter(names[name]).copy_(value)
 
 
+def in_precision(lm: nn.Module, precision: str) -> nn.Module:
+    """``lm`` itself in fp32; in bf16 a copy with bf16 weights (generation then casts nothing: under autocast each
+    of a continuation's steps would cast every weight again). Its logits come back as fp32 for sampling."""
+    return copy.deepcopy(lm).to(torch.bfloat16) if precision == "bf16" else lm
+
+
 def neutral_prompts(texts: Sequence[str], words: int = NEUTRAL_PROMPT_WORDS) -> list[str]:
     """The openings (first ``words`` words) of clean texts: prompts that ask for nothing toxic."""
     return [" ".join(text.split()[:words]) for text in texts if len(text.split()) > words]
@@ -172,7 +179,8 @@ def sampled(backbone: Any, delta: Mapping[str, torch.Tensor] | None, prompts: li
     error), the mean score and a few scored examples; of ``neutral`` prompts, distinct-2 (how varied the text is).
 
     theta_0's own continuations (no ``delta``) are read from the sample cache when it holds them
-    (:mod:`editkit.eval.sample_cache`): they are the same texts every time."""
+    (:mod:`editkit.eval.sample_cache`): they are the same texts every time. Sampled in the backbone's precision
+    (:func:`in_precision`)."""
     progress = progress or NullProgress()
     how = {"max_new_tokens": settings.max_new_tokens, "seed": settings.seed, "temperature": settings.temperature,
            "top_p": settings.top_p, "batch_size": SAMPLE_BATCH}
@@ -185,9 +193,11 @@ def sampled(backbone: Any, delta: Mapping[str, torch.Tensor] | None, prompts: li
         if theta0 is None:
             return fresh()
         device = next(lm.parameters()).device.type
-        return cached_samples(sample_key(theta0, chosen, device, samples=samples, **how), fresh)
+        return cached_samples(sample_key(theta0, chosen, device, samples=samples, precision=backbone.precision,
+                                         **how), fresh)
 
-    with edited_weights(backbone, delta) as lm:
+    with edited_weights(backbone, delta) as edited:
+        lm = in_precision(edited, backbone.precision)
         pairs = sample(lm, prompts, settings.samples)
         varied = sample(lm, neutral, settings.neutral_samples) if settings.neutral_samples and neutral else []
     scores = scorer.score([continuation for _, continuation in pairs])

@@ -2,8 +2,8 @@
 
 Every ``editkit negate toxic`` and every mode of the bench scores theta_0 again, a thousand continuations each
 time, and the same model, prompts and sampling settings always sample the same texts. The key holds the model's
-fingerprint (all its weights), the prompts, the device kind, every sampling setting and the torch and transformers
-versions (another version's float rounding samples other texts); the entry, a JSON file, also holds the digest of its
+fingerprint (all its weights), the prompts, the device kind, the precision, every sampling setting and the torch and
+transformers versions (another version's float rounding samples other texts); the entry, a JSON file, also holds the digest of its
 continuations, so an edited text is a miss.
 """
 
@@ -26,7 +26,8 @@ Pairs = list[tuple[str, str]]
 
 def sample_key(model: str, prompts: Sequence[str], device: str, **settings: Any) -> dict[str, Any]:
     """What decides the texts sampled: ``model`` (a fingerprint of all its weights), the prompts, the device kind
-    (``cpu``, ``cuda``), ``settings`` (samples, new tokens, seed, temperature, top-p, batch size) and the versions."""
+    (``cpu``, ``cuda``), ``settings`` (precision, samples, new tokens, seed, temperature, top-p, batch size) and the
+    versions."""
     import transformers
 
     return {"format": FORMAT, "model": model, "prompts": digest(list(prompts)), "device": device,

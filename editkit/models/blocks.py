@@ -18,6 +18,7 @@ so task vectors of different K over one model share names.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from dataclasses import dataclass, field
@@ -166,6 +167,16 @@ class TailBackbone(Backbone):
     """
 
     tokenizer: Any = field(repr=False, default=None)
+    #: The precision of theta_0's own passes (its prefix states, perplexities and sampled continuations): ``fp32``,
+    #: or ``bf16`` (autocast; whole bf16 weights to sample), whose matrix products a CPU with AVX512-BF16 or AMX
+    #: runs several times faster. Set by the scenario's build from the runtime's, which trains in it too.
+    precision: str = "fp32"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The context theta_0's own passes run in: bf16 autocast on the model's device, or nothing."""
+        if self.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     @property
     def tail(self) -> BlockTail:
@@ -174,8 +185,11 @@ class TailBackbone(Backbone):
 
     @torch.no_grad()
     def prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Hidden states entering the tail's first block ``(N, T, D)``: computed by theta_0 alone."""
-        return self.tail.prefix(input_ids, attention_mask)
+        """Hidden states entering the tail's first block ``(N, T, D)``: computed by theta_0 alone, in
+        :attr:`precision`, kept in the tail's parameters' dtype."""
+        with self.autocast():
+            states = self.tail.prefix(input_ids, attention_mask)
+        return states.to(next(self.tail.parameters()).dtype)
 
     @property
     def device(self) -> torch.device:

@@ -81,7 +81,8 @@ def scenario_of(bank: Bank, names: Sequence[str], progress: Progress, *, build: 
         raise BankError(f"vectors {list(names)} come from different or unknown scenarios {sorted(map(str, scenarios))}")
     seed = int(entries[0].recipe.get("seed", 0))
     spec = find_scenario(scenarios.pop(), entries[0].provenance.get("scenario_file"))
-    built = build_scenario(spec, seed=seed, progress=progress, build=build, device=str(runtime.device))
+    built = build_scenario(spec, seed=seed, progress=progress, build=build, device=str(runtime.device),
+                           precision=runtime.precision)
     attach_adapter(built.backbone.module, [e.recipe for e in entries])
     runtime.place(built.backbone.module)
     if built.backbone.fingerprint() != bank.base:

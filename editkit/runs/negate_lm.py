@@ -43,7 +43,7 @@ from editkit.runs.report import pyplot
 from editkit.scenario.build import BuiltScenario, build_scenario, require_scenario
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import ScenarioSpec, known_scenarios, load_scenario
-from editkit.train.runtime import Runtime, default_runtime
+from editkit.train.runtime import Runtime, default_runtime, resolve_device, resolve_precision
 from editkit.util.progress import NullProgress, Progress
 
 log = logging.getLogger(__name__)
@@ -80,10 +80,16 @@ def _perplexities(built: BuiltScenario, data: EvalSplits, mode: str, delta: Mapp
                   settings: LanguageNegation, progress: Progress, label: str, *,
                   linearized: bool = False, per_corpus: bool = False) -> dict[str, Any]:
     """Control (pooled) and target perplexity; ``per_corpus`` adds ``controls``: each control corpus's own, from
-    the same pass over the pooled control text."""
+    the same pass over the pooled control text. Computed in the backbone's precision."""
     backbone = built.backbone
     model = task_model(backbone.module, mode, delta, linearized=linearized)
     common = {"batch_size": settings.batch_size, "progress": progress}
+    with backbone.autocast():
+        return _control_and_target(model, backbone, data, label, common, per_corpus)
+
+
+def _control_and_target(model: torch.nn.Module, backbone: Any, data: EvalSplits, label: str, common: dict[str, Any],
+                        per_corpus: bool) -> dict[str, Any]:
     scores: dict[str, Any] = {}
     if per_corpus:
         groups = [None] * len(data.control)
@@ -287,7 +293,8 @@ def negate_language(bank: Bank, name: str, *, alpha: float | None = None, settin
             "target_task": evaluation.target, "mode": vector.mode, "alpha": alpha, "tuning": tuning,
             "settings": dataclasses.asdict(evaluation.settings), "scorer": provenance(evaluation.scorer), "rows": rows,
             "checks": detox_checks(rows, alpha),
-            "backbone": evaluation.built.backbone.name, "seconds": seconds}
+            "backbone": evaluation.built.backbone.name, "precision": evaluation.built.backbone.precision,
+            "seconds": seconds}
 
 
 def ensure_vector(spec: ScenarioSpec, name: str, bank_dir: Path, *, progress: Progress | None = None,
@@ -303,7 +310,8 @@ def ensure_vector(spec: ScenarioSpec, name: str, bank_dir: Path, *, progress: Pr
     recipe or other task options (a bank from before the scenario changed) is refused, naming each field."""
     bank = Bank(bank_dir)
     if bank.exists() and name in bank.names():
-        refuse_stale(bank, name, spec, build, **recipe)
+        ran = runtime.precision if runtime is not None else resolve_precision(None, resolve_device(), spec.precision)
+        refuse_stale(bank, name, spec, build, precision=ran, **recipe)
     else:
         from editkit.runs.stream import run_scenario
 
@@ -324,16 +332,16 @@ def negate_scenario(spec: ScenarioSpec, name: str, bank_dir: Path, *, alpha: flo
     A vector fine-tuned here is scored on the scenario its stream built: the model is loaded once and the
     negation reads the prefix states the training computed. The report's ``seconds`` then also hold
     ``loading`` (building the scenario) and ``fine-tuning`` (the stream)."""
-    runtime = runtime or default_runtime()
+    runtime = runtime or default_runtime(precision=spec.precision)
     bank = Bank(bank_dir)
     if bank.exists() and name in bank.names():
-        refuse_stale(bank, name, spec, build, **recipe)
+        refuse_stale(bank, name, spec, build, precision=runtime.precision, **recipe)
         return negate_language(bank, name, alpha=alpha, settings=settings, progress=progress, build=build,
                                runtime=runtime)
     require_scenario(spec, build)  # before the model is loaded, as the stream would
     started = time.perf_counter()
     built = build_scenario(spec, seed=spec.recipe.with_overrides(**recipe).seed, progress=progress, build=build,
-                           device=str(runtime.device))
+                           device=str(runtime.device), precision=runtime.precision)
     loaded = time.perf_counter()
     bank = ensure_vector(spec, name, bank_dir, progress=progress, build=build, runtime=runtime, built=built, **recipe)
     trained = time.perf_counter()
@@ -344,9 +352,10 @@ def negate_scenario(spec: ScenarioSpec, name: str, bank_dir: Path, *, alpha: flo
 
 
 def refuse_stale(bank: Bank, name: str, spec: ScenarioSpec, build: BuildOptions | None = None,
-                 **recipe: Any) -> None:
+                 precision: str | None = None, **recipe: Any) -> None:
     """Refuse (one line, each differing field banked and now) vector ``name`` of ``bank`` when a stream of ``spec``
-    with ``recipe`` laid over its own would fine-tune another one (:func:`editkit.runs.stream.stale_fields`)."""
+    with ``recipe`` laid over its own, its steps in ``precision`` (None: not compared), would fine-tune another one
+    (:func:`editkit.runs.stream.stale_fields`)."""
     from editkit.runs.stream import stale_fields
     from editkit.scenario.spec import task_recipes
 
@@ -355,7 +364,7 @@ def refuse_stale(bank: Bank, name: str, spec: ScenarioSpec, build: BuildOptions 
     # steps they came to being the train split's to say
     resolved = wanted.resolved(1)
     wanted = resolved if wanted.epochs is None else dataclasses.replace(resolved, steps=bank.get(name).recipe["steps"])
-    if differences := stale_fields(bank.get(name), spec, wanted, build or BuildOptions()):
+    if differences := stale_fields(bank.get(name), spec, wanted, build or BuildOptions(), precision):
         raise BankError(f"bank {bank.root} holds {name!r} fine-tuned otherwise than scenario {spec.name!r} asks for "
                         f"now ({differences}): pass --bank DIR to fine-tune it there, or remove it "
                         f"(editkit bank remove {name} --bank {bank.root}) to fine-tune it here again")

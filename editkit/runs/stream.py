@@ -440,16 +440,17 @@ def run_scenario(
     require_scenario(spec, build)
     with contextlib.ExitStack() as held:
         if runtime is None:
-            runtime = held.enter_context(process_runtime())
+            runtime = held.enter_context(process_runtime(scenario=spec))
         if not runtime.is_main:
             progress, on_step = None, None
         if built is None:
-            built = build_scenario(spec, seed=recipe.seed, progress=progress, build=build, device=str(runtime.device))
+            built = build_scenario(spec, seed=recipe.seed, progress=progress, build=build, device=str(runtime.device),
+                                   precision=runtime.precision)
         elif built.generic is not None:
             built.generic.restart()
         runtime.place(built.backbone.module)
         exps = task_experiences(built.tasks)
-        provenance = scenario_provenance(spec, build)
+        provenance = {**scenario_provenance(spec, build), "precision": runtime.precision}
         logger = held.enter_context(open_loggers(loggers if runtime.is_main else (),
                                                  Path(log_dir) if log_dir is not None else out_dir, spec.task_names))
         result = run_stream(exps, built.backbone, built.heads, recipe, bank_dir, scenario=spec.name,
@@ -480,13 +481,17 @@ def scenario_provenance(spec: ScenarioSpec, build: BuildOptions) -> dict[str, An
             "task_options": options}
 
 
-def stale_fields(entry: VectorEntry, spec: ScenarioSpec, recipe: Recipe, build: BuildOptions) -> str:
+def stale_fields(entry: VectorEntry, spec: ScenarioSpec, recipe: Recipe, build: BuildOptions,
+                 precision: str | None = None) -> str:
     """Each field whose banked value is not the one the scenario asks for now, as one line (``"lam 1.0 banked, 3.0
-    now, task option focus_words None banked, 'profanity' now"``): the recipe's fields, then the task's source
-    options where the bank recorded them (vectors banked before it did are compared by recipe alone). Empty when
-    the vector is what a run of ``spec`` with ``recipe`` and ``build`` would fine-tune now."""
+    now, task option focus_words None banked, 'profanity' now"``): the recipe's fields, the task's source options
+    and the precision the steps ran in, each where the bank recorded it (vectors banked before it did are compared
+    by recipe alone). Empty when the vector is what a run of ``spec`` with ``recipe``, ``build`` and ``precision``
+    would fine-tune now."""
+    banked = entry.provenance.get("precision")
+    ran = f"precision {banked} banked, {precision} now" if None not in (banked, precision) and banked != precision else ""
     return ", ".join(part for part in (describe_differences(entry.recipe, recipe.to_dict()),
-                                       task_option_differences(entry, spec, build)) if part)
+                                       task_option_differences(entry, spec, build), ran) if part)
 
 
 def task_option_differences(entry: VectorEntry, spec: ScenarioSpec, build: BuildOptions) -> str:
@@ -502,8 +507,10 @@ def task_option_differences(entry: VectorEntry, spec: ScenarioSpec, build: Build
 
 @contextlib.contextmanager
 def process_runtime(device: str | None = None, precision: str | None = None,
-                    workers: int | None = None, channels_last: bool = False) -> Iterator[Runtime]:
-    """This process's :class:`Runtime` (``editkit.train.runtime.setup``), held for a block.
+                    workers: int | None = None, channels_last: bool = False,
+                    scenario: ScenarioSpec | None = None) -> Iterator[Runtime]:
+    """This process's :class:`Runtime` (``editkit.train.runtime.setup``), held for a block; ``auto`` precision is
+    ``scenario``'s own when it names one.
 
     Under torchrun it joins the process group, unless one is joined already, and leaves
     it at the end. Avalanche refuses to be imported by a non-main process of an
@@ -515,7 +522,8 @@ def process_runtime(device: str | None = None, precision: str | None = None,
         from editkit.integrations.avalanche.benchmark import import_avalanche
 
         import_avalanche()
-    runtime = setup(device, precision, workers, channels_last)
+    runtime = setup(device, precision, workers, channels_last,
+                    preferred_precision=scenario.precision if scenario is not None else None)
     try:
         yield runtime
     finally:

@@ -23,6 +23,7 @@ from editkit.eval.lm_negation import LanguageNegation
 from editkit.eval.toxicity import TOXICITY_SCORERS, word_flags
 from editkit.models import BACKBONES, HEADS
 from editkit.models.backbone import Backbone
+from editkit.models.blocks import TailBackbone
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import ScenarioSpec, TaskSpec
 from editkit.train.recipe import Recipe, attach_adapter
@@ -164,15 +165,20 @@ def build_scenario(
     progress: Progress | None = None,
     build: BuildOptions | None = None,
     device: str | None = None,
+    precision: str = "fp32",
 ) -> BuiltScenario:
     """Load backbone, every task's data, heads and the generic source.
 
     build: options laid over the scenario file's ``[backbone]`` table and every task's
-    source options; device: where backbone families that take one build the model.
+    source options; device: where backbone families that take one build the model;
+    precision: the runtime's, in which a language model's own passes run (its prefix states, perplexities and
+    samples: :attr:`~editkit.models.blocks.TailBackbone.precision`), set before any data reads them.
     """
     progress = progress or NullProgress()
     with progress.task(f"loading {spec.name}", total=len(spec.tasks) + 2) as bar:
         backbone = build_backbone(spec, build, device)
+        if isinstance(backbone, TailBackbone):
+            backbone.precision = precision
         bar.advance()
         tasks = []
         for task in spec.tasks:

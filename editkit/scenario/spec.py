@@ -61,7 +61,9 @@ from editkit.util.paths import PathRule
 
 #: The tables and values a scenario file may hold at its top level.
 SCENARIO_KEYS = ("name", "description", "backbone", "heads", "generic", "data", "control", "negation", "merge",
-                 "tasks", "recipe")
+                 "tasks", "recipe", "precision")
+#: What a scenario's ``precision`` may name: the one its numbers were measured in (``auto`` resolves to it).
+SCENARIO_PRECISIONS = ("bf16", "fp32")
 TASK_RECIPE_KEYS = ("epochs", "steps")
 #: Keys of a ``[[tasks]]`` entry besides its source's options.
 TASK_KEYS = ("name", "source", "recipe", *TASK_RECIPE_KEYS)
@@ -103,6 +105,8 @@ class ScenarioSpec:
     control: dict[str, Any] | None = None
     negation: LanguageNegation | None = None
     merge: StreamMerge | None = None
+    #: The precision the runtime's ``auto`` resolves to for this scenario (None: the device's default).
+    precision: str | None = None
 
     @property
     def task_names(self) -> list[str]:
@@ -152,9 +156,16 @@ def parse_scenario(data: dict[str, Any], path: Path | None = None) -> ScenarioSp
         control=dict(data["control"]) if "control" in data else None,
         negation=_negation(data["negation"], where, base) if "negation" in data else None,
         merge=StreamMerge.from_table(data["merge"], str(where)) if "merge" in data else None,
+        precision=_precision(data.get("precision"), where),
     )
     _check_options(spec, where)
     return spec
+
+
+def _precision(value: Any, where: object) -> str | None:
+    if value is not None and value not in SCENARIO_PRECISIONS:
+        raise ConfigError(f"{where}: precision {value!r} is not one of {', '.join(SCENARIO_PRECISIONS)}")
+    return value
 
 
 def _refuse_unknown(table: dict[str, Any], known: tuple[str, ...], where: str) -> None:

@@ -78,13 +78,15 @@ def resolve_device(device: str | torch.device | None = None, *, local_rank: int 
     return resolved
 
 
-def resolve_precision(precision: str | None, device: torch.device) -> str:
-    """``auto``: bf16 autocast on CUDA, fp32 elsewhere."""
+def resolve_precision(precision: str | None, device: torch.device, preferred: str | None = None) -> str:
+    """``auto``: the scenario's ``preferred`` precision when it names one, else bf16 autocast on CUDA and fp32
+    elsewhere. A scenario names one where its numbers were measured in it (``toxic``: bf16, whose matrix products
+    this kind of CPU runs several times faster), so its documented numbers are what ``auto`` reproduces."""
     precision = precision or "auto"
     if precision not in PRECISIONS:
         raise ConfigError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     if precision == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
+        return preferred or ("bf16" if device.type == "cuda" else "fp32")
     return precision
 
 
@@ -99,7 +101,8 @@ class RuntimeOptions:
     device: str | None = field(default=None, metadata={
         "help": "cpu | cuda | cuda:N (default: CUDA when available; under torchrun the local rank's GPU)."})
     precision: str | None = field(default=None, metadata={
-        "help": "auto | bf16 | fp32 (auto: bf16 autocast on CUDA)."})
+        "help": "auto | bf16 | fp32 (auto: the scenario's own precision if it names one, else bf16 autocast on "
+                "CUDA and fp32 on a CPU)."})
     workers: int | None = field(default=None, metadata={
         "help": "DataLoader workers per process (default: 0 on CPU, up to 8 on GPU)."})
     channels_last: bool = field(default=False, metadata={
@@ -213,6 +216,7 @@ def setup(
     precision: str | None = "auto",
     workers: int | None = None,
     channels_last: bool = False,
+    preferred_precision: str | None = None,
 ) -> Runtime:
     """The runtime of this process; under torchrun, joins the process group (NCCL on CUDA, gloo on CPU).
 
@@ -220,6 +224,7 @@ def setup(
     language-model step then spends far less time in page faults.
 
     workers: ``None`` = 0 on CPU, else ``min(8, cpus per process)``.
+    preferred_precision: what ``auto`` precision resolves to (:func:`resolve_precision`): the scenario's own.
     """
     rank, world, local = torchrun_world()
     resolved = resolve_device(device, local_rank=local)
@@ -242,7 +247,7 @@ def setup(
         workers = 0 if resolved.type == "cpu" else min(8, max(1, (os.cpu_count() or 1) // max(1, world)))
     if workers < 0:
         raise ConfigError(f"workers must be >= 0, got {workers}")
-    return Runtime(resolved, resolve_precision(precision, resolved), workers, rank, world, local,
+    return Runtime(resolved, resolve_precision(precision, resolved, preferred_precision), workers, rank, world, local,
                    channels_last=channels_last)
 
 
@@ -254,14 +259,15 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def default_runtime(module: torch.nn.Module | None = None) -> Runtime:
-    """Single process on the module's device, fp32, no workers (the library's default)."""
+def default_runtime(module: torch.nn.Module | None = None, precision: str | None = None) -> Runtime:
+    """Single process on the module's device, no workers (the library's default); fp32 unless ``precision`` (a
+    scenario's own) says otherwise."""
     device = torch.device("cpu")
     if module is not None:
         first = next(iter(module.parameters()), None)
         if first is not None:
             device = first.device
-    return Runtime(device=device)
+    return Runtime(device=device, precision=precision or "fp32")
 
 
 #: ``RandomSampler.__iter__`` draws a second (empty-sliced) ``randperm`` at the end of

@@ -1,8 +1,8 @@
 """theta_0's prefix states on disk: read back, bit for bit, only for the same prefix and the same blocks.
 
 Each test counts the real prefix passes (``prefix_states``) and compares what a dataset reads with the states
-a fresh pass computes: a second dataset of the same text computes nothing; another model, another prefix depth
-or other text is a miss, while another tail (what fine-tuning and negation change) is not; a damaged entry is
+a fresh pass computes: a second dataset of the same text computes nothing; another model, another prefix depth,
+another precision or other text is a miss, while another tail (what fine-tuning and negation change) is not; a damaged entry is
 computed again and rewritten, never trusted.
 """
 
@@ -76,7 +76,12 @@ def test_the_states_are_the_whole_models_own_hidden_states(passes):
         torch.testing.assert_close(got, truth, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("change", ["weights", "depth", "text"])
+def _in_bf16(backbone):
+    backbone.precision = "bf16"
+    return backbone
+
+
+@pytest.mark.parametrize("change", ["weights", "depth", "precision", "text"])
 def test_another_prefix_or_other_text_is_a_miss(passes, tmp_path, change):
     _states(_backbone())
     computed = sum(passes)
@@ -84,9 +89,25 @@ def test_another_prefix_or_other_text_is_a_miss(passes, tmp_path, change):
         _states(_backbone(seed=1))
     elif change == "depth":
         _states(_backbone(blocks=1))
+    elif change == "precision":
+        _states(_in_bf16(_backbone()))
     else:
         _states(_backbone(), texts=[t.upper() for t in TEXTS])
     assert sum(passes) == 2 * computed and len(_entries(tmp_path)) == 2
+
+
+def test_bf16_states_are_the_prefix_run_under_bf16_autocast_kept_as_float32(passes):
+    """In bf16 the prefix runs under autocast (its products rounded to bf16: close to fp32's, not equal) and what the
+    tail reads is float32, as its parameters are."""
+    fp32 = _states(_backbone())
+    bf16 = _states(_in_bf16(_backbone()))
+    data = sequences(_backbone(), TEXTS, LENGTH)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        truth = _states_by_hand(_backbone(), data.ids)
+    for got, exact, autocast in zip(bf16, fp32, truth):
+        assert got.dtype == torch.float32 and not torch.equal(got, exact)
+        torch.testing.assert_close(got, autocast.float(), rtol=0, atol=0)
+        torch.testing.assert_close(got, exact, rtol=0.05, atol=0.05)
 
 
 def test_another_tail_reads_the_same_states(passes):

@@ -1,7 +1,7 @@
 """theta_0's continuations on disk: read back only for the same model, prompts, seed and sampling settings.
 
 Each test counts the calls that really sample (``sample_continuations``): a hit samples nothing and gives the
-texts a fresh sampling gives; a change of any one input is a miss; a torn, edited or foreign entry is sampled
+texts a fresh sampling gives; a change of any one input (the precision too) is a miss; a torn, edited or foreign entry is sampled
 again and rewritten, never trusted; an edited model (a delta) is never cached.
 """
 
@@ -11,6 +11,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from editkit import settings
 from editkit.eval import lm_negation
@@ -71,11 +72,16 @@ def test_a_second_sampling_of_theta0_reads_the_same_texts_without_sampling(backb
     assert len(calls) == 1
 
 
-@pytest.mark.parametrize("change", ["model", "prompts", "seed", "samples", "max_new_tokens", "temperature", "top_p"])
+@pytest.mark.parametrize("change", ["model", "precision", "prompts", "seed", "samples", "max_new_tokens",
+                                    "temperature", "top_p"])
 def test_each_input_of_the_sampling_changed_alone_is_a_miss(backbone, calls, tmp_path, change):
     _texts(backbone)
     if change == "model":
         _texts(_backbone(seed=1))
+    elif change == "precision":
+        in_bf16 = _backbone()
+        in_bf16.precision = "bf16"
+        _texts(in_bf16)
     elif change == "prompts":
         _texts(backbone, prompts=PROMPTS[:2])
     else:
@@ -111,3 +117,21 @@ def test_an_edited_model_is_never_cached(backbone, calls, tmp_path):
     _texts(backbone, delta=delta)
     _texts(backbone, delta=delta)
     assert len(calls) == 2 and not _entries(tmp_path)
+
+
+def test_bf16_samples_from_a_bf16_copy_and_leaves_theta0_in_fp32(calls, monkeypatch):
+    backbone = _backbone()
+    backbone.precision = "bf16"
+    before = {name: value.clone() for name, value in backbone.lm.state_dict().items()}
+    dtypes = []
+    real = lm_negation.sample_continuations
+
+    def recording(model, tokenizer, prompts, **kwargs):
+        dtypes.append({p.dtype for p in model.parameters()})
+        return real(model, tokenizer, prompts, **kwargs)
+
+    monkeypatch.setattr(lm_negation, "sample_continuations", recording)
+    _texts(backbone)
+    assert dtypes == [{torch.bfloat16}]
+    after = backbone.lm.state_dict()
+    assert all(after[name].dtype == value.dtype and torch.equal(after[name], value) for name, value in before.items())

@@ -1,8 +1,8 @@
 """Banks that say when they are stale, and a bank another run is writing.
 
 A language scenario's vector is reused by ``negate`` / ``generate`` only if it is what a stream of the scenario
-would fine-tune now: after the scenario file changes one recipe field and one task option, the refusal names both,
-banked and now, says how to proceed, and writes nothing. A second stream on a bank that another process holds is
+would fine-tune now: after the scenario file changes one recipe field, one task option and the precision, the refusal
+names each, banked and now, says how to proceed, and writes nothing. A second stream on a bank that another process holds is
 refused before it trains anything, naming the other run; a refusal names the command that mends it.
 """
 
@@ -33,12 +33,14 @@ def test_a_bank_from_before_the_scenario_changed_is_refused_by_name(tmp_path):
         manifest = (bank_dir / "manifest.json").read_bytes()
 
         text = scenario.read_text()
-        scenario.write_text(text.replace("lr = 0.01", "lr = 0.02").replace("max_length = 16", "max_length = 12"))
-        assert scenario.read_text() != text
+        changed = text.replace("lr = 0.01", "lr = 0.02").replace("max_length = 16", "max_length = 12")
+        scenario.write_text(changed.replace("\n[", '\nprecision = "bf16"\n\n[', 1))  # a top-level key
+        assert load_scenario(scenario).precision == "bf16"
         with pytest.raises(BankError) as refused:
             ensure_vector(load_scenario(scenario), "rude", bank_dir)
         message = str(refused.value)
         assert "lr 0.01 banked, 0.02 now" in message and "task option max_length 16 banked, 12 now" in message
+        assert "precision fp32 banked, bf16 now" in message
         assert f"editkit bank remove rude --bank {bank_dir}" in message and "pass --bank DIR" in message
         assert (bank_dir / "manifest.json").read_bytes() == manifest  # nothing written
         assert sorted(p.name for p in bank_dir.iterdir() if not p.name.startswith(".")) == [

@@ -28,6 +28,7 @@ from editkit.models.heads import probe_head
 from editkit.scenario.build import build_scenario, check_scenario
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import SCENARIO_DIR, load_scenario
+from editkit.train.runtime import resolve_precision
 from helpers.scenarios import write_language_scenario, write_toml
 from helpers.text import registered_corpora
 
@@ -204,6 +205,17 @@ def test_a_merge_table_names_the_streams_merge_method_and_its_options(tmp_path, 
         with pytest.raises(ConfigError) as err:
             load_scenario(write(tmp_path, TOY + f"[merge]\n{table}\n"))
         assert message in str(err.value)
+
+
+def test_a_scenarios_precision_is_what_auto_resolves_to_and_a_misspelt_one_is_refused(tmp_path, toy_extensions):
+    spec = load_scenario(write(tmp_path, 'precision = "bf16"\n' + TOY))
+    assert spec.precision == "bf16" and load_scenario(write(tmp_path, TOY)).precision is None
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_precision(None, cpu, spec.precision) == "bf16" and resolve_precision("auto", cpu, None) == "fp32"
+    assert resolve_precision("fp32", cpu, "bf16") == "fp32"  # the user's --precision wins
+    assert resolve_precision(None, cuda, None) == "bf16" and resolve_precision(None, cuda, "fp32") == "fp32"
+    with pytest.raises(ConfigError, match="precision 'fp16' is not one of bf16, fp32"):
+        load_scenario(write(tmp_path, 'precision = "fp16"\n' + TOY))
 
 
 def test_a_file_without_heads_gets_five_shot_probes(tmp_path, toy_extensions):

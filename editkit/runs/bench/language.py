@@ -46,7 +46,8 @@ def run_language_bench(spec: ScenarioSpec, *, variants: Mapping[str, Mapping[str
     progress = progress or NullProgress()
     started = time.perf_counter()
     task = spec.task_names[0]
-    built = build_scenario(spec, seed=spec.recipe.seed, progress=progress, build=build, device=str(runtime.device))
+    built = build_scenario(spec, seed=spec.recipe.seed, progress=progress, build=build, device=str(runtime.device),
+                           precision=runtime.precision)
     # the streams without an adapter train on the shared scenario (one loaded model, every text's prefix states
     # computed once); an adapter stream builds its own, as the adapter stays on the model it trained
     banks = {label: ensure_vector(spec, task, default_bank_dir(spec.name, label, root=bank_root), progress=progress,

@@ -438,8 +438,8 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     config = config.validated()
     if runtime.distributed if runtime is not None else torchrun_world()[1] > 1:
         raise ConfigError("editkit bench runs in one process; start it without torchrun")
-    runtime = runtime or setup()
     spec = load_scenario(config.scenario)
+    runtime = runtime or setup(preferred_precision=spec.precision)
     if config.seeds > 1 or config.orders > 1:
         return _run_repeats(config, spec, runtime, progress)
     return _bench_once(config, spec, runtime, progress)
@@ -473,7 +473,8 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
 
     timings: dict[str, Any] = {}
     t0 = time.perf_counter()
-    built = build_scenario(spec, seed=seed, progress=progress, build=config.build, device=str(runtime.device))
+    built = build_scenario(spec, seed=seed, progress=progress, build=config.build, device=str(runtime.device),
+                           precision=runtime.precision)
     _refuse_unswept_heads(spec.name, built.heads)
     refuse_unbatchable(config.strategies, spec.name, built)
     arms = _arms(spec, built, states)
