@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from editkit.bank.store import Bank
 from editkit.errors import BankError, ConfigError
 from editkit.eval.language import EXAMPLES, sample_continuations, scored_examples, toxicity_summary
-from editkit.eval.lm_negation import LanguageNegation, SAMPLE_BATCH, edited_weights
+from editkit.eval.lm_negation import LanguageNegation, SAMPLE_BATCH, edited_weights, in_precision
 from editkit.eval.toxicity import TOXICITY_SCORERS
 from editkit.merge.arithmetic import combine
 from editkit.runs.edit import find_scenario
@@ -40,7 +40,7 @@ DEFAULT_PROMPTS = EXAMPLES
 @dataclass
 class Models:
     """theta_0 and the edited model: how to sample from each (``edited()`` yields the edited LM), and what
-    the scenario, if known, says about prompts and scoring."""
+    the scenario, if known, says about prompts, scoring and the precision both are sampled in (``negate``'s)."""
 
     base: Any
     tokenizer: Any
@@ -50,6 +50,7 @@ class Models:
     edited_lm: Any = None
     backbone: Any = None
     delta: dict = field(default_factory=dict)
+    precision: str = "fp32"
 
     def edited(self):
         if self.edited_lm is not None:
@@ -83,7 +84,7 @@ def from_bank(bank: Bank | Path | str, name: str, alpha: float, *, build: BuildO
     backbone = bank_backbone(bank, name, build)
     return Models(base=backbone.lm, tokenizer=backbone.tokenizer, edited_tokenizer=backbone.tokenizer,
                   label=coefficient_label(alpha, name), settings=_settings(spec), backbone=backbone,
-                  delta=vector.tensors)
+                  delta=vector.tensors, precision=spec.precision or "fp32")
 
 
 def from_directory(directory: Path | str, *, base: str | None = None) -> Models:
@@ -113,7 +114,8 @@ def from_directory(directory: Path | str, *, base: str | None = None) -> Models:
     edited_lm, edited_tokenizer = load_causal_lm(str(directory))
     base_lm, tokenizer = load_causal_lm(base, hub_cache=hub_cache)
     return Models(base=base_lm, tokenizer=tokenizer, edited_tokenizer=edited_tokenizer, label=str(directory),
-                  settings=_settings(spec), edited_lm=edited_lm)
+                  settings=_settings(spec), edited_lm=edited_lm,
+                  precision=(spec.precision if spec is not None else None) or "fp32")
 
 
 def read_prompts(prompts: Sequence[str] | None = None, prompts_file: Path | str | None = None) -> list[str]:
@@ -149,9 +151,11 @@ def generate(models: Models, prompts: Sequence[str] | None = None, *, scorer: st
     max_new_tokens = max_new_tokens or settings.max_new_tokens
     samples = len(prompts) * samples_per_prompt
     options = dict(samples=samples, max_new_tokens=max_new_tokens, seed=seed, batch_size=SAMPLE_BATCH)
-    base_pairs = sample_continuations(models.base, models.tokenizer, prompts, progress=progress, **options)
+    base_pairs = sample_continuations(in_precision(models.base, models.precision), models.tokenizer, prompts,
+                                      progress=progress, **options)
     with models.edited() as lm:
-        edited_pairs = sample_continuations(lm, models.edited_tokenizer, prompts, progress=progress, **options)
+        edited_pairs = sample_continuations(in_precision(lm, models.precision), models.edited_tokenizer, prompts,
+                                            progress=progress, **options)
     judge = record.build()
     base_scores = judge.score([c for _, c in base_pairs])
     edited_scores = judge.score([c for _, c in edited_pairs])

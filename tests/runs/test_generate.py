@@ -127,3 +127,24 @@ def test_scored_examples_keeps_the_first_k_in_sample_order():
     assert len(scored_examples(pairs, np.zeros(3), 10)) == 3 and scored_examples(pairs, np.zeros(3), 0) == []
     with pytest.raises(ConfigError, match="2 scores for 3 samples"):
         scored_examples(pairs, [0.0, 1.0])
+
+
+def test_a_bf16_scenario_samples_both_models_from_bf16_copies(streamed, monkeypatch):
+    import torch
+
+    from editkit.runs import generate as generating
+
+    models = generating.from_bank(streamed[1], "rude", -1.0)
+    assert models.precision == "fp32"  # the scenario names none
+    models.precision = "bf16"
+    dtypes = []
+    real = generating.sample_continuations
+
+    def recording(model, tokenizer, prompts, **kwargs):
+        dtypes.append({p.dtype for p in model.parameters()})
+        return real(model, tokenizer, prompts, **kwargs)
+
+    monkeypatch.setattr(generating, "sample_continuations", recording)
+    generating.generate(models, ["well, you"])  # the fixture holds the scorer and corpora registered
+    assert dtypes == [{torch.bfloat16}, {torch.bfloat16}]
+    assert {p.dtype for p in models.base.parameters()} == {torch.float32}
