@@ -18,6 +18,7 @@ from editkit.eval import lm_negation
 from editkit.eval.lm_negation import LanguageNegation, sampled
 from editkit.models.causal_lm import causal_lm_backbone
 from helpers import models
+from helpers.text import record_sampled_dtypes
 
 PROMPTS = ["the cat", "a dog ate", "hello"]
 SETTINGS = LanguageNegation(samples=5, max_new_tokens=3, neutral_samples=0, seed=0)
@@ -123,14 +124,7 @@ def test_bf16_samples_from_a_bf16_copy_and_leaves_theta0_in_fp32(calls, monkeypa
     backbone = _backbone()
     backbone.precision = "bf16"
     before = {name: value.clone() for name, value in backbone.lm.state_dict().items()}
-    dtypes = []
-    real = lm_negation.sample_continuations
-
-    def recording(model, tokenizer, prompts, **kwargs):
-        dtypes.append({p.dtype for p in model.parameters()})
-        return real(model, tokenizer, prompts, **kwargs)
-
-    monkeypatch.setattr(lm_negation, "sample_continuations", recording)
+    dtypes = record_sampled_dtypes(monkeypatch, lm_negation)
     _texts(backbone)
     assert dtypes == [{torch.bfloat16}]
     after = backbone.lm.state_dict()

@@ -1,6 +1,7 @@
 """Text for the language tests: corpora registered for the duration of a block (so text scenarios run on known
 sentences), a toxicity scorer whose scores a test predicts from the texts (:class:`BangScorer`), and a causal LM's
-perplexity of token blocks computed the slow, obvious way."""
+perplexity of token blocks computed the slow, obvious way; which dtypes a sampler's models hold
+(:func:`record_sampled_dtypes`)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,17 @@ def hand_perplexity(lm, blocks: Sequence[torch.Tensor]) -> float:
                     nll -= float(log_probs[t, block[t + 1]])
                     count += 1
     return math.exp(nll / count)
+
+
+def record_sampled_dtypes(monkeypatch, module) -> list[set[torch.dtype]]:
+    """Patch ``module.sample_continuations`` to record, per call, the dtypes of the sampled model's parameters
+    (then sample as before): which precision a sampler really used."""
+    dtypes: list[set[torch.dtype]] = []
+    real = module.sample_continuations
+
+    def recording(model, tokenizer, prompts, **kwargs):
+        dtypes.append({p.dtype for p in model.parameters()})
+        return real(model, tokenizer, prompts, **kwargs)
+
+    monkeypatch.setattr(module, "sample_continuations", recording)
+    return dtypes

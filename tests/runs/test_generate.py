@@ -22,7 +22,7 @@ from editkit.runs import export
 from editkit.runs.export import bank_backbone
 from helpers.cli import invoke, one_line_refusal
 from helpers.scenarios import write_language_scenario
-from helpers.text import registered_bang_scorer, registered_corpora
+from helpers.text import record_sampled_dtypes, registered_bang_scorer, registered_corpora
 
 RUDE = {"train": ["you silly goose!", "shut it, you fool!", "what a dumb idea!", "go away, clown!"] * 3,
         "val": ["stop that, fool!"], "test": ["you utter muppet!"]}
@@ -137,14 +137,7 @@ def test_a_bf16_scenario_samples_both_models_from_bf16_copies(streamed, monkeypa
     models = generating.from_bank(streamed[1], "rude", -1.0)
     assert models.precision == "fp32"  # the scenario names none
     models.precision = "bf16"
-    dtypes = []
-    real = generating.sample_continuations
-
-    def recording(model, tokenizer, prompts, **kwargs):
-        dtypes.append({p.dtype for p in model.parameters()})
-        return real(model, tokenizer, prompts, **kwargs)
-
-    monkeypatch.setattr(generating, "sample_continuations", recording)
+    dtypes = record_sampled_dtypes(monkeypatch, generating)
     generating.generate(models, ["well, you"])  # the fixture holds the scorer and corpora registered
     assert dtypes == [{torch.bfloat16}, {torch.bfloat16}]
     assert {p.dtype for p in models.base.parameters()} == {torch.float32}
