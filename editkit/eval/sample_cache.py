@@ -3,8 +3,8 @@
 Every ``editkit negate toxic`` and every mode of the bench scores theta_0 again, a thousand continuations each
 time, and the same model, prompts and sampling settings always sample the same texts. The key holds the model's
 fingerprint (all its weights), the prompts, the device kind, the precision, every sampling setting and the torch and
-transformers versions (another version's float rounding samples other texts); the entry, a JSON file, also holds the digest of its
-continuations, so an edited text is a miss.
+transformers versions (another version's float rounding samples other texts); the entry, a JSON file, also holds
+the digest of its continuations, so an edited text is a miss.
 """
 
 from __future__ import annotations

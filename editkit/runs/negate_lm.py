@@ -307,7 +307,8 @@ def ensure_vector(spec: ScenarioSpec, name: str, bank_dir: Path, *, progress: Pr
     built: ``spec`` already built (with ``build`` and the recipe's seed), for the stream to train on instead of
     building it again.
     A vector the bank holds is used only if it is what the stream would fine-tune now: one banked with another
-    recipe or other task options (a bank from before the scenario changed) is refused, naming each field."""
+    recipe, other task options or in another precision (a bank from before the scenario changed) is refused, naming
+    each field."""
     bank = Bank(bank_dir)
     if bank.exists() and name in bank.names():
         ran = runtime.precision if runtime is not None else resolve_precision(None, resolve_device(), spec.precision)

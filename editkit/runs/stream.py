@@ -489,7 +489,8 @@ def stale_fields(entry: VectorEntry, spec: ScenarioSpec, recipe: Recipe, build: 
     by recipe alone). Empty when the vector is what a run of ``spec`` with ``recipe``, ``build`` and ``precision``
     would fine-tune now."""
     banked = entry.provenance.get("precision")
-    ran = f"precision {banked} banked, {precision} now" if None not in (banked, precision) and banked != precision else ""
+    differs = None not in (banked, precision) and banked != precision
+    ran = f"precision {banked} banked, {precision} now" if differs else ""
     return ", ".join(part for part in (describe_differences(entry.recipe, recipe.to_dict()),
                                        task_option_differences(entry, spec, build), ran) if part)
 
