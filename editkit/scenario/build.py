@@ -54,7 +54,7 @@ class BuiltScenario:
         """The tasks as an Avalanche benchmark (imported lazily: avalanche takes seconds to import)."""
         from editkit.integrations.avalanche.benchmark import benchmark_from_tasks
 
-        return benchmark_from_tasks(self.tasks)
+        return benchmark_from_tasks(self.tasks, self.backbone.batching)
 
 
 def backbone_options(spec: ScenarioSpec, build: BuildOptions | None = None,

@@ -18,6 +18,7 @@ from editkit.train.recipe import Recipe
 from helpers.models import mlp
 
 D_IN, FEATURES = 8, 6
+VOCAB = 12  # the text stream's token ids
 
 
 def stream(sizes=(3, 2), train: int = 40, test: int = 30) -> SimpleNamespace:
@@ -106,11 +107,65 @@ def test_options_are_checked_by_name_and_numbers_read_as_numbers():
     assert run_strategy("replay", stream(), recipes(2, 2), options={"mem_size": 7}).buffer_size == 7
 
 
-def test_strategies_over_texts_of_different_lengths_are_refused_before_training():
-    from editkit.runs.bench.strategies import refuse_unbatchable
+class BagOfTokens(torch.nn.Module):
+    """Features of a padded batch of token ids: the mean embedding of the real tokens, through a linear layer."""
 
-    texts = SimpleNamespace(backbone=SimpleNamespace(batching=object(), name="minilm-tail"))
-    with pytest.raises(ConfigError, match=r"--strategies lwf,ewc: .* 'offline-text' feeds minilm-tail texts"):
-        refuse_unbatchable(["lwf", "ewc"], "offline-text", texts)
-    refuse_unbatchable([], "offline-text", texts)  # nothing asked, nothing refused
-    refuse_unbatchable(["lwf"], "offline-vision", stream())
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(2)
+        self.embed = torch.nn.Parameter(torch.randn(VOCAB, D_IN, generator=generator))
+        self.out = torch.nn.Parameter(torch.randn(FEATURES, D_IN, generator=generator))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        weights = attention_mask.unsqueeze(-1).float()
+        return ((self.embed[input_ids] * weights).sum(1) / weights.sum(1)) @ self.out.T
+
+
+
+class Texts(torch.utils.data.Dataset):
+    """Token-id sequences of 1 to 9 tokens; the label is whether the first token is in the vocabulary's top half."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.items = [torch.randint(1, VOCAB, (int(k),), generator=generator)
+                      for k in torch.randint(1, 10, (n,), generator=generator)]
+        self.targets = [int(ids[0] >= VOCAB // 2) for ids in self.items]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.items[index], self.targets[index]
+
+
+def text_stream() -> SimpleNamespace:
+    """Two tasks of texts of different lengths, batched by a SequenceBatching backbone, with random heads."""
+    from editkit.core.batching import SequenceBatching
+    from editkit.data.tasks import TaskData
+
+    generator = torch.Generator().manual_seed(5)
+    tasks = [TaskData(f"t{t}", ["low", "high"], Texts(40, 10 * t), Texts(10, 10 * t + 1), Texts(30, 10 * t + 2))
+             for t in range(2)]
+    heads = {t.name: LinearHead(torch.randn(2, FEATURES, generator=generator), torch.zeros(2)) for t in tasks}
+    backbone = Backbone("bag-of-tokens", BagOfTokens(), FEATURES, batching=SequenceBatching(pad_id=0))
+    return SimpleNamespace(tasks=tasks, heads=heads, backbone=backbone)
+
+
+def text_by_hand(built, task) -> float:
+    """θ0's accuracy on a text task, each text run alone with no padding."""
+    with torch.no_grad():
+        right = [int(built.heads[task.name](built.backbone.module(ids[None], torch.ones(1, len(ids)))).argmax()) == y
+                 for ids, y in task.test]
+    return sum(right) / len(right)
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_every_strategy_runs_over_texts_of_different_lengths(name):
+    """Avalanche's loaders, Replay's buffer and A-GEM's memory batch texts through the backbone's batching."""
+    built = text_stream()
+    result = run_strategy(name, built, recipes(4, 7))
+    assert result.steps == 11
+    assert all(0.0 <= v <= 1.0 for row in result.rows for v in row.values())
+    if not STRATEGIES[name].joint:
+        frozen = run_strategy(name, text_stream(), recipes(3, 3, lr=1e-30))
+        assert frozen.rows[-1] == pytest.approx({t.name: text_by_hand(built, t) for t in built.tasks})

@@ -8,11 +8,13 @@ Avalanche is imported here only (it takes seconds to import).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Callable, Sequence
 
+import torch
 from torch.utils.data import Dataset
 
 from editkit._compat import quiet_avalanche_import
+from editkit.core.batching import Batching, TensorBatching
 from editkit.data.tasks import TaskData
 
 
@@ -28,14 +30,28 @@ def import_avalanche():
     return benchmark_from_datasets, with_task_labels, _make_taskaware_classification_dataset
 
 
-def benchmark_from_tasks(tasks: Sequence[TaskData]):
-    """train / valid / test streams with one experience per task; task label = index."""
+def benchmark_from_tasks(tasks: Sequence[TaskData], batching: Batching | None = None):
+    """train / valid / test streams with one experience per task; task label = index.
+
+    ``batching`` (a backbone's; images' by default) collates the batches Avalanche's own loaders draw, so its
+    strategies and plugins (Replay's buffer, A-GEM's memory) take texts of different lengths as they take images.
+    """
     benchmark_from_datasets, with_task_labels, make_dataset = import_avalanche()
+    collate = avalanche_collate(batching or TensorBatching())
 
     def wrap(split: str) -> list:
-        return [make_dataset(getattr(t, split), task_labels=i) for i, t in enumerate(tasks)]
+        return [make_dataset(getattr(t, split), task_labels=i, collate_fn=collate) for i, t in enumerate(tasks)]
 
     return with_task_labels(benchmark_from_datasets(train=wrap("train"), valid=wrap("val"), test=wrap("test")))
+
+
+def avalanche_collate(batching: Batching) -> Callable[[Sequence[tuple[Any, Any, int]]], list[Any]]:
+    """Avalanche's minibatch ``[inputs, labels, task labels]`` from its ``(x, y, t)`` items, the inputs and labels
+    collated by ``batching``."""
+    def collate(items: Sequence[tuple[Any, Any, int]]) -> list[Any]:
+        return [batching.collate([item[0] for item in items]), batching.collate_labels([item[1] for item in items]),
+                torch.as_tensor([int(item[-1]) for item in items])]
+    return collate
 
 
 @dataclass

@@ -102,10 +102,12 @@ class MultiHeadTaskModel(MultiTaskModule):
         labels = torch.as_tensor(task_labels).reshape(-1).unique().tolist()
         if len(labels) == 1:
             return self.forward_single_task(x, labels[0])
-        task_labels = torch.as_tensor(task_labels, device=x.device)
+        # x may be a batch of texts (a SequenceBatch: rows by mask, no .device); labels come on the inputs' device
+        task_labels = torch.as_tensor(task_labels)
         outputs = {t: self.forward_single_task(x[task_labels == t], t) for t in labels}
         width = max(o.shape[1] for o in outputs.values())
-        out = torch.full((len(x), width), float("-inf"), device=x.device)
+        some = next(iter(outputs.values()))
+        out = torch.full((len(x), width), float("-inf"), device=some.device, dtype=some.dtype)
         for t, logits in outputs.items():
             out[task_labels == t, : logits.shape[1]] = logits
         return out

@@ -140,7 +140,7 @@ def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, A
     steps = [sum(r.steps for r in recipes)] if spec.joint else [r.steps for r in recipes]
     model = MultiHeadTaskModel(built.backbone, [built.heads[t.name] for t in tasks], mode="nonlinear")
     model = model.to(runtime.device)
-    benchmark = benchmark_from_tasks(tasks)
+    benchmark = benchmark_from_tasks(tasks, built.backbone.batching)
     budget = StepBudget(recipe, steps=steps)
     with _quiet_strategy(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.seed)  # Avalanche's loaders shuffle with torch's global generator

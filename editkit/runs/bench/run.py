@@ -76,7 +76,7 @@ from editkit.settings import default_bank_dir, default_run_dir, torchrun_world, 
 from editkit.train.runtime import Runtime, setup
 from editkit.integrations.avalanche.strategies import STRATEGIES, parse_strategy_params
 from editkit.runs.bench.claims import claims
-from editkit.runs.bench.strategies import refuse_unbatchable, run_strategies, strategy_sections
+from editkit.runs.bench.strategies import run_strategies, strategy_sections
 from editkit.runs.bench.repeats import aggregate, order_repeats, repeat_bank_root, repeat_count, seed_repeats
 from editkit.runs.edit import CONTROLS
 from editkit.runs.loggers import LOGGERS, parse_loggers
@@ -476,7 +476,6 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
     built = build_scenario(spec, seed=seed, progress=progress, build=config.build, device=str(runtime.device),
                            precision=runtime.precision)
     _refuse_unswept_heads(spec.name, built.heads)
-    refuse_unbatchable(config.strategies, spec.name, built)
     arms = _arms(spec, built, states)
     bases = {adapter: arm.backbone.fingerprint() for adapter, arm in arms.items()}
     for state in states.values():  # every refusal happens before any training

@@ -12,21 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from editkit.core.batching import TensorBatching
-from editkit.errors import ConfigError
 from editkit.eval.continual import ContinualMetrics, continual_metrics, final_metrics
 from editkit.integrations.avalanche.strategies import STRATEGIES, StrategyResult, run_strategy
 
 VARIANT = "avalanche"
-
-
-def refuse_unbatchable(names: Sequence[str], scenario: str, built) -> None:
-    """Refuse, before any training, strategies a scenario's inputs cannot go through: Avalanche's loaders stack
-    each batch's items as tensors of one shape, which images are and a text's token ids are not."""
-    if names and not isinstance(built.backbone.batching, TensorBatching):
-        raise ConfigError(f"--strategies {','.join(names)}: Avalanche's strategies batch with their own loaders, "
-                          f"which stack same-shaped tensors; {scenario!r} feeds {built.backbone.name} texts of "
-                          "different lengths. Run them on an image scenario (offline-vision, split-mnist, ...)")
 
 
 def run_strategies(names: Sequence[str], params: Mapping[str, Mapping[str, Any]], built, recipes: Sequence, *,
