@@ -168,6 +168,25 @@ def test_multi_head_logits_are_unpadded_where_avalanche_pads_zeros():
     assert padded.argmax(1).tolist() == [3, 3, 3, 3]  # task 0 has no class 3: its padded zero won
 
 
+def test_every_tasks_logits_come_from_one_pass_of_the_backbone():
+    """LwF asks for every trained task's logits twice a step: the heads share one pass of the backbone, and each
+    task's logits are its head on theta_0's features, as one task's forward gives them."""
+    backbone = mlp_backbone()
+    heads = [LinearHead(torch.randn(3, FEATURES), torch.randn(3)), LinearHead(torch.randn(5, FEATURES), torch.randn(5))]
+    model = MultiHeadTaskModel(backbone, heads, mode="nonlinear").eval()
+    model.known_train_tasks_labels = {0, 1}
+    x, calls = torch.randn(4, D_IN), []
+    backbone.module.register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        every = model(x, None)
+        assert len(calls) == 1
+        features = backbone.module(x)
+    assert list(every) == [0, 1]
+    for label, head in enumerate(heads):
+        torch.testing.assert_close(every[label], head(features), rtol=0, atol=0)
+        torch.testing.assert_close(every[label], model(x, torch.full((4,), label)), rtol=0, atol=0)
+
+
 class Label:
     """A label object whose lifetime a test can watch."""
 
