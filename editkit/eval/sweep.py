@@ -155,15 +155,25 @@ class ModeEvaluator:
         return sum(self.data.batches(s, n) for s in splits for n in self.data.names for k in keys
                    if (k, s) not in self._tangents)
 
-    def compute_tangents(self, keys: Sequence[str], splits: Sequence[str] = SPLITS, bar=None) -> None:
-        """J tau_k on every task's inputs of ``splits`` (one jvp per input), cached."""
+    def compute_tangents(self, keys: Sequence[str], splits: Sequence[str] = SPLITS, bar=None,
+                         names: Sequence[str] | None = None) -> None:
+        """J tau_k on the inputs of ``splits`` of every task (or of ``names`` alone: a vector that only they are
+        scored under), one jvp per input, cached."""
         for k in keys:
             todo = [s for s in splits if (k, s) not in self._tangents]
             if not todo:
                 continue
             model = self.models.holding(self.vector(k), linearized=True)
             for split in todo:
-                self._tangents[(k, split)] = {n: self.data.map(model.tangent, split, n, bar) for n in self.data.names}
+                self._tangents[(k, split)] = {n: self.data.map(model.tangent, split, n, bar)
+                                              for n in (names or self.data.names)}
+
+    def discard(self, key: str) -> None:
+        """Forget an in-memory vector and its tangents (the memoised predictions stay: they are small)."""
+        self.extras.pop(key, None)
+        for split in SPLITS:
+            self._tangents.pop((key, split), None)
+        self._last = None
 
     def tangents(self, key: str, split: str) -> dict[str, torch.Tensor]:
         if split == "xi":

@@ -555,8 +555,9 @@ def test_a_bench_over_two_task_orders_streams_the_tasks_in_each_order(bench_run)
 def test_avalanche_strategies_run_the_same_stream_beside_the_modes(bench_run):
     """--strategies: each strategy's row is its model after the last task, its matrix the stream's scores, and the
     claims weigh tauJp against the rehearsal-free ones, the rehearsal ones and joint training apart."""
-    result, got = bench_again(bench_run, "run-strategies", "--modes", "taujp", "--methods", "task-arithmetic",
-                              "--strategies", "naive,lwf,replay,joint", "--strategy-params", "replay.mem_size=50")
+    result, got = bench_again(bench_run, "run-strategies", "--modes", "taujp", "--methods", "task-arithmetic,ties",
+                              "--strategies", "naive,lwf,replay,joint", "--strategy-params", "replay.mem_size=50",
+                              "--matrices")
     assert got["cost"]["taujp"]["trained_now"] == []  # the banks are the one-mode bench's
     rows = {r["method"]: r for r in got["addition"]["rows"] if r["variant"] == "avalanche"}
     assert list(rows) == ["naive", "lwf", "replay", "joint"]
@@ -585,6 +586,13 @@ def test_avalanche_strategies_run_the_same_stream_beside_the_modes(bench_run):
     assert any(line[:2] == ["Naive", "avalanche"] for line in printed)
     assert any(line[0] == "replay" and line[-1] == "50" for line in printed)  # the strategies' cost table
     assert any(line[0] == "strategy, rehearsal-free" for line in printed)
+    # --matrices: each merge method's rows too; the sum's are the stream's own (tangents: an argmax may flip)
+    for own, stream in zip(got["continual"]["taujp/task-arithmetic"]["matrix"], got["continual"]["taujp"]["matrix"]):
+        assert own == [None if v is None else pytest.approx(v, abs=1.01 / N_TEST) for v in stream]
+    ties = got["continual"]["taujp/ties"]
+    assert ties["matrix"][-1] == [next(r for r in got["addition"]["rows"] if r["method"] == "ties"
+                                       and r["coefficient"] == "1.0")["per_task"][t] for t in TASKS]
+    assert ["taujp/ties", pct(ties["acc"]), pct(ties["bwt"]), pct(ties["forgetting"])] in printed
 
 
 # --- refusals: one red line, nothing written --------------------------------------------------

@@ -168,13 +168,21 @@ def plot_negation(report: Mapping[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
+#: Accuracy matrices side by side before the figure wraps to another row (streams, strategies, merge methods).
+MATRIX_COLUMNS = 4
+
+
 def plot_accuracy_matrices(report: Mapping[str, Any], path: Path) -> Path:
     """Each stream's accuracy matrix: row t, the merged model after step t; column i, task i (blank before it
     is seen), with ACC, BWT and forgetting in the title."""
     plt = pyplot()
     continual = report["continual"]
-    fig, axes = plt.subplots(1, len(continual), figsize=(3.6 * len(continual) + 0.6, 3.6), squeeze=False)
-    for ax, (label, numbers) in zip(axes[0], continual.items()):
+    columns = min(len(continual), MATRIX_COLUMNS)
+    rows = -(-len(continual) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns + 0.6, 3.6 * rows), squeeze=False)
+    for ax in axes.flat[len(continual):]:
+        ax.set_axis_off()
+    for ax, (label, numbers) in zip(axes.flat, continual.items()):
         tasks = numbers["tasks"]
         grid = np.array([[np.nan if v is None else v for v in row] for row in numbers["matrix"]])
         image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis")
@@ -187,8 +195,9 @@ def plot_accuracy_matrices(report: Mapping[str, Any], path: Path) -> Path:
         ax.set_yticks(range(len(grid)), steps, fontsize=7)
         bwt = "—" if numbers["bwt"] is None else f"{100 * numbers['bwt']:+.1f}"
         ax.set_title(f"{label}: ACC {100 * numbers['acc']:.1f}, BWT {bwt}", fontsize=9)
-    fig.colorbar(image, ax=list(axes[0]), shrink=0.8, label="test accuracy")
-    fig.suptitle(f"{report['scenario']}: accuracy after each step (merged, α = 1)")
+    fig.colorbar(image, ax=list(axes.flat), shrink=0.8, label="test accuracy")
+    fig.suptitle(f"{report['scenario']}: accuracy after each step (streams and merge methods: merged at α = 1; "
+                 "strategies: their model)")
     return _save(fig, path, tight=False)
 
 

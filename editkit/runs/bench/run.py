@@ -22,7 +22,8 @@ recipes and parameter shapes before any training starts). Then, on the banked ve
   accuracy across task pairs and modes, the weight-disentanglement error xi on
   a grid for one task pair;
 - **continual**: each stream's accuracy matrix (the merged model after every step on every seen task),
-  ACC, BWT and forgetting (:mod:`editkit.eval.continual`);
+  ACC, BWT and forgetting (:mod:`editkit.eval.continual`); with ``matrices``, every merge method's too
+  (:mod:`editkit.runs.bench.matrices`);
 - **cost**: fine-tuning time, seconds per step, peak RSS, merging time;
 - **claims**: tauJp at alpha = 1 against the best baseline and, apart, the best tauJp variant, each
   ahead, tied or behind by more than ``claim_margin`` (:mod:`editkit.runs.bench.claims`).
@@ -76,6 +77,7 @@ from editkit.settings import default_bank_dir, default_run_dir, torchrun_world, 
 from editkit.train.runtime import Runtime, setup
 from editkit.integrations.avalanche.strategies import STRATEGIES, parse_strategy_params
 from editkit.runs.bench.claims import claims
+from editkit.runs.bench.matrices import method_matrices
 from editkit.runs.bench.strategies import run_strategies, strategy_sections
 from editkit.runs.bench.repeats import aggregate, order_repeats, repeat_bank_root, repeat_count, seed_repeats
 from editkit.runs.edit import CONTROLS
@@ -185,6 +187,10 @@ class BenchConfig:
                 "the best baseline or variant tied rather than ahead or behind: one seed has no spread of its own "
                 "to tell smaller differences from noise; over --seeds or --orders the margin is at least two "
                 "standard errors of the difference."})
+    matrices: bool = field(default=False, metadata={
+        "help": "Also score every merge method after each step (its merge of the vectors so far, coefficient 1, "
+                "on the seen tasks' test splits): accuracy matrix, BWT and forgetting rows <mode>/<method>. Costs "
+                "one merge per method and step, and in linearized modes a jvp over the seen test inputs each."})
     seeds: int = field(default=1, metadata={
         "help": "Run every stream with N seeds (the recipe's seed, +1, ...; each seed's report in "
                 "<run-dir>/seed-<s>/, its banks beside the first seed's in <bank-root>/seed-<s>/) and report "
@@ -668,6 +674,8 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
                 ev.compute_tangents(built, bar=bar)
         names = built or list(tasks)
         addition(method, lambda a, names=names: {n: a for n in names})
+    out["continual"] = method_matrices(ev, [m for m in METHODS if m in config.methods], tasks, out["rows"],
+                                       lambda t: _method_options(config, t), progress) if config.matrices else {}
     alone = {t: ev.class_incremental_accuracies({t: 1.0}, "test", [t])[t] for t in tasks}
     out["rows"].append(_row("single-task", ev, None, 1.0, single["test"], single["test"],
                             val_absolute=addition_summary(single["val"], None)["absolute"], **_class_incremental(alone)))
@@ -869,7 +877,10 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
         **diagnostics,
         "streams": streams,
         # the continual-learning field's numbers of each stream's merged model after every step
-        "continual": {**{mode: state.stream.continual for mode, state in states.items()}, **strategies["continual"]},
+        "continual": {**{mode: state.stream.continual for mode, state in states.items()},
+                      **{f"{mode}/{method}": numbers for mode in states
+                         for method, numbers in results[mode]["continual"].items()},
+                      **strategies["continual"]},
         "strategies": strategies["strategies"],
         "strategy_cost": strategies["strategy_cost"],
         "cost": with_step_ratios({m: _cost(states[m], results[m], tasks) for m in states}),

@@ -148,9 +148,9 @@ def cost_table(report: Mapping[str, Any]):
 def continual_table(report: Mapping[str, Any]):
     """Each stream's ACC, BWT and forgetting (the merged model after each step; mean ± std over repeats)."""
     over = f", mean ± std over {describe(report)}" if "repeats" in report else ""
-    table = Table(title=f"continual learning — the merged model after each step (test accuracy %{over}; "
+    table = Table(title=f"continual learning — the model after each step (test accuracy %{over}; "
                         "BWT < 0 and forgetting > 0 are what the later tasks took away)", title_justify="left")
-    table.add_column("mode")
+    table.add_column("stream / strategy")
     for column in ("ACC", "BWT", "forgetting"):
         table.add_column(column, justify="right")
     for label, numbers in report["continual"].items():
