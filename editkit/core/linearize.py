@@ -41,6 +41,27 @@ def forward_ad_safe_attention() -> Iterator[None]:
         torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
+@contextlib.contextmanager
+def forward_ad_safe_batchnorm(module: nn.Module) -> Iterator[None]:
+    """Under CPU autocast, run ``module``'s BatchNorm layers in fp32.
+
+    CPU autocast leaves BatchNorm to its input's dtype, and BatchNorm's forward-mode rule then gives a bf16 primal
+    an fp32 tangent (its statistics are fp32); the next convolution gets a bf16 primal and an fp32 tangent, which
+    it refuses. Cast to fp32 first, primal and tangent both stay fp32 through the norm, and the next autocast op
+    casts them together. CUDA autocast needs nothing (its kernels take the mixed dtypes).
+    """
+    if not torch.is_autocast_enabled("cpu"):
+        yield
+        return
+    hooks = [m.register_forward_pre_hook(lambda _, args: (args[0].float(), *args[1:]))
+             for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 def _freeze(module: nn.Module) -> nn.Module:
     """Eval mode, no gradients: ``module`` *is* theta_0. Frozen in place, not copied, because every
     task model of a stream shares it (a copy per task would hold one more backbone in memory)."""
@@ -128,7 +149,7 @@ class _TaskModel(nn.Module):
         def f(*params: torch.Tensor) -> torch.Tensor:
             return self._call(dict(zip(self.names, params)), *args, **kwargs)
 
-        with forward_ad_safe_attention():
+        with forward_ad_safe_attention(), forward_ad_safe_batchnorm(self.module):
             return jvp(f, theta0, tau)
 
     def tangent(self, *args: Any, **kwargs: Any) -> torch.Tensor:

@@ -295,6 +295,27 @@ def test_forward_ad_safe_attention_restores_fastpath_flag():
         torch.backends.mha.set_fastpath_enabled(original)
 
 
+def test_batchnorm_between_convolutions_under_cpu_bf16_autocast():
+    """CPU autocast leaves BatchNorm's tangent fp32 beside a bf16 primal, which the next convolution refused: the
+    norm runs in fp32 inside the jvp, so f_lin trains in bf16 and its tangent is the fp32 one to bf16 precision."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU6(), nn.Conv2d(8, 8, 3, groups=8),
+                           nn.BatchNorm2d(8), nn.Flatten())
+    with torch.no_grad():
+        for bn in (module[1], module[4]):
+            bn.running_mean.uniform_(-0.5, 0.5), bn.running_var.uniform_(0.5, 2.0)
+    x, tau = torch.randn(4, 3, 9, 9), random_tau(module, 0.1)
+    exact = tangent_of(copy.deepcopy(module), tau, x)
+    lin = LinearizedModel(module)
+    lin.load_task_vector(tau)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        primal, tangent = lin.primal_and_tangent(x)
+    assert rel_err(tangent, exact) < 2e-2, rel_err(tangent, exact)
+    (primal.float() + tangent.float()).square().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 and p.grad.isfinite().all() for p in lin.theta)
+    assert not any(m._forward_pre_hooks for m in module.modules())  # the fp32 casts last for the jvp alone
+
+
 # --------------------------------------------------------------------------- real architectures, tiny configs
 
 FD_EPS = 1e-6  # on a float64 copy; tau entries are O(1e-2)
