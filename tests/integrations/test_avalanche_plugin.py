@@ -169,8 +169,9 @@ def test_multi_head_logits_are_unpadded_where_avalanche_pads_zeros():
 
 
 def test_every_tasks_logits_come_from_one_pass_of_the_backbone():
-    """LwF asks for every trained task's logits twice a step: the heads share one pass of the backbone, and each
-    task's logits are its head on theta_0's features, as one task's forward gives them."""
+    """LwF asks for every trained task's logits twice a step, Replay and A-GEM send batches of every task: the heads
+    share one pass of the backbone, and each task's logits are its head on theta_0's features, as one task's
+    forward gives them."""
     backbone = mlp_backbone()
     heads = [LinearHead(torch.randn(3, FEATURES), torch.randn(3)), LinearHead(torch.randn(5, FEATURES), torch.randn(5))]
     model = MultiHeadTaskModel(backbone, heads, mode="nonlinear").eval()
@@ -179,8 +180,11 @@ def test_every_tasks_logits_come_from_one_pass_of_the_backbone():
     backbone.module.register_forward_hook(lambda *_: calls.append(1))
     with torch.no_grad():
         every = model(x, None)
-        assert len(calls) == 1
+        mixed = model(x, torch.tensor([1, 0, 0, 1]))
+        assert len(calls) == 2
         features = backbone.module(x)
+    torch.testing.assert_close(mixed[[1, 2], :3], heads[0](features[[1, 2]]), rtol=0, atol=0)
+    torch.testing.assert_close(mixed[[0, 3]], heads[1](features[[0, 3]]), rtol=0, atol=0)
     assert list(every) == [0, 1]
     for label, head in enumerate(heads):
         torch.testing.assert_close(every[label], head(features), rtol=0, atol=0)

@@ -104,7 +104,11 @@ class MultiHeadTaskModel(MultiTaskModule):
             return self.forward_single_task(x, labels[0])
         # x may be a batch of texts (a SequenceBatch: rows by mask, no .device); labels come on the inputs' device
         task_labels = torch.as_tensor(task_labels)
-        outputs = {t: self.forward_single_task(x[task_labels == t], t) for t in labels}
+        if self.training and self.step is not None:  # a plugin's step: one head per step, as it checks
+            outputs = {t: self.forward_single_task(x[task_labels == t], t) for t in labels}
+        else:  # Replay's and A-GEM's batches of every task: one pass of the backbone, each head on its rows
+            features = self._features(x)
+            outputs = {t: self.head(t)(features[task_labels == t]) for t in labels}
         width = max(o.shape[1] for o in outputs.values())
         some = next(iter(outputs.values()))
         out = torch.full((len(x), width), float("-inf"), device=some.device, dtype=some.dtype)
@@ -117,8 +121,12 @@ class MultiHeadTaskModel(MultiTaskModule):
         its features (Avalanche's version runs the whole model once per task, and LwF asks twice a step)."""
         if self.training and self.step is not None:  # a plugin's step: one head per step, as it checks
             return super().forward_all_tasks(x)
-        features = self.backbone.batching.run(self.task_model, x).float()
+        features = self._features(x)
         return {t: self.head(t)(features) for t in sorted(self.known_train_tasks_labels)}
+
+    def _features(self, x: Any) -> torch.Tensor:
+        """The task model's features of a batch, fp32 (no-op in fp32; leaves bf16 autocast)."""
+        return self.backbone.batching.run(self.task_model, x).float()
 
     def forward_single_task(self, x: Any, task_label: int) -> torch.Tensor:
         head = self.head(task_label)
@@ -130,4 +138,4 @@ class MultiHeadTaskModel(MultiTaskModule):
                 self.penalty = penalty
             self.reg_batches = []
             return head(features.float())  # no-op in fp32; leaves bf16 autocast
-        return head(self.backbone.batching.run(self.task_model, x).float())
+        return head(self._features(x))
