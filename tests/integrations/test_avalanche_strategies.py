@@ -107,6 +107,30 @@ def test_options_are_checked_by_name_and_numbers_read_as_numbers():
     assert run_strategy("replay", stream(), recipes(2, 2), options={"mem_size": 7}).buffer_size == 7
 
 
+def test_synaptic_intelligence_records_the_weights_not_views_of_them():
+    """Avalanche's SI stored views of the live weights on a CPU, so its importances and penalty were zero at any
+    lambda (it scored exactly what Naive scores): mended, what it records stays put when the weights move, and a
+    strong lambda holds the first task where Naive forgets it."""
+    from editkit._compat import quiet_avalanche_import
+    from editkit.integrations.avalanche.strategies import mend_synaptic_intelligence
+
+    with quiet_avalanche_import():
+        from avalanche.training.plugins import SynapticIntelligencePlugin
+    mend_synaptic_intelligence(SynapticIntelligencePlugin)
+    model = torch.nn.Linear(3, 2)
+    target = {n: SimpleNamespace(data=None) for n, _ in model.named_parameters()}
+    SynapticIntelligencePlugin.extract_weights(model, target, set())
+    before = {n: p.detach().clone().flatten() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    assert all(torch.equal(target[n].data, before[n]) for n in before)
+
+    naive = run_strategy("naive", stream(), recipes(20, 20))
+    held = run_strategy("si", stream(), recipes(20, 20), options={"si_lambda": 1e6})
+    assert naive.rows[1]["t0"] < naive.rows[0]["t0"]  # plain fine-tuning on t1 forgets some of t0
+    assert held.rows[1]["t0"] == held.rows[0]["t0"] == naive.rows[0]["t0"]  # the penalty holds t0's weights
+
+
 class BagOfTokens(torch.nn.Module):
     """Features of a padded batch of token ids: the mean embedding of the real tokens, through a linear layer."""
 

@@ -28,6 +28,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
+import torch
+
 from editkit.errors import ConfigError
 
 
@@ -121,8 +123,6 @@ def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, A
     :class:`~editkit.scenario.build.BuiltScenario`) with each task's resolved recipe (``recipes``, in stream
     order: its steps; the first one's optimizer settings and batch), scoring every seen task after each
     experience (see the module docstring)."""
-    import torch
-
     from editkit._compat import quiet_avalanche_import
     from editkit.integrations.avalanche.benchmark import benchmark_from_tasks
     from editkit.integrations.avalanche.multitask import MultiHeadTaskModel
@@ -132,7 +132,8 @@ def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, A
 
     with quiet_avalanche_import():
         import avalanche.training as strategies
-        from avalanche.training.plugins import EvaluationPlugin
+        from avalanche.training.plugins import EvaluationPlugin, SynapticIntelligencePlugin
+    mend_synaptic_intelligence(SynapticIntelligencePlugin)
 
     spec, runtime, progress = STRATEGIES[name], runtime or Runtime(), progress or NullProgress()
     chosen = strategy_options(name, options or {})
@@ -155,6 +156,27 @@ def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, A
                               lambda seen: _scores(model, built, seen, runtime))
     return StrategyResult(name, [own for own, _ in scored], [among for _, among in scored], chosen, budget.seconds,
                           strategy.clock.train_iterations, peak, spec.buffer_size(chosen, len(tasks)))
+
+
+def mend_synaptic_intelligence(plugin) -> None:
+    """Make Avalanche's SI keep copies of the weights, not views of them (idempotent).
+
+    ``SynapticIntelligencePlugin.extract_weights`` stores ``param.detach().cpu().flatten()``: on a GPU ``.cpu()``
+    copies, but on a CPU it is the parameter itself, so the weights SI records before and after each step are one
+    live tensor, their difference is zero, every importance is zero and the SI penalty is nothing, whatever its
+    lambda (avalanche-lib 0.6.0). Storing a copy is what the method needs and what it gets on a GPU; the rest of
+    the plugin is Avalanche's own.
+    """
+    if getattr(plugin.extract_weights, "copies", False):
+        return
+
+    @torch.no_grad()
+    def extract_weights(model, target, excluded_parameters) -> None:
+        for name, param in plugin.allowed_parameters(model, excluded_parameters):
+            target[name].data = param.detach().flatten().to("cpu", copy=True)
+
+    extract_weights.copies = True
+    plugin.extract_weights = staticmethod(extract_weights)
 
 
 #: Warnings Avalanche gives that say nothing to an editkit user: editkit scores the model itself (no Avalanche
