@@ -64,3 +64,26 @@ def test_each_row_is_the_methods_merge_of_the_vectors_so_far(tmp_path, mode, met
     assert not ev.extras and all(key[0] in NAMES for key in ev._tangents)  # each step's merged vectors dropped
     if method != "task-arithmetic":  # a merge of one vector is not that vector: the first row is a real merge
         assert MERGE_METHODS[method].build({"a": vectors["a"]}, **method_options(method, {}, tasks=1)).keys() != {"a"}
+
+
+def test_methods_that_name_their_vector_alike_are_scored_apart(tmp_path):
+    """An extension's merge may name its vector as a built-in's does ("ties"): each step is still scored with its
+    own method's vector, not the other's memoised predictions."""
+    from dataclasses import replace
+
+    module, tasks, heads, vectors, ev = three_tasks(tmp_path, "nonlinear")
+    negated = replace(MERGE_METHODS["ties"], build=lambda vectors, **options: {
+        "ties": {k: -sum(v[k] for v in vectors.values()) for k in next(iter(vectors.values()))}})
+    MERGE_METHODS.register("negated-sum", negated)
+    try:
+        options_for = lambda t: {m: method_options("ties", {}, tasks=t) for m in ("ties", "negated-sum")}
+        finals = [{"method": m, "coefficient": "1.0", "per_task": {n: 0.0 for n in NAMES}} for m in ("ties", "negated-sum")]
+        got = method_matrices(ev, ["ties", "negated-sum"], NAMES, finals, options_for, NullProgress())
+    finally:
+        MERGE_METHODS.unregister("negated-sum")
+    scorers = [ClassificationScorer(t.name, heads[t.name], t.test) for t in tasks[:2]]
+    minus = evaluate_vector(module, "nonlinear", {k: -(vectors["a"][k] + vectors["b"][k]) for k in vectors["a"]},
+                            scorers, batch_size=8)
+    assert got["negated-sum"]["matrix"][1][:2] == [pytest.approx(minus["a"], abs=1e-12), pytest.approx(minus["b"], abs=1e-12)]
+    assert got["ties"]["matrix"][1][:2] == [pytest.approx(v, abs=1e-12)
+                                            for v in by_hand(module, "nonlinear", tasks, heads, vectors, "ties", 2).values()]

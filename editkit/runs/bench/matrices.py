@@ -41,9 +41,10 @@ def method_matrices(ev: ModeEvaluator, methods: Sequence[str], tasks: Sequence[s
 
 def prefix_scores(ev: ModeEvaluator, method: str, seen: Sequence[str], options: Mapping[str, Any]) -> dict[str, float]:
     """Test accuracy on each of ``seen`` of ``method``'s merge of their vectors at coefficient 1; the vectors the
-    merge made are dropped afterwards."""
+    merge made are dropped afterwards (their memoised predictions stay, under keys naming the method and step, so
+    two methods that name their merged vector alike never share them)."""
     merged = MERGE_METHODS[method].build(LazyVectors(list(seen), ev.vector), **options)
-    made = {f"{name} of {len(seen)}": merged[name] for name in merged if name not in seen}
+    made = {f"{method}: {name} of {len(seen)}": merged[name] for name in merged if name not in seen}
     for key, tensors in made.items():
         ev.add_vector(key, tensors)
     try:
