@@ -181,7 +181,7 @@ def test_every_tasks_logits_come_from_one_pass_of_the_backbone():
     with torch.no_grad():
         every = model(x, None)
         mixed = model(x, torch.tensor([1, 0, 0, 1]))
-        assert len(calls) == 2
+        assert len(calls) == 1  # the same batch again, theta unmoved: its features are reused
         features = backbone.module(x)
     torch.testing.assert_close(mixed[[1, 2], :3], heads[0](features[[1, 2]]), rtol=0, atol=0)
     torch.testing.assert_close(mixed[[0, 3]], heads[1](features[[0, 3]]), rtol=0, atol=0)
@@ -189,6 +189,52 @@ def test_every_tasks_logits_come_from_one_pass_of_the_backbone():
     for label, head in enumerate(heads):
         torch.testing.assert_close(every[label], head(features), rtol=0, atol=0)
         torch.testing.assert_close(every[label], model(x, torch.full((4,), label)), rtol=0, atol=0)
+
+
+def test_lwf_second_forward_of_a_batch_reuses_its_features_until_theta_moves():
+    """LwF's step: the strategy's forward of a batch, then every head on the same batch. The backbone runs once, the
+    gradient is the one two separate passes give, and an optimizer step, a new batch or a deep copy (LwF keeps one)
+    never gets features of other weights."""
+    import copy
+
+    backbone = mlp_backbone()
+    heads = [LinearHead(torch.randn(3, FEATURES), torch.randn(3)), LinearHead(torch.randn(5, FEATURES), torch.randn(5))]
+    model = MultiHeadTaskModel(backbone, heads, mode="nonlinear").train()
+    model.known_train_tasks_labels = {0, 1}
+    x, labels, calls = torch.randn(4, D_IN), torch.ones(4, dtype=torch.long), []
+    backbone.module.register_forward_hook(lambda *_: calls.append(1))
+
+    def lwf_loss(model, x):
+        every = model(x, None)
+        return nn.functional.cross_entropy(model(x, labels), torch.tensor([0, 1, 2, 3])) + every[0].square().mean()
+
+    theta = list(model.task_model.theta)
+    torch.autograd.backward(lwf_loss(model, x))
+    assert len(calls) == 1
+    reused = [p.grad.clone() for p in theta]
+    # ground truth: the same loss from two separate passes of the backbone, no features kept
+    def plain(x):  # the backbone at theta, called directly
+        return torch.func.functional_call(backbone.module, dict(zip(model.task_model.names, theta)), (x,))
+
+    separate = [plain(x) for _ in range(2)]
+    loss = (nn.functional.cross_entropy(heads[1](separate[0]), torch.tensor([0, 1, 2, 3]))
+            + heads[0](separate[1]).square().mean())
+    for got, want in zip(reused, torch.autograd.grad(loss, theta)):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+    kept = copy.deepcopy(model)  # LwF's copy of the model after an experience
+    calls.clear()
+    kept(x, None)
+    assert len(calls) == 1, "a deep copy starts with nothing remembered"
+    with torch.no_grad():
+        model(x, None)  # remembered
+        torch.optim.SGD(theta, lr=0.5).step()
+        calls.clear()
+        moved = model(x, None)[1]
+        model(x.clone(), None)
+        assert len(calls) == 2, "features of moved weights and of another batch are computed"
+        want = heads[1](plain(x))
+    torch.testing.assert_close(moved, want, rtol=0, atol=0)
 
 
 class Label:

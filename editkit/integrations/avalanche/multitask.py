@@ -42,6 +42,36 @@ with quiet_avalanche_import():
     from avalanche.models import MultiTaskModule
 
 
+class _LastFeatures:
+    """The backbone's features of the last batch, given again while the batch, theta and grad mode are the ones
+    they were computed with.
+
+    LwF runs the strategy's forward of a batch, then asks for every head's logits on that same batch
+    (Avalanche's ``_lwf_penalty``: "we need to call forward again"): the second pass of the backbone would
+    compute the same features. Reusing them puts both losses on one graph, so the gradient is the same sum
+    (in another order of floating-point additions). theta's version counters change with every optimizer step
+    and every in-place write, so features of older weights are never given. A deep copy (LwF keeps one of the
+    model) starts empty: a tensor inside a graph cannot be copied.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._features: torch.Tensor | None = None
+
+    def __deepcopy__(self, memo) -> "_LastFeatures":
+        return _LastFeatures()
+
+    def get(self, x: Any, theta: Sequence[torch.Tensor], compute) -> torch.Tensor:
+        """The features of ``x``: remembered if ``x`` is the last batch's object and nothing moved, else ``compute(x)``."""
+        key = (torch.is_grad_enabled(), tuple(p._version for p in theta))
+        if self._key is not None and self._key[0] is x and self._key[1:] == key:
+            return self._features
+        self._key, self._features = None, None  # the old graph goes before the new one is built
+        features = compute(x)
+        self._key, self._features = (x, *key), features
+        return features
+
+
 class MultiHeadTaskModel(MultiTaskModule):
     """theta_0's backbone as a task model with fixed per-task heads, returning unpadded logits.
 
@@ -66,6 +96,7 @@ class MultiHeadTaskModel(MultiTaskModule):
         self.step: StepComputer | None = None
         self.reg_batches: list[Any] = []
         self.penalty: torch.Tensor | None = None
+        self._last = _LastFeatures()
 
     def set_mode(self, mode: str) -> None:
         """Train and evaluate in ``mode``; the task model is rebuilt around theta_0 only when the mode
@@ -118,15 +149,18 @@ class MultiHeadTaskModel(MultiTaskModule):
 
     def forward_all_tasks(self, x: Any) -> dict[int, torch.Tensor]:
         """``{task label: logits}`` for every task trained so far, from one pass of the backbone: the heads share
-        its features (Avalanche's version runs the whole model once per task, and LwF asks twice a step)."""
+        its features (Avalanche's version runs the whole model once per task); LwF's second ask of a step's batch reuses
+        the strategy's forward of it."""
         if self.training and self.step is not None:  # a plugin's step: one head per step, as it checks
             return super().forward_all_tasks(x)
         features = self._features(x)
         return {t: self.head(t)(features) for t in sorted(self.known_train_tasks_labels)}
 
     def _features(self, x: Any) -> torch.Tensor:
-        """The task model's features of a batch, fp32 (no-op in fp32; leaves bf16 autocast)."""
-        return self.backbone.batching.run(self.task_model, x).float()
+        """The task model's features of a batch, fp32 (no-op in fp32; leaves bf16 autocast); a batch asked for again
+        before theta moves is not run again (:class:`_LastFeatures`)."""
+        return self._last.get(x, self.task_model.theta,
+                              lambda batch: self.backbone.batching.run(self.task_model, batch).float())
 
     def forward_single_task(self, x: Any, task_label: int) -> torch.Tensor:
         head = self.head(task_label)
