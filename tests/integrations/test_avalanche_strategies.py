@@ -193,3 +193,22 @@ def test_every_strategy_runs_over_texts_of_different_lengths(name):
     if not STRATEGIES[name].joint:
         frozen = run_strategy(name, text_stream(), recipes(3, 3, lr=1e-30))
         assert frozen.rows[-1] == pytest.approx({t.name: text_by_hand(built, t) for t in built.tasks})
+
+
+@pytest.mark.parametrize("name", ["agem", "replay"])
+def test_a_rehearsal_strategy_keeps_the_same_memory_whatever_the_global_generators_hold(name):
+    """A-GEM picks the patterns it keeps with Python's ``random.shuffle``: a run is the recipe's seed's, whatever
+    Python's and numpy's generators held before it, and they hold what they held after it."""
+    import random
+
+    import numpy as np
+
+    options = {"patterns_per_exp": 6, "sample_size": 12} if name == "agem" else {"mem_size": 6}
+    runs = []
+    for seed in (1, 2):
+        random.seed(seed)
+        np.random.seed(seed)
+        before = random.getstate(), np.random.get_state()[1].copy()
+        runs.append(run_strategy(name, stream((3, 3, 3), train=60), recipes(6, 6, 6, lr=0.3), options=options))
+        assert random.getstate() == before[0] and np.array_equal(np.random.get_state()[1], before[1])
+    assert runs[0].rows == runs[1].rows and runs[0].class_rows == runs[1].class_rows

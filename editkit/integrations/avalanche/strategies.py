@@ -143,8 +143,7 @@ def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, A
     model = model.to(runtime.device)
     benchmark = benchmark_from_tasks(tasks, built.backbone.batching)
     budget = StepBudget(recipe, steps=steps)
-    with _quiet_strategy(), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(recipe.seed)  # Avalanche's loaders shuffle with torch's global generator
+    with _quiet_strategy(), _seeded(recipe.seed):
         strategy = getattr(strategies, spec.label)(
             # a placeholder: StepBudget gives each experience a fresh optimizer with the recipe's schedule
             model=model, optimizer=torch.optim.AdamW(list(model.task_model.theta), lr=recipe.lr),
@@ -177,6 +176,30 @@ def mend_synaptic_intelligence(plugin) -> None:
 
     extract_weights.copies = True
     plugin.extract_weights = staticmethod(extract_weights)
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """Seed every global generator Avalanche draws from with the recipe's seed, and give each back as it was.
+
+    Its loaders shuffle with torch's generator; A-GEM picks the patterns it keeps (as Avalanche's random exemplar
+    selection does) with Python's ``random.shuffle``, so with Python's generator unseeded two runs of one command
+    kept different memories and scored differently. numpy's is the third that Avalanche's own ``RNGManager`` seeds.
+    """
+    import random
+
+    import numpy as np
+
+    python, numpy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(python)
+            np.random.set_state(numpy)
 
 
 #: Warnings Avalanche gives that say nothing to an editkit user: editkit scores the model itself (no Avalanche
