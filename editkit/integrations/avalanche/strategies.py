@@ -190,7 +190,7 @@ def _seeded(seed: int) -> Iterator[None]:
 
     import numpy as np
 
-    python, numpy = random.getstate(), np.random.get_state()
+    python_state, numpy_state = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         random.seed(seed)
@@ -198,8 +198,8 @@ def _seeded(seed: int) -> Iterator[None]:
         try:
             yield
         finally:
-            random.setstate(python)
-            np.random.set_state(numpy)
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
 
 
 #: Warnings Avalanche gives that say nothing to an editkit user: editkit scores the model itself (no Avalanche
