@@ -510,6 +510,8 @@ def bench(
     if "repeats" in report:
         for run in report["repeats"]["runs"]:
             console.print(f"{run['name']} (seed {run['seed']}; {', '.join(run['order'])}): {run['run_dir']}")
+        console.print(f"negation and the τJp / ξ diagnostics: {report['repeats']['runs'][0]['name']}'s report alone "
+                      "(the repeated report reads neither)")
         console.print(f"{time.perf_counter() - start:.0f} s")
     else:
         trained = {m: len(c["trained_now"]) for m, c in report["cost"].items()}

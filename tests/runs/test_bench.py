@@ -504,6 +504,13 @@ def test_a_bench_over_two_seeds_reuses_the_first_and_reports_means_spreads_and_p
     for row in seeds[0]["addition"]["rows"]:
         assert row == first[(row["method"], row["variant"], row["coefficient"])]
     assert seeds[1]["addition"]["rows"] != seeds[0]["addition"]["rows"]  # another seed, other vectors
+    # negation and the diagnostics run in the first seed alone: the repeated report reads neither
+    assert all(key in seeds[0] for key in ("negation", "taujp", "xi")) and "left_out" not in seeds[0]
+    assert not any(key in seeds[1] for key in ("negation", "taujp", "xi"))
+    assert seeds[1]["left_out"]["sections"] == ["negation", "taujp", "xi"]
+    assert not (root / "run-seeds" / "seed-1" / "negation.png").exists()
+    assert set(seeds[1]["plots"]) == {"alpha_curves", "incremental", "accuracy_matrix"}
+    assert (root / "run-seeds" / "seed-0" / "negation.png").exists()
     for k, row in enumerate(over["addition"]["rows"]):
         values = [s["addition"]["rows"][k]["absolute"] for s in seeds]
         assert row["absolute"] == pytest.approx(np.mean(values))

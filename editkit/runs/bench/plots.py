@@ -220,24 +220,27 @@ def plot_spread(report: Mapping[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
-#: The figures of a one-run bench report, and of one over seeds or task orders.
+#: The figures of a one-run bench report, each with the report section it draws (a repeat after the first has
+#: no negation, taujp or xi section), and of one over seeds or task orders.
 PAINTERS = {
-    "alpha_curves": plot_alpha_curves,
-    "incremental": plot_incremental,
-    "taujp_matrix": plot_taujp_matrices,
-    "taujp_correlation": plot_correlation,
-    "xi": plot_xi,
-    "negation": plot_negation,
-    "accuracy_matrix": plot_accuracy_matrices,
+    "alpha_curves": ("alpha_search", plot_alpha_curves),
+    "incremental": ("streams", plot_incremental),
+    "taujp_matrix": ("taujp", plot_taujp_matrices),
+    "taujp_correlation": ("taujp", plot_correlation),
+    "xi": ("xi", plot_xi),
+    "negation": ("negation", plot_negation),
+    "accuracy_matrix": ("continual", plot_accuracy_matrices),
 }
-REPEAT_PAINTERS = {"spread": plot_spread}
+REPEAT_PAINTERS = {"spread": ("repeats", plot_spread)}
 
 
 def render_all(report: Mapping[str, Any], directory: Path) -> dict[str, str]:
-    """Draw every figure into ``directory`` as ``<figure>.png``; {figure: file name} (relative to the run directory)."""
+    """Draw every figure whose section the report has into ``directory`` as ``<figure>.png``; {figure: file name}
+    (relative to the run directory)."""
     painters = REPEAT_PAINTERS if "repeats" in report else PAINTERS
     out = {}
-    for key, painter in painters.items():
-        out[key] = f"{key}.png"
-        painter(report, Path(directory) / out[key])
+    for key, (section, painter) in painters.items():
+        if section in report:
+            out[key] = f"{key}.png"
+            painter(report, Path(directory) / out[key])
     return out

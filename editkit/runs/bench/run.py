@@ -30,6 +30,9 @@ recipes and parameter shapes before any training starts). Then, on the banked ve
 
 ``seeds`` > 1 or ``orders`` > 1 runs all of it once per seed or task order and reports each row as
 mean ± std, the claims with a margin of at least two standard errors (:mod:`editkit.runs.bench.repeats`).
+The repeated report reads the addition rows, continual numbers and costs only, so negation and the
+diagnostics run in the first repeat alone (its report is a one-run bench's); the others leave them out
+(``left_out`` in their reports): on ``offline-text`` that is about 3.5 of a repeat's 21 minutes.
 
 Everything lands in ``<run-dir>/report.json`` and PNGs, written only at the end
 (plots rendered into a temporary directory, moved into place, then the report
@@ -106,6 +109,8 @@ METHODS = tuple(MERGE_METHODS)  # every registered merge method
 #: How tables name each row's method: the merge methods' labels and the two reference rows.
 METHOD_LABELS = {"pretrained": "pretrained", **{m: MERGE_METHODS.label(m) for m in METHODS}, "single-task": "single-task",
                  **{s: spec.label for s, spec in STRATEGIES.items()}}
+#: What a repeat after the first leaves out of its report: the repeated report reads none of it.
+LEFT_OUT_OF_REPEATS = ("negation", "taujp", "xi")
 DEFAULT_NEGATION_GRID = 11  # 0, 0.1, ..., 1: non-linear negation costs tasks x grid forwards of every validation split
 DEFAULT_XI_GRID = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)
 DEFAULT_XI_SAMPLES = 250
@@ -451,8 +456,10 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
     return _bench_once(config, spec, runtime, progress)
 
 
-def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: Progress) -> BenchResult:
-    """One bench of ``spec`` (its tasks in the order it lists them), with a validated ``config``."""
+def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: Progress, *,
+                extras: bool = True) -> BenchResult:
+    """One bench of ``spec`` (its tasks in the order it lists them), with a validated ``config``; without
+    ``extras``, no negation and no diagnostics (a repeat whose report only the repeated one reads)."""
     from editkit.scenario.spec import task_recipes
     from editkit.scenario.build import build_scenario, require_scenario
 
@@ -520,6 +527,7 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
 
     evaluators: dict[str, ModeEvaluator] = {}
     mode_results: dict[str, dict[str, Any]] = {}
+    negation: dict[str, dict[str, Any]] = {}
     for label, state in states.items():
         t0 = time.perf_counter()
         adapter = state.recipe.adapter
@@ -527,13 +535,19 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
                            models[adapter], label=label)
         evaluators[label] = ev
         mode_results[label] = _evaluate_mode(ev, config, tasks, pretrained_all, control, progress)
+        if extras:
+            negation[label] = _negation(ev, config, tasks, pretrained_all, control.name if control else None, progress)
         timings.setdefault("evaluation_seconds", {})[label] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    diagnostics = _diagnostics(evaluators, mode_results, config, tasks, pair, progress)
+    sections = ({"negation": negation, **_diagnostics(evaluators, mode_results, config, tasks, pair, progress)}
+                if extras else {})
     timings["diagnostics_seconds"] = time.perf_counter() - t0
 
-    report = _report(spec, built, config, states, tasks, pretrained, mode_results, diagnostics, strategies, run_dir)
+    report = _report(spec, built, config, states, tasks, pretrained, mode_results, sections, strategies, run_dir)
+    if not extras:
+        report["left_out"] = {"sections": list(LEFT_OUT_OF_REPEATS),
+                              "why": "a repeat after the first: the repeated report reads none of them"}
     report["torch_threads"] = torch.get_num_threads()
     report["runtime"] = runtime.describe()  # with the threads, what the numbers depend on beyond the seed
     timings["total_seconds"] = time.perf_counter() - started
@@ -557,7 +571,7 @@ def _run_repeats(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, prog
         log.info("bench %s: %s (%s)", spec.name, repeat.name, ", ".join(repeat.order))
         one = replace(config, seeds=1, orders=1, recipe={**config.recipe, "seed": repeat.seed}, run_dir=run,
                       bank_root=repeat_bank_root(config.bank_root, repeat, repeats[0]))
-        results.append(_bench_once(one, spec.reordered(repeat.order), runtime, progress))
+        results.append(_bench_once(one, spec.reordered(repeat.order), runtime, progress, extras=repeat == repeats[0]))
     report = jsonable(aggregate([r.report for r in results], repeats, over, runs, config.claim_margin))
     report["run_dir"] = str(run_dir)
     _write_outputs(report, run_dir)
@@ -688,7 +702,6 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
         ev.bank.merge({t: 1.0 for t in tasks}, base=ev.base)
         times.append(time.perf_counter() - start)
     out["merge_seconds"] = float(np.median(times))
-    out["negation"] = _negation(ev, config, tasks, pretrained, control.name if control else None, progress)
     return out
 
 
@@ -836,7 +849,7 @@ def _refuse_unswept_heads(scenario: str, heads: Mapping[str, nn.Module]) -> None
 
 def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], tasks: Sequence[str],
             pretrained: Mapping[str, Mapping[str, float]], results: Mapping[str, dict[str, Any]],
-            diagnostics: Mapping[str, Any], strategies: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+            sections: Mapping[str, Any], strategies: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
     theta0 = next(iter(results.values()))["pretrained_class_incremental"]
     rows = [_row("pretrained", None, None, None, pretrained["test"], None,
                  val_absolute=addition_summary(pretrained["val"], None)["absolute"], **_class_incremental(theta0))]
@@ -873,8 +886,7 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
         "alpha_search": {m: results[m]["alpha_search"] for m in states},
         "single_task": {m: results[m]["single"] for m in states},
         "pretrained": dict(pretrained),
-        "negation": {m: results[m]["negation"] for m in states},
-        **diagnostics,
+        **sections,  # negation, taujp, xi (none in a repeat after the first)
         "streams": streams,
         # the continual-learning field's numbers of each stream's merged model after every step
         "continual": {**{mode: state.stream.continual for mode, state in states.items()},
