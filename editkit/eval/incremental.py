@@ -52,11 +52,13 @@ class IncrementalScores:
     scorer: experience index -> its task's scorer (test split, fixed head, batching).
     earlier_sum: ``t`` -> the sum of the vectors of experiences 0..t-1 as banked (None for none); asked
         only when the cache does not hold it already (a resumed stream, or a fresh one's first call).
+    keep_tangents: also keep each new vector's own tangents on the tasks it is scored on
+        (:meth:`vector_tangents`), for a caller that scores the same vectors again (``editkit bench``).
     """
 
     def __init__(self, module: nn.Module, scorer: Callable[[int], SplitScorer],
                  earlier_sum: Callable[[int], Vector | None], *, store: SpillingTensors, batch_size: int,
-                 runtime: Runtime, progress: Progress | None = None) -> None:
+                 runtime: Runtime, progress: Progress | None = None, keep_tangents: bool = False) -> None:
         self.module = module
         self.scorer, self.earlier_sum = scorer, earlier_sum
         self.store, self.batch_size, self.runtime = store, batch_size, runtime
@@ -65,6 +67,7 @@ class IncrementalScores:
         self.accounted = 0  # the cached sums S_i hold the vectors of experiences 0..accounted-1
         self.total: dict[str, torch.Tensor] | None = None  # their sum (None: no vector yet)
         self.merged_scores: dict[int, dict[str, float]] = {}
+        self._kept: dict[int, dict[int, torch.Tensor]] | None = {} if keep_tangents else None
 
     # -- what the stream asks ------------------------------------------------------------------
     def add_vector(self, t: int, tau: Vector) -> tuple[float, float]:
@@ -79,8 +82,9 @@ class IncrementalScores:
                                 total=self._batches([*earlier, *new, *missing])) as bar:
             model = self._linearized(tau)
             for i in earlier:
-                self.store[f"S{i}"] = self.store[f"S{i}"] + self._map(model.tangent, i, bar)
+                self.store[f"S{i}"] = self.store[f"S{i}"] + self._keep(t, i, self._map(model.tangent, i, bar))
             f0, tangent = self._map(model.primal_and_tangent, t, bar)
+            self._keep(t, t, tangent)
             single, pretrained = self._score(t, f0 + tangent), self._score(t, f0)
             if self.total is not None:
                 model.load_task_vector(self._on_device(self.total))
@@ -103,6 +107,12 @@ class IncrementalScores:
             self.merged_scores[t] = self._merged_now(t)
         return self.merged_scores[t]
 
+    def vector_tangents(self) -> dict[str, dict[str, torch.Tensor]]:
+        """What ``keep_tangents`` kept: ``{task of the vector: {task scored: J tau(x) on its test inputs}}``, for
+        the vectors this process trained (experience t's on tasks 0..t; a resumed stream's banked ones have none)."""
+        return {self.scorer(t).name: {self.scorer(i).name: tangent for i, tangent in scored.items()}
+                for t, scored in (self._kept or {}).items()}
+
     def close(self) -> None:
         self.store.close()
 
@@ -115,6 +125,12 @@ class IncrementalScores:
         self.total = dict(earlier) if earlier is not None else None
         self.accounted = count
         self.store.clear()  # every cached sum was of another set of vectors
+
+    def _keep(self, t: int, i: int, tangent: torch.Tensor) -> torch.Tensor:
+        """Keep experience ``t``'s vector's tangent on task ``i`` when asked to; returns it."""
+        if self._kept is not None:
+            self._kept.setdefault(t, {})[i] = tangent
+        return tangent
 
     def _cached(self, i: int) -> bool:
         return f"S{i}" in self.store

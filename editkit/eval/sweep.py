@@ -151,22 +151,38 @@ class ModeEvaluator:
         return tau
 
     # tangents (linearized modes)
+    def _missing(self, key: str, split: str, names: Sequence[str] | None = None) -> list[str]:
+        """The tasks of ``names`` (default: every task) whose tangents of ``key`` on ``split`` are not cached."""
+        held = self._tangents.get((key, split), {})
+        return [n for n in (names or self.data.names) if n not in held]
+
     def tangent_batches(self, keys: Sequence[str], splits: Sequence[str] = SPLITS) -> int:
-        return sum(self.data.batches(s, n) for s in splits for n in self.data.names for k in keys
-                   if (k, s) not in self._tangents)
+        return sum(self.data.batches(s, n) for s in splits for k in keys for n in self._missing(k, s))
 
     def compute_tangents(self, keys: Sequence[str], splits: Sequence[str] = SPLITS, bar=None,
                          names: Sequence[str] | None = None) -> None:
         """J tau_k on the inputs of ``splits`` of every task (or of ``names`` alone: a vector that only they are
-        scored under), one jvp per input, cached."""
+        scored under), one jvp per input, cached; tasks whose tangents are cached (or adopted) are skipped."""
         for k in keys:
-            todo = [s for s in splits if (k, s) not in self._tangents]
-            if not todo:
+            todo = {s: self._missing(k, s, names) for s in splits}
+            if not any(todo.values()):
                 continue
             model = self.models.holding(self.vector(k), linearized=True)
-            for split in todo:
-                self._tangents[(k, split)] = {n: self.data.map(model.tangent, split, n, bar)
-                                              for n in (names or self.data.names)}
+            for split, missing in todo.items():
+                held = self._tangents.setdefault((k, split), {})
+                for n in missing:
+                    held[n] = self.data.map(model.tangent, split, n, bar)
+
+    def adopt_tangents(self, split: str, tangents: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        """Take tangents computed elsewhere as cached: ``{vector key: {task: J tau(x) on the task's split}}``,
+        each over the same inputs in the same order as :class:`TaskSplits` holds them (a stream's scores of its
+        vectors on the test splits: one jvp pass fewer per vector and task scored)."""
+        for key, per_task in tangents.items():
+            for name, tangent in per_task.items():
+                if tangent.shape[0] != len(self.data.sets[split][name]):
+                    raise ValueError(f"tangents of {key!r} on {name} ({split}) cover {tangent.shape[0]} inputs, "
+                                     f"not {len(self.data.sets[split][name])}")  # a bug in the caller
+                self._tangents.setdefault((key, split), {})[name] = tangent
 
     def discard(self, key: str) -> None:
         """Forget an in-memory vector and its tangents (the memoised predictions stay: they are small)."""

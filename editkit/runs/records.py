@@ -120,6 +120,9 @@ class StreamResult:
     recipe: Recipe
     steps: list[StepRecord] = field(default_factory=list)
     seconds: float = 0.0
+    #: ``{vector's task: {task scored: J tau(x) on its test inputs}}`` from a linearized stream's scoring, kept only
+    #: when the run was asked to (``keep_tangents``); in no report.
+    tangents: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def final(self) -> dict[str, Any]:

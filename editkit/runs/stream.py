@@ -86,6 +86,7 @@ class StreamRunner:
         logger: RunLogger | None = None,
         spill_dir: Path | None = None,
         merge: StreamMerge | None = None,
+        keep_tangents: bool = False,
     ) -> None:
         self.exps = list(exps)
         self.merge = merge or default_merge(recipe.mode)
@@ -104,7 +105,7 @@ class StreamRunner:
         self.logger = logger
         self.base = backbone.fingerprint()
         self._sources: dict[int, UnlabeledSource] = {}
-        self.incremental = self._incremental_scores(spill_dir)
+        self.incremental = self._incremental_scores(spill_dir, keep_tangents)
 
     def recipe_for(self, t: int) -> Recipe:
         """Experience t's recipe with its number of steps fixed (per-task epochs -> steps)."""
@@ -153,7 +154,7 @@ class StreamRunner:
                                batch_size=self.eval_batch_size, progress=self.progress, description=description,
                                runtime=self.runtime)
 
-    def _incremental_scores(self, spill_dir: Path | None) -> IncrementalScores | None:
+    def _incremental_scores(self, spill_dir: Path | None, keep_tangents: bool) -> IncrementalScores | None:
         """The cache of a linearized stream's features and tangent sums, or None where scores are computed
         from scratch (see ``editkit.eval.incremental.cacheable``)."""
         try:  # read in every mode, before any training, so a bad value is refused even where it does not apply
@@ -168,7 +169,7 @@ class StreamRunner:
             self.backbone.module, scorers.__getitem__,
             lambda count: stream_merge(self.bank, names[:count], self.merge) if count else None,
             store=SpillingTensors(budget, spill_dir), batch_size=self.eval_batch_size,
-            runtime=self.runtime, progress=self.progress)
+            runtime=self.runtime, progress=self.progress, keep_tangents=keep_tangents)
 
     def vector_scores(self, t: int, tau) -> tuple[float, float]:
         """(experience t's vector alone, theta_0) scored on task t."""
@@ -256,6 +257,7 @@ class StreamRunner:
                 self._run_experiences(out, resume, on_step)
             finally:
                 if self.incremental is not None:
+                    out.tangents = self.incremental.vector_tangents()
                     self.incremental.close()
             out.seconds = time.perf_counter() - start
         return out
@@ -314,6 +316,7 @@ def run_stream(
     logger: RunLogger | None = None,
     spill_dir: str | Path | None = None,
     merge: StreamMerge | None = None,
+    keep_tangents: bool = False,
 ) -> StreamResult:
     """Fine-tune, bank and evaluate each experience in order (see module docstring).
 
@@ -330,6 +333,8 @@ def run_stream(
         (default: a temporary directory, made only if it spills); removed when the run ends.
     merge: how the banked vectors are merged before each experience's merged model is scored (default:
         the mode's own, :func:`~editkit.merge.continual.default_merge`).
+    keep_tangents: keep the tangents a linearized stream's scoring computed of each vector it trained on the
+        test inputs (:attr:`StreamResult.tangents`), for a caller that scores the vectors again.
     """
     names = [e.name for e in exps]
     if len(set(names)) != len(names):
@@ -345,7 +350,8 @@ def run_stream(
     runner = StreamRunner(exps, backbone, heads, recipe, bank, scenario=scenario, generic=generic,
                           progress=progress or NullProgress(), runtime=runtime, task_recipes=task_recipes,
                           unlabeled=unlabeled, provenance=provenance, logger=logger,
-                          spill_dir=Path(spill_dir) if spill_dir is not None else None, merge=merge)
+                          spill_dir=Path(spill_dir) if spill_dir is not None else None, merge=merge,
+                          keep_tangents=keep_tangents)
     return runner.run(resume=resume, on_step=on_step)
 
 
@@ -394,6 +400,7 @@ def run_scenario(
     log_dir: str | Path | None = None,
     built: BuiltScenario | None = None,
     merge: StreamMerge | None = None,
+    keep_tangents: bool = False,
     **overrides: Any,
 ) -> tuple[StreamResult, dict[str, Any] | None]:
     """Run a scenario (a name, a file, or a parsed spec) end to end and write ``report.json`` + ``stream.png`` into
@@ -421,6 +428,8 @@ def run_scenario(
     built: the scenario already built from the same file, seed and ``build`` options, reused
     instead of building it again: ``editkit bench`` runs one stream per mode over it, so every
     text's frozen-prefix states are computed once. Its generic source restarts from its seed.
+
+    keep_tangents: see :func:`run_stream` (the bench scores the vectors again over the same test splits).
     """
     from editkit.runs.report import plot_stream, stream_report, write_json
     from editkit.scenario.spec import load_scenario, task_recipes
@@ -456,7 +465,8 @@ def run_scenario(
         result = run_stream(exps, built.backbone, built.heads, recipe, bank_dir, scenario=spec.name,
                             generic=built.generic, resume=resume, progress=progress, on_step=on_step,
                             task_recipes=recipes, unlabeled={t.name: t.train for t in built.tasks}, runtime=runtime,
-                            provenance=provenance, logger=logger, spill_dir=out_dir, merge=merge)
+                            provenance=provenance, logger=logger, spill_dir=out_dir, merge=merge,
+                            keep_tangents=keep_tangents)
         report = None
         if runtime.is_main:
             plot = plot_stream(result, out_dir / "stream.png")

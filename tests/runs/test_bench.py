@@ -217,6 +217,27 @@ def test_taujp_matrix_from_cached_tangents_equals_the_direct_one(tmp_path, mode)
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+def test_adopted_tangents_are_not_computed_again_and_the_rest_are(tmp_path, monkeypatch):
+    """A stream's tangents handed to the evaluator (here: vector a on task a's test split, marked so a recomputation
+    would show) stay as given; compute_tangents runs one pass for each (vector, split, task) it lacks, and counts
+    only those."""
+    *_, ev = tiny_setup(tmp_path, "linear")
+    marked = torch.full((len(ev.data.sets["test"]["a"]), 5), 7.0)
+    ev.adopt_tangents("test", {"a": {"a": marked}})
+    assert ev.tangent_batches(["a", "b"]) == sum(ev.data.batches(s, n) for s in ("val", "test") for n in ("a", "b")) * 2 \
+        - ev.data.batches("test", "a")
+    passes = []
+    real = ev.data.map
+    monkeypatch.setattr(ev.data, "map", lambda fn, split, name, bar=None: passes.append((split, name)) or
+                        real(fn, split, name, bar))
+    ev.compute_tangents(["a", "b"])
+    assert sorted(passes) == sorted([("val", "a"), ("val", "b"), ("test", "b")] +
+                                    [(s, n) for s in ("val", "test") for n in ("a", "b")])
+    assert ev.tangents("a", "test")["a"] is marked and ev.tangent_batches(["a", "b"]) == 0
+    with pytest.raises(ValueError, match="cover 3 inputs, not 11"):
+        ev.adopt_tangents("test", {"b": {"a": marked[:3]}})
+
+
 @pytest.mark.parametrize("mode", ["linear", "nonlinear"])
 def test_file_backed_splits_give_the_same_numbers_as_in_memory_ones(tmp_path, mode):
     """Datasets without an input tensor are streamed through a DataLoader: same labels, features, predictions."""
@@ -245,11 +266,23 @@ def bench_args(scenario: Path, root: Path, *extra) -> list[str]:
             *map(str, extra)]
 
 
+#: mode -> the tangents its evaluator took from the stream in the fixture's run: {vector: [tasks]}
+ADOPTED: dict[str, dict[str, list[str]]] = {}
+
+
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     scenario = write_scenario(root)
-    result = runner.invoke(app, bench_args(scenario, root, "--log", "csv"))
+    adopt = ModeEvaluator.adopt_tangents
+
+    def recording(ev, split, tangents):
+        ADOPTED[ev.label] = {vector: sorted(scored) for vector, scored in tangents.items()}
+        return adopt(ev, split, tangents)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ModeEvaluator, "adopt_tangents", recording)
+        result = runner.invoke(app, bench_args(scenario, root, "--log", "csv"))
     assert result.exit_code == 0, result.output
     report = json.loads((root / "run" / "report.json").read_text())
     return root, scenario, result.output, report
@@ -485,6 +518,10 @@ def test_second_run_reuses_the_banks(bench_run):
     assert again["addition"]["rows"] == same
     assert again["taujp"]["matrices"] == {"linear": report["taujp"]["matrices"]["linear"]}
     assert again["claims"] is None  # no tauJp row to judge
+    # the first run scored the linearized vectors with the tangents its streams computed (each vector on the tasks
+    # up to its own); this one, whose streams trained nothing, computed every tangent: the numbers above are equal
+    stream_scored = {TASKS[t]: sorted(TASKS[: t + 1]) for t in range(len(TASKS))}
+    assert ADOPTED["linear"] == ADOPTED["taujp"] == stream_scored and ADOPTED["nonlinear"] == {}
 
 
 @pytest.mark.slow

@@ -66,6 +66,26 @@ def test_every_score_equals_the_linearized_model_computed_by_hand(tmp_path):
         assert record.merged["per_task"] == {n: accuracy_by_hand(vectors[: t + 1], n) for n in NAMES[: t + 1]}
 
 
+def tangent_by_hand(vector: dict[str, torch.Tensor], task: str) -> torch.Tensor:
+    """J f(x) . vector on ``task``'s inputs, from a jvp of the plain network at theta_0."""
+    module, (sets, _) = network(), data()
+    params = dict(module.named_parameters())
+    return jvp(lambda *p: functional_call(module, dict(zip(params, p)), (sets[task].inputs,)), tuple(params.values()),
+               tuple(vector[n] for n in params))[1].float()
+
+
+def test_kept_tangents_are_each_vectors_own_on_every_task_it_was_scored_on(tmp_path, passes):
+    """keep_tangents hands over what the scoring computed anyway (no pass more): vector t on tasks 0..t."""
+    result = stream(tmp_path / "bank", keep_tangents=True)
+    bank = Bank(tmp_path / "bank")
+    assert {v: set(scored) for v, scored in result.tangents.items()} == {n: set(NAMES[: t + 1]) for t, n in enumerate(NAMES)}
+    for v, scored in result.tangents.items():
+        for task, tangent in scored.items():
+            torch.testing.assert_close(tangent, tangent_by_hand(bank.load(v), task), rtol=1e-6, atol=1e-7)
+    assert len(passes) == 1 + 3 + 4 + 5  # as without keeping them
+    assert stream(tmp_path / "plain").tangents == {}
+
+
 def test_scores_equal_the_direct_evaluation(tmp_path, monkeypatch):
     cached = stream(tmp_path / "cached")
     monkeypatch.setattr("editkit.runs.stream.cacheable", lambda *args: False)

@@ -40,7 +40,9 @@ written atomically), so a failed run leaves an earlier report untouched.
 
 Exactness and cost (``editkit.eval.sweep``): linearized vectors are combined exactly
 from theta_0's features and one cached tangent per vector and input, so every
-coefficient, sum, negation and xi grid point comes without another jvp.
+coefficient, sum, negation and xi grid point comes without another jvp. The tangents a linearized stream
+computed to score each vector it trained (the vector on the test splits of the tasks up to its own) are
+taken over, not computed again: the same jvp over the same inputs in the same batches, so the same numbers.
 Non-linear vectors need a real forward per coefficient: the grids are evaluated
 on the (small) validation splits only, the test splits at the chosen
 coefficients, and xi on the first ``xi_samples`` test inputs of the pair's tasks.
@@ -533,6 +535,8 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
         adapter = state.recipe.adapter
         ev = ModeEvaluator(state.recipe.mode.value, state.bank, {n: n for n in tasks}, data, heads, bases[adapter],
                            models[adapter], label=label)
+        ev.adopt_tangents("test", state.stream.tangents)  # what the stream's scoring computed: not computed again
+        state.stream.tangents = {}
         evaluators[label] = ev
         mode_results[label] = _evaluate_mode(ev, config, tasks, pretrained_all, control, progress)
         if extras:
@@ -611,7 +615,7 @@ def _run_streams(config: BenchConfig, spec: ScenarioSpec, states: Mapping[str, _
             state.stream, _ = run_scenario(spec, bank=state.bank.root, run_dir=scratch, resume=True,
                                            progress=progress, on_step=on_step, build=config.build, runtime=runtime,
                                            loggers=config.log, log_dir=run_dir / state.label,
-                                           built=arms[state.recipe.adapter], **state.overrides)
+                                           built=arms[state.recipe.adapter], keep_tangents=True, **state.overrides)
         state.stream_seconds = time.perf_counter() - start
         log.info("%s stream: %d trained, %d reused (%.0f s)", state.label, len(state.trained),
                  len(state.stream.steps) - len(state.trained), state.stream_seconds)
