@@ -17,6 +17,10 @@ from editkit.core.batching import Batching, labelled_collate
 from editkit.data.tasks import TensorTaskDataset
 from editkit.train.runtime import Runtime
 
+#: Inputs per forward or jvp when a stream or the bench scores a split. Both use it, so the tangents a stream
+#: computed are, batch for batch, the ones the bench would compute (which is what lets the bench take them over).
+EVAL_BATCH_SIZE = 256
+
 
 def held_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(inputs, targets) when the dataset holds both as tensors (in-memory tasks), else None."""

@@ -45,6 +45,7 @@ from editkit.train.runtime import Runtime, default_runtime, setup, teardown
 from editkit.errors import BankError, ConfigError
 from editkit.settings import default_bank_dir, default_run_dir, eval_cache_bytes, torchrun_world
 from editkit.eval.accuracy import Scorer, addition_summary, evaluate_vector
+from editkit.eval.features import EVAL_BATCH_SIZE
 from editkit.eval.incremental import IncrementalScores, cacheable
 from editkit.core.modes import Mode
 from editkit.util.spill import SpillingTensors
@@ -79,7 +80,7 @@ class StreamRunner:
         generic: UnlabeledSource | None,
         progress: Progress,
         runtime: Runtime,
-        eval_batch_size: int = 256,
+        eval_batch_size: int = EVAL_BATCH_SIZE,
         task_recipes: Mapping[str, Recipe] | None = None,
         unlabeled: Mapping[str, Dataset] | None = None,
         provenance: Mapping[str, Any] | None = None,

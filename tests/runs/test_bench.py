@@ -26,13 +26,14 @@ from editkit.scenario import build as scenario_mod, spec as scenario_spec
 from editkit.models.backbone import state_fingerprint
 from editkit.bank.store import Bank
 from editkit.runs.bench.claims import verdict
-from editkit.runs.bench.run import BenchConfig, parse_names
+from editkit.runs.bench.run import BenchConfig, parse_names, run_bench
 from editkit.merge.coefficients import alpha_grid, search_alpha, select_alpha, select_negation_alpha
 from editkit.eval.diagnostics import taujp_matrix
 from editkit.errors import ConfigError
 from editkit.eval.accuracy import ClassificationScorer, evaluate_vector
 from editkit.models.heads import LinearHead
 from editkit.util.progress import NullProgress
+from editkit.eval.features import EVAL_BATCH_SIZE
 from editkit.eval.sweep import ModeEvaluator, SharedModels, TaskSplits
 from editkit.data.tasks import TaskData, TensorTaskDataset
 from editkit.train.recipe import Recipe, attach_adapter
@@ -224,8 +225,8 @@ def test_adopted_tangents_are_not_computed_again_and_the_rest_are(tmp_path, monk
     *_, ev = tiny_setup(tmp_path, "linear")
     marked = torch.full((len(ev.data.sets["test"]["a"]), 5), 7.0)
     ev.adopt_tangents("test", {"a": {"a": marked}})
-    assert ev.tangent_batches(["a", "b"]) == sum(ev.data.batches(s, n) for s in ("val", "test") for n in ("a", "b")) * 2 \
-        - ev.data.batches("test", "a")
+    every = sum(ev.data.batches(s, n) for s in ("val", "test") for n in ("a", "b"))
+    assert ev.tangent_batches(["a", "b"]) == 2 * every - ev.data.batches("test", "a")
     passes = []
     real = ev.data.map
     monkeypatch.setattr(ev.data, "map", lambda fn, split, name, bar=None: passes.append((split, name)) or
@@ -522,6 +523,31 @@ def test_second_run_reuses_the_banks(bench_run):
     # up to its own); this one, whose streams trained nothing, computed every tangent: the numbers above are equal
     stream_scored = {TASKS[t]: sorted(TASKS[: t + 1]) for t in range(len(TASKS))}
     assert ADOPTED["linear"] == ADOPTED["taujp"] == stream_scored and ADOPTED["nonlinear"] == {}
+
+
+class _Stopped(Exception):
+    """Raised by a stand-in for the stream once it has seen what it was asked."""
+
+
+@pytest.mark.parametrize("batch_size, kept", [(EVAL_BATCH_SIZE, True), (EVAL_BATCH_SIZE // 4, False)])
+def test_streams_keep_their_tangents_only_for_a_bench_scoring_in_their_batches(bench_run, monkeypatch, batch_size,
+                                                                               kept):
+    """Another evaluation batch size packs other batches: the stream's tangents would not be the bench's to the
+    bit, so the bench asks for none and computes them all."""
+    root, scenario, _, _ = bench_run
+    asked = []
+
+    def stream(*args, **kwargs):
+        asked.append(kwargs["keep_tangents"])
+        raise _Stopped
+
+    monkeypatch.setattr("editkit.runs.stream.run_scenario", stream)
+    config = BenchConfig(scenario=str(scenario), modes=("linear",), methods=("task-arithmetic",),
+                         recipe={"steps": STEPS}, bank_root=root / "banks", run_dir=root / f"run-batch-{batch_size}",
+                         batch_size=batch_size)
+    with pytest.raises(_Stopped):
+        run_bench(config)
+    assert asked == [kept]
 
 
 @pytest.mark.slow

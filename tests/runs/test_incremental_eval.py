@@ -78,7 +78,8 @@ def test_kept_tangents_are_each_vectors_own_on_every_task_it_was_scored_on(tmp_p
     """keep_tangents hands over what the scoring computed anyway (no pass more): vector t on tasks 0..t."""
     result = stream(tmp_path / "bank", keep_tangents=True)
     bank = Bank(tmp_path / "bank")
-    assert {v: set(scored) for v, scored in result.tangents.items()} == {n: set(NAMES[: t + 1]) for t, n in enumerate(NAMES)}
+    kept = {vector: set(scored) for vector, scored in result.tangents.items()}
+    assert kept == {name: set(NAMES[: t + 1]) for t, name in enumerate(NAMES)}
     for v, scored in result.tangents.items():
         for task, tangent in scored.items():
             torch.testing.assert_close(tangent, tangent_by_hand(bank.load(v), task), rtol=1e-6, atol=1e-7)

@@ -42,7 +42,8 @@ Exactness and cost (``editkit.eval.sweep``): linearized vectors are combined exa
 from theta_0's features and one cached tangent per vector and input, so every
 coefficient, sum, negation and xi grid point comes without another jvp. The tangents a linearized stream
 computed to score each vector it trained (the vector on the test splits of the tasks up to its own) are
-taken over, not computed again: the same jvp over the same inputs in the same batches, so the same numbers.
+taken over, not computed again: the same jvp over the same inputs in the same batches (the bench's
+``batch_size`` is the stream's, ``EVAL_BATCH_SIZE``, unless set otherwise), so the same numbers.
 Non-linear vectors need a real forward per coefficient: the grids are evaluated
 on the (small) validation splits only, the test splits at the chosen
 coefficients, and xi on the first ``xi_samples`` test inputs of the pair's tasks.
@@ -78,6 +79,7 @@ from editkit.bank.store import Bank, _short
 from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha_grid, search_alpha, select_negation_alpha
 from editkit.eval.accuracy import AdditionSummary, addition_summary
 from editkit.eval.diagnostics import correlation, disentanglement_error, off_diagonal, pair_interference
+from editkit.eval.features import EVAL_BATCH_SIZE
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world, BANKS_DIR, DEFAULT_SCENARIO
 from editkit.train.runtime import Runtime, setup
 from editkit.integrations.avalanche.strategies import STRATEGIES, parse_strategy_params
@@ -216,7 +218,7 @@ class BenchConfig:
         "cli": False, "help": "Coefficients of each vector on the disentanglement grid."})
     xi_samples: int = field(default=DEFAULT_XI_SAMPLES, metadata={
         "help": "Test inputs per task for the disentanglement error."})
-    batch_size: int = field(default=256, metadata={"cli": False, "help": "Evaluation batch size."})
+    batch_size: int = field(default=EVAL_BATCH_SIZE, metadata={"cli": False, "help": "Evaluation batch size."})
     build: BuildOptions = field(default_factory=BuildOptions, metadata={
         "cli": False, "help": "Backbone and data options laid over the scenario file's."})
 
@@ -615,7 +617,8 @@ def _run_streams(config: BenchConfig, spec: ScenarioSpec, states: Mapping[str, _
             state.stream, _ = run_scenario(spec, bank=state.bank.root, run_dir=scratch, resume=True,
                                            progress=progress, on_step=on_step, build=config.build, runtime=runtime,
                                            loggers=config.log, log_dir=run_dir / state.label,
-                                           built=arms[state.recipe.adapter], keep_tangents=True, **state.overrides)
+                                           built=arms[state.recipe.adapter], **state.overrides,
+                                           keep_tangents=config.batch_size == EVAL_BATCH_SIZE)  # same batches
         state.stream_seconds = time.perf_counter() - start
         log.info("%s stream: %d trained, %d reused (%.0f s)", state.label, len(state.trained),
                  len(state.stream.steps) - len(state.trained), state.stream_seconds)
