@@ -212,3 +212,36 @@ def test_a_rehearsal_strategy_keeps_the_same_memory_whatever_the_global_generato
         runs.append(run_strategy(name, stream((3, 3, 3), train=60), recipes(6, 6, 6, lr=0.3), options=options))
         assert random.getstate() == before[0] and np.array_equal(np.random.get_state()[1], before[1])
     assert runs[0].rows == runs[1].rows and runs[0].class_rows == runs[1].class_rows
+
+
+def conv_stream() -> SimpleNamespace:
+    """The stream of :func:`stream` on a backbone with a convolution: its 8 inputs as a 2-channel 2x2 image."""
+    built = stream()
+    torch.manual_seed(2)
+    module = torch.nn.Sequential(torch.nn.Unflatten(1, (2, 2, 2)), torch.nn.Conv2d(2, FEATURES, 2),
+                                 torch.nn.Flatten()).eval()
+    built.backbone = Backbone("conv", module, FEATURES, batching=TensorBatching())
+    return built
+
+
+@pytest.mark.parametrize("name", ["naive", "lwf", "replay"])
+def test_a_strategy_runs_in_the_runtimes_precision_and_layout(name):
+    """Every pass of the backbone, training and scoring, runs under bf16 autocast exactly when the runtime asks
+    for it, and on channels-last weights exactly when it asks for those: a strategy row of ``--precision bf16``
+    is timed and scored as the modes beside it are."""
+    from editkit.train.runtime import Runtime
+
+    for runtime in (Runtime(), Runtime(precision="bf16", channels_last=True)):
+        built, seen = conv_stream(), set()
+        conv = built.backbone.module[1]
+
+        def record(module, args, runtime=runtime):
+            weight = module.weight
+            seen.add((torch.is_autocast_enabled("cpu"),
+                      weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()))
+
+        conv.register_forward_pre_hook(record)
+        result = run_strategy(name, built, recipes(3, 2), runtime=runtime)
+        asked = runtime.precision == "bf16"
+        assert seen == {(asked, asked)}, runtime
+        assert len(result.rows) == 2 and all(0.0 <= a <= 1.0 for row in result.rows for a in row.values())

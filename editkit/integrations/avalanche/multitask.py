@@ -27,7 +27,8 @@ chooses the mode and drives training through :attr:`MultiHeadTaskModel.step`.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import contextlib
+from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -96,6 +97,9 @@ class MultiHeadTaskModel(MultiTaskModule):
         self.step: StepComputer | None = None
         self.reg_batches: list[Any] = []
         self.penalty: torch.Tensor | None = None
+        #: Entered around every forward: a runtime's ``autocast`` (bf16) makes the strategy's forwards run in
+        #: the precision editkit's own training runs in.
+        self.forward_context: Callable[[], ContextManager] = contextlib.nullcontext
         self._last = _LastFeatures()
 
     def set_mode(self, mode: str) -> None:
@@ -128,6 +132,10 @@ class MultiHeadTaskModel(MultiTaskModule):
     def forward(self, x: Any, task_labels: torch.Tensor | int | None) -> torch.Tensor | dict[int, torch.Tensor]:
         """Each example's logits under its task's head, unpadded (see the module docstring); with no task labels,
         Avalanche's contract: every task trained so far, ``{task label: logits}`` (LwF distils through it)."""
+        with self.forward_context():
+            return self._forward(x, task_labels)
+
+    def _forward(self, x: Any, task_labels: torch.Tensor | int | None) -> torch.Tensor | dict[int, torch.Tensor]:
         if task_labels is None:
             return self.forward_all_tasks(x)
         labels = torch.as_tensor(task_labels).reshape(-1).unique().tolist()

@@ -10,6 +10,8 @@ fixes is everything the modes fix, so a row differs from a mode's by the strateg
 - per experience, the recipe's optimizer (AdamW, lr, weight decay, warmup + cosine, gradient clipping), fresh
   for each experience as a mode's is, the recipe's batch size and exactly its number of steps
   (:class:`StepBudget`); Avalanche's own data loaders draw the batches (Replay's mix in its buffer);
+- the runtime: the device, the precision (``--precision bf16``: every forward of the strategy's model under
+  bf16 autocast, as a mode's step runs) and the weights' layout (``--channels-last``);
 - evaluation after each experience on the test split of every task seen, task-incremental (each task's
   head: the accuracy matrix of :mod:`editkit.eval.continual`) and class-incremental (among every seen task's
   classes, :func:`~editkit.eval.accuracy.correct_among`). ``joint`` trains once on every
@@ -139,8 +141,8 @@ def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, A
     chosen = strategy_options(name, options or {})
     tasks, recipe = list(built.tasks), recipes[0]
     steps = [sum(r.steps for r in recipes)] if spec.joint else [r.steps for r in recipes]
-    model = MultiHeadTaskModel(built.backbone, [built.heads[t.name] for t in tasks], mode="nonlinear")
-    model = model.to(runtime.device)
+    model = runtime.place(MultiHeadTaskModel(built.backbone, [built.heads[t.name] for t in tasks], mode="nonlinear"))
+    model.forward_context = runtime.autocast  # its forwards in the precision editkit's modes train in
     benchmark = benchmark_from_tasks(tasks, built.backbone.batching)
     budget = StepBudget(recipe, steps=steps)
     with _quiet_strategy(), _seeded(recipe.seed):
