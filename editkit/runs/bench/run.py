@@ -67,7 +67,6 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
-from itertools import combinations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypedDict
 
@@ -76,9 +75,8 @@ import torch
 from torch import nn
 
 from editkit.bank.store import Bank, _short
-from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha_grid, search_alpha, select_negation_alpha
+from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha_grid, search_alpha
 from editkit.eval.accuracy import AdditionSummary, addition_summary
-from editkit.eval.diagnostics import correlation, disentanglement_error, off_diagonal, pair_interference
 from editkit.eval.features import EVAL_BATCH_SIZE
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world, BANKS_DIR, DEFAULT_SCENARIO
 from editkit.train.runtime import Runtime, setup
@@ -86,6 +84,7 @@ from editkit.integrations.avalanche.strategies import STRATEGIES, parse_strategy
 from editkit.runs.bench.claims import claims
 from editkit.runs.bench.matrices import method_matrices
 from editkit.runs.bench.strategies import run_strategies, strategy_sections
+from editkit.runs.bench.sections import FIRST_REPEAT_ONLY, diagnostic_sections, negation_section
 from editkit.runs.bench.repeats import aggregate, order_repeats, repeat_bank_root, repeat_count, seed_repeats
 from editkit.runs.edit import CONTROLS
 from editkit.runs.loggers import LOGGERS, parse_loggers
@@ -113,8 +112,6 @@ METHODS = tuple(MERGE_METHODS)  # every registered merge method
 #: How tables name each row's method: the merge methods' labels and the two reference rows.
 METHOD_LABELS = {"pretrained": "pretrained", **{m: MERGE_METHODS.label(m) for m in METHODS}, "single-task": "single-task",
                  **{s: spec.label for s, spec in STRATEGIES.items()}}
-#: What a repeat after the first leaves out of its report: the repeated report reads none of it.
-LEFT_OUT_OF_REPEATS = ("negation", "taujp", "xi")
 DEFAULT_NEGATION_GRID = 11  # 0, 0.1, ..., 1: non-linear negation costs tasks x grid forwards of every validation split
 DEFAULT_XI_GRID = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)
 DEFAULT_XI_SAMPLES = 250
@@ -542,17 +539,19 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
         evaluators[label] = ev
         mode_results[label] = _evaluate_mode(ev, config, tasks, pretrained_all, control, progress)
         if extras:
-            negation[label] = _negation(ev, config, tasks, pretrained_all, control.name if control else None, progress)
+            negation[label] = negation_section(ev, tasks, pretrained_all, control.name if control else None, progress,
+                                               alphas=config.negation_alphas, retain=config.negation_retain)
         timings.setdefault("evaluation_seconds", {})[label] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    sections = ({"negation": negation, **_diagnostics(evaluators, mode_results, config, tasks, pair, progress)}
+    sections = ({"negation": negation, **diagnostic_sections(evaluators, mode_results, tasks, pair, progress,
+                                                             xi_grid=config.xi_grid, xi_samples=config.xi_samples)}
                 if extras else {})
     timings["diagnostics_seconds"] = time.perf_counter() - t0
 
     report = _report(spec, built, config, states, tasks, pretrained, mode_results, sections, strategies, run_dir)
     if not extras:
-        report["left_out"] = {"sections": list(LEFT_OUT_OF_REPEATS),
+        report["left_out"] = {"sections": list(FIRST_REPEAT_ONLY),
                               "why": "a repeat after the first: the repeated report reads none of them"}
     report["torch_threads"] = torch.get_num_threads()
     report["runtime"] = runtime.describe()  # with the threads, what the numbers depend on beyond the seed
@@ -716,96 +715,6 @@ def _method_options(config: BenchConfig, tasks: int) -> dict[str, dict[str, Any]
     """Each merge method's options: its defaults for ``tasks`` vectors, with ``--ties-k`` as TIES' ``k``."""
     given = {"ties": {"k": config.ties_k}}
     return {m: method_options(m, given.get(m, {}), tasks=tasks) for m in METHODS}
-
-
-def _negation(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
-              pretrained: Mapping[str, Mapping[str, float]], control: str | None, progress: Progress) -> dict[str, Any]:
-    """theta_0 - alpha tau_t for each task t: target accuracy on t, control accuracy on ``control``
-    (ImageNet) or, without one, the mean over the other tasks."""
-    alphas, rows = list(config.negation_alphas), []
-    scored = list(tasks) + ([control] if control else [])
-
-    def target_control(accs: Mapping[str, float], target: str) -> tuple[float, float]:
-        if control is not None:
-            return accs[target], accs[control]
-        return accs[target], float(np.mean([accs[t] for t in tasks if t != target]))
-
-    with progress.task(f"{ev.label}: negation — coefficient search on validation", total=len(tasks) * len(alphas)) as bar:
-        for target in tasks:
-            p_target, p_control = target_control(pretrained["val"], target)
-            curve_t, curve_c = [], []
-            for a in alphas:
-                t_acc, c_acc = target_control(ev.accuracies({target: -a}, "val", scored), target)
-                curve_t.append(t_acc)
-                curve_c.append(c_acc)
-                bar.advance(1)
-            best = select_negation_alpha(alphas, curve_t, curve_c, p_control, config.negation_retain)
-            row: dict[str, Any] = {"task": target, "val_target": curve_t, "val_control": curve_c,
-                                   "val_pretrained": {"target": p_target, "control": p_control}}
-            test_t, test_c = target_control(pretrained["test"], target)
-            row["pretrained"] = {"target": test_t, "control": test_c}
-            for label, a in (("alpha1", 1.0), ("tuned", alphas[best] if best is not None else None)):
-                if a is None:
-                    row[label] = {"alpha": None, "target": None, "control": None}
-                    continue
-                t_acc, c_acc = target_control(ev.accuracies({target: -a}, "test", scored), target)
-                row[label] = {"alpha": a, "target": t_acc, "control": c_acc}
-            rows.append(row)
-
-    def mean(label: str, key: str) -> float | None:
-        values = [r[label][key] for r in rows if r[label][key] is not None]
-        return float(np.mean(values)) if values else None
-
-    summary = {label: {"target": mean(label, "target"), "control": mean(label, "control")}
-               for label in ("pretrained", "alpha1", "tuned")}
-    return {"alphas": alphas, "retain": config.negation_retain, "control": control or "other tasks", "rows": rows,
-            "mean": summary}
-
-
-def _diagnostics(evaluators: Mapping[str, ModeEvaluator], results: Mapping[str, dict[str, Any]], config: BenchConfig,
-                 tasks: Sequence[str], pair: tuple[str, str], progress: Progress) -> dict[str, Any]:
-    matrices: dict[str, list[list[float]]] = {}
-    pairs: list[dict[str, Any]] = []
-    per_method: list[dict[str, Any]] = []
-    xi: dict[str, Any] = {}
-    index = {t: i for i, t in enumerate(tasks)}
-    for mode, ev in evaluators.items():
-        if ev.linearized:  # from the cached tangents
-            rows = [ev.tangent_norm_means(a, tasks, "test") for a in tasks]
-        else:
-            total = len(tasks) * sum(ev.data.batches("test", n) for n in tasks)
-            with progress.task(f"{mode}: tauJp matrix (one jvp per test input and vector)", total=total) as bar:
-                rows = [ev.tangent_norm_means(a, tasks, "test", bar=bar) for a in tasks]
-        matrix = np.array([[rows[a][b] for b in tasks] for a in range(len(tasks))])
-        matrices[mode] = matrix.tolist()
-        single = results[mode]["single"]["test"]
-        with progress.task(f"{mode}: pairwise merges (alpha = 1)", total=len(tasks) * (len(tasks) - 1) // 2) as bar:
-            for a, b in combinations(tasks, 2):
-                accs = ev.accuracies({a: 1.0, b: 1.0}, "test", [a, b])
-                s = addition_summary(accs, single)
-                pairs.append({"mode": mode, "pair": [a, b], "taujp": pair_interference(matrix, index[a], index[b]),
-                              "absolute": s["absolute"], "normalized": s["normalized"]})
-                bar.advance(1)
-        merged = ev.accuracies({t: 1.0 for t in tasks}, "test", tasks)
-        per_method.append({"mode": mode, "mean_off_diagonal": float(off_diagonal(matrix).mean()),
-                           "mean_diagonal": float(np.diag(matrix).mean()),
-                           **addition_summary(merged, single)})
-        grid = list(config.xi_grid)
-        with progress.task(f"{mode}: weight disentanglement xi ({pair[0]}, {pair[1]})", total=len(grid) ** 2) as bar:
-            def predict(t: int, a1: float, a2: float, ev: ModeEvaluator = ev) -> torch.Tensor:
-                combo = {k: c for k, c in ((pair[0], a1), (pair[1], a2)) if c != 0.0}
-                return ev.predictions(combo, "xi", [pair[t]])[pair[t]]
-
-            result = disentanglement_error(predict, grid, on_cell=lambda: bar.advance(1))
-        xi[mode] = {**result.to_dict(), "mean": float(result.total.mean())}
-    pair_corr = correlation([p["taujp"] for p in pairs], [p["normalized"] for p in pairs])
-    method_corr = correlation([p["mean_off_diagonal"] for p in per_method], [p["normalized"] for p in per_method])
-    return {
-        "taujp": {"tasks": list(tasks), "split": "test", "matrices": matrices, "per_method": per_method,
-                  "pairs": pairs, "correlation": pair_corr, "correlation_per_method": method_corr},
-        "xi": {"pair": list(pair), "grid": list(config.xi_grid), "samples": config.xi_samples,
-               "modes": xi},
-    }
 
 
 def _cost(state: _ModeState, result: Mapping[str, Any], tasks: Sequence[str]) -> CostSection:
