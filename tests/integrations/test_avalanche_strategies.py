@@ -225,10 +225,10 @@ def conv_stream() -> SimpleNamespace:
 
 
 @pytest.mark.parametrize("name", ["naive", "lwf", "replay"])
-def test_a_strategy_runs_in_the_runtimes_precision_and_layout(name):
+def test_a_strategy_runs_in_the_runtimes_precision_and_layout(name, monkeypatch):
     """Every pass of the backbone, training and scoring, runs under bf16 autocast exactly when the runtime asks
-    for it, and on channels-last weights exactly when it asks for those: a strategy row of ``--precision bf16``
-    is timed and scored as the modes beside it are."""
+    for it, and on channels-last weights exactly when it asks for those, and the strategy's loss always sees fp32
+    logits: a strategy row of ``--precision bf16`` is trained, timed and scored as the modes beside it are."""
     from editkit.train.runtime import Runtime
 
     for runtime in (Runtime(), Runtime(precision="bf16", channels_last=True)):
@@ -241,7 +241,13 @@ def test_a_strategy_runs_in_the_runtimes_precision_and_layout(name):
                       weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()))
 
         conv.register_forward_pre_hook(record)
+        losses = []
+        criterion = torch.nn.CrossEntropyLoss.forward
+        monkeypatch.setattr(torch.nn.CrossEntropyLoss, "forward",
+                            lambda self, logits, y: losses.append(logits.dtype) or criterion(self, logits, y))
         result = run_strategy(name, built, recipes(3, 2), runtime=runtime)
+        monkeypatch.undo()
+        assert set(losses) == {torch.float32}  # the loss in fp32, as autocast runs editkit's own
         asked = runtime.precision == "bf16"
         assert seen == {(asked, asked)}, runtime
         assert len(result.rows) == 2 and all(0.0 <= a <= 1.0 for row in result.rows for a in row.values())

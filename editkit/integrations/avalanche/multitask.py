@@ -131,9 +131,13 @@ class MultiHeadTaskModel(MultiTaskModule):
 
     def forward(self, x: Any, task_labels: torch.Tensor | int | None) -> torch.Tensor | dict[int, torch.Tensor]:
         """Each example's logits under its task's head, unpadded (see the module docstring); with no task labels,
-        Avalanche's contract: every task trained so far, ``{task label: logits}`` (LwF distils through it)."""
+        Avalanche's contract: every task trained so far, ``{task label: logits}`` (LwF distils through it).
+
+        Logits come back fp32 whatever the :attr:`forward_context`: the strategy's loss is computed outside the
+        forward, where autocast no longer runs it in fp32 as it does editkit's own loss."""
         with self.forward_context():
-            return self._forward(x, task_labels)
+            out = self._forward(x, task_labels)
+        return {t: logits.float() for t, logits in out.items()} if isinstance(out, dict) else out.float()
 
     def _forward(self, x: Any, task_labels: torch.Tensor | int | None) -> torch.Tensor | dict[int, torch.Tensor]:
         if task_labels is None:
