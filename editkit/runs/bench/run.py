@@ -462,7 +462,7 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
     """One bench of ``spec`` (its tasks in the order it lists them), with a validated ``config``; without
     ``extras``, no negation and no diagnostics (a repeat whose report only the repeated one reads)."""
     from editkit.scenario.spec import task_recipes
-    from editkit.scenario.build import build_scenario, require_scenario
+    from editkit.scenario.build import require_scenario
 
     started = time.perf_counter()
     if len(spec.tasks) < 2:
@@ -472,34 +472,12 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
     unknown = [t for t in pair if t not in tasks]
     if unknown:
         raise ConfigError(f"--xi-pair names unknown task(s) {unknown}; tasks: {', '.join(tasks)}")
-    states = {label: _ModeState(label, spec.recipe.with_overrides(**overrides), overrides,
-                                Bank(default_bank_dir(spec.name, label, root=config.bank_root)))
-              for label, overrides in config.variants(spec.recipe).items()}
-    seed = next(iter(states.values())).recipe.seed
-    run_dir = config.run_directory(spec.recipe, spec.name)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"run directory {run_dir} exists and is not a directory")
-    for state in states.values():
-        if state.bank.root.exists() and not state.bank.root.is_dir():
-            raise ConfigError(f"bank path {state.bank.root} exists and is not a directory")
-
+    states, run_dir = _mode_states(config, spec)
     require_scenario(spec, config.build)
 
     timings: dict[str, Any] = {}
     t0 = time.perf_counter()
-    built = build_scenario(spec, seed=seed, progress=progress, build=config.build, device=str(runtime.device),
-                           precision=runtime.precision)
-    _refuse_unswept_heads(spec.name, built.heads)
-    arms = _arms(spec, built, states)
-    bases = {adapter: arm.backbone.fingerprint() for adapter, arm in arms.items()}
-    for state in states.values():  # every refusal happens before any training
-        arm = arms[state.recipe.adapter]
-        per_task = task_recipes(spec, **state.overrides)
-        state.task_recipes = {n: per_task[n].resolved(len(built.task(n).train)).to_dict() for n in tasks}
-        shapes = {n: tuple(p.shape) for n, p in arm.backbone.module.named_parameters()}
-        check_bank(state.bank, scenario=spec.name, tasks=tasks, mode=state.recipe.mode, recipes=state.task_recipes,
-                   base=bases[state.recipe.adapter], backbone=built.backbone.name, shapes=shapes, spec=spec,
-                   build=config.build)
+    built, arms, bases = _build_checked(config, spec, states, runtime, progress)
     control = _control_task(built, config)
     timings["build_seconds"] = time.perf_counter() - t0
 
@@ -560,6 +538,45 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
     _write_outputs(report, run_dir)
     log.info("bench %s done in %.0f s; report %s", spec.name, timings["total_seconds"], run_dir / "report.json")
     return BenchResult(report, run_dir)
+
+
+def _mode_states(config: BenchConfig, spec: ScenarioSpec) -> tuple[dict[str, _ModeState], Path]:
+    """Each stream's state (its recipe and bank) and the run directory, refused by name where a path is a file."""
+    states = {label: _ModeState(label, spec.recipe.with_overrides(**overrides), overrides,
+                                Bank(default_bank_dir(spec.name, label, root=config.bank_root)))
+              for label, overrides in config.variants(spec.recipe).items()}
+    run_dir = config.run_directory(spec.recipe, spec.name)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} exists and is not a directory")
+    for state in states.values():
+        if state.bank.root.exists() and not state.bank.root.is_dir():
+            raise ConfigError(f"bank path {state.bank.root} exists and is not a directory")
+    return states, run_dir
+
+
+def _build_checked(config: BenchConfig, spec: ScenarioSpec, states: Mapping[str, _ModeState], runtime: Runtime,
+                   progress: Progress) -> tuple[BuiltScenario, dict[str, BuiltScenario], dict[str, str]]:
+    """(the built scenario, its arm per adapter, each arm's base fingerprint), with every stream's bank checked
+    against them and each state's per-task recipes set: every refusal happens before any training."""
+    from editkit.scenario.spec import task_recipes
+    from editkit.scenario.build import build_scenario
+
+    tasks = spec.task_names
+    seed = next(iter(states.values())).recipe.seed
+    built = build_scenario(spec, seed=seed, progress=progress, build=config.build, device=str(runtime.device),
+                           precision=runtime.precision)
+    _refuse_unswept_heads(spec.name, built.heads)
+    arms = _arms(spec, built, states)
+    bases = {adapter: arm.backbone.fingerprint() for adapter, arm in arms.items()}
+    for state in states.values():
+        arm = arms[state.recipe.adapter]
+        per_task = task_recipes(spec, **state.overrides)
+        state.task_recipes = {n: per_task[n].resolved(len(built.task(n).train)).to_dict() for n in tasks}
+        shapes = {n: tuple(p.shape) for n, p in arm.backbone.module.named_parameters()}
+        check_bank(state.bank, scenario=spec.name, tasks=tasks, mode=state.recipe.mode, recipes=state.task_recipes,
+                   base=bases[state.recipe.adapter], backbone=built.backbone.name, shapes=shapes, spec=spec,
+                   build=config.build)
+    return built, arms, bases
 
 
 def _run_repeats(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: Progress) -> BenchResult:
