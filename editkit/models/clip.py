@@ -479,6 +479,71 @@ class ClipBackbone(Backbone):
         return self._model_fingerprint
 
 
+def _create_model(create_name: str, weights: ResolvedWeights, model_name: str, cache: Path | None,
+                  device: str | torch.device) -> tuple[nn.Module, Any, Any]:
+    """open_clip's (model, train transform, eval transform) with ``weights`` loaded (a TorchScript archive through
+    a temporary state dict, removed after); a checkpoint that does not fit is refused by name."""
+    import open_clip
+
+    kwargs: dict[str, Any] = dict(device=device, force_quick_gelu=weights.quick_gelu, pretrained_text=False)
+    pp = weights.preprocess
+    if pp:
+        kwargs.update(
+            image_mean=pp.get("mean"), image_std=pp.get("std"),
+            image_interpolation=pp.get("interpolation"), image_resize_mode=pp.get("resize_mode"),
+        )
+    if cache is not None:
+        kwargs["cache_dir"] = str(cache)
+    create_pretrained = str(weights.path) if weights.path is not None and weights.kind != "local-dir" else None
+    converted: Path | None = None
+    if create_pretrained is not None and is_torchscript_archive(weights.path):
+        converted = _state_dict_from_torchscript(weights.path)
+        create_pretrained = str(converted)
+    quiet = _QuietRandomInit() if weights.kind == "random" else None
+    root = logging.getLogger()
+    if quiet:
+        root.addFilter(quiet)
+    try:
+        return open_clip.create_model_and_transforms(create_name, pretrained=create_pretrained, **kwargs)
+    except (RuntimeError, ValueError, KeyError, OSError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if weights.path is not None:
+            raise ConfigError(
+                f"cannot load CLIP weights {weights.path} into {model_name}: {message} "
+                f"(is it an open_clip checkpoint of this architecture?)"
+            ) from exc
+        raise ConfigError(f"cannot build open_clip model {model_name}: {message}") from exc
+    finally:
+        if quiet:
+            root.removeFilter(quiet)
+        if converted is not None:
+            converted.unlink(missing_ok=True)
+
+
+def _tokenizer(create_name: str, model_name: str, cache: Path | None) -> Any:
+    """open_clip's tokenizer of the model, or one line saying how to provide it offline."""
+    import open_clip
+
+    try:
+        return open_clip.get_tokenizer(create_name, cache_dir=str(cache) if cache else None)
+    except Exception as exc:  # HF tokenizers may need a download
+        raise MissingResourceError(
+            f"the tokenizer of CLIP model {model_name} is not available offline ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); run once with internet access or set HF_HOME "
+            f"to a cache that holds it"
+        ) from exc
+
+
+def _feature_dim(visual: nn.Module, device: str | torch.device) -> int:
+    """The image tower's output width: its ``output_dim``, else measured on one blank image."""
+    feature_dim = int(getattr(visual, "output_dim", 0) or 0)
+    if not feature_dim:
+        size = visual.image_size if isinstance(visual.image_size, (tuple, list)) else (visual.image_size,) * 2
+        with torch.no_grad():
+            feature_dim = int(visual(torch.zeros(1, 3, *size, device=device)).shape[-1])
+    return feature_dim
+
+
 def build_clip(
     model_name: str = "ViT-B-32",
     pretrained: str | os.PathLike | None = "openai",
@@ -511,63 +576,13 @@ def build_clip(
     weights = resolve_weights(
         name, pretrained, cache_dir=cache_dir, allow_download=allow_download, quick_gelu=quick_gelu
     )
-    kwargs: dict[str, Any] = dict(device=device, force_quick_gelu=weights.quick_gelu, pretrained_text=False)
-    pp = weights.preprocess
-    if pp:
-        kwargs.update(
-            image_mean=pp.get("mean"), image_std=pp.get("std"),
-            image_interpolation=pp.get("interpolation"), image_resize_mode=pp.get("resize_mode"),
-        )
-    create_name, create_pretrained = name, None
-    if weights.kind == "local-dir":
-        create_name = f"local-dir:{weights.path}"
-    elif weights.path is not None:
-        create_pretrained = str(weights.path)
-    converted: Path | None = None
-    if weights.path is not None and weights.kind != "local-dir" and is_torchscript_archive(weights.path):
-        converted = _state_dict_from_torchscript(weights.path)
-        create_pretrained = str(converted)
     cache = clip_cache_dir(cache_dir)
-    if cache is not None:
-        kwargs["cache_dir"] = str(cache)
-
-    quiet = _QuietRandomInit() if weights.kind == "random" else None
-    root = logging.getLogger()
-    if quiet:
-        root.addFilter(quiet)
-    try:
-        model, train_tf, val_tf = open_clip.create_model_and_transforms(
-            create_name, pretrained=create_pretrained, **kwargs
-        )
-    except (RuntimeError, ValueError, KeyError, OSError) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if weights.path is not None:
-            raise ConfigError(
-                f"cannot load CLIP weights {weights.path} into {model_name}: {message} "
-                f"(is it an open_clip checkpoint of this architecture?)"
-            ) from exc
-        raise ConfigError(f"cannot build open_clip model {model_name}: {message}") from exc
-    finally:
-        if quiet:
-            root.removeFilter(quiet)
-        if converted is not None:
-            converted.unlink(missing_ok=True)
-    try:
-        tokenizer = open_clip.get_tokenizer(create_name, cache_dir=str(cache) if cache else None)
-    except Exception as exc:  # HF tokenizers may need a download
-        raise MissingResourceError(
-            f"the tokenizer of CLIP model {model_name} is not available offline ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}); run once with internet access or set HF_HOME "
-            f"to a cache that holds it"
-        ) from exc
-
+    create_name = f"local-dir:{weights.path}" if weights.kind == "local-dir" else name
+    model, train_tf, val_tf = _create_model(create_name, weights, model_name, cache, device)
+    tokenizer = _tokenizer(create_name, model_name, cache)
     model.eval()
     visual = model.visual
-    feature_dim = int(getattr(visual, "output_dim", 0) or 0)
-    if not feature_dim:
-        size = visual.image_size if isinstance(visual.image_size, (tuple, list)) else (visual.image_size,) * 2
-        with torch.no_grad():
-            feature_dim = int(visual(torch.zeros(1, 3, *size, device=device)).shape[-1])
+    feature_dim = _feature_dim(visual, device)
     cfg = open_clip.get_model_preprocess_cfg(model)  # what val_tf does, as data
     spec = image_spec(cfg["size"], mean=cfg["mean"], std=cfg["std"], on=ON_PIL, interpolation=cfg["interpolation"],
                       resize_mode=cfg["resize_mode"], fill_color=cfg["fill_color"])
