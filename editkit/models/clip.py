@@ -288,20 +288,9 @@ def resolve_weights(
         return ResolvedWeights(kind="random", quick_gelu=bool(quick_gelu))
     value = str(pretrained)
     path = Path(value).expanduser()
-    if path.is_file():
-        qg = quick_gelu if quick_gelu is not None else "openai" in path.name.lower()
-        return ResolvedWeights(kind="file", path=path, quick_gelu=bool(qg))
-    if path.is_dir():
-        if (path / "open_clip_config.json").is_file():
-            return ResolvedWeights(kind="local-dir", path=path, quick_gelu=bool(quick_gelu))
-        ckpt = _find_checkpoint_in_dir(path)
-        if ckpt is None:
-            raise MissingResourceError(
-                f"CLIP weights: directory {path} holds no checkpoint (*.safetensors, *.bin, *.pt, "
-                f"*.pth) and no open_clip_config.json"
-            )
-        qg = quick_gelu if quick_gelu is not None else "openai" in str(ckpt).lower()
-        return ResolvedWeights(kind="file", path=ckpt, quick_gelu=bool(qg))
+    local = _local_weights(path, quick_gelu)
+    if local is not None:
+        return local
 
     from open_clip.pretrained import get_pretrained_cfg, list_pretrained_tags_by_model
 
@@ -326,34 +315,62 @@ def resolve_weights(
         log.info("CLIP weights %s/%s found in cache: %s", model_name, value, cached)
         return ResolvedWeights(kind="tag", path=cached, tag=value, quick_gelu=qg, preprocess=preprocess)
 
-    where = "; ".join(looked)
+    downloaded = _download_tag(cfg, f"{model_name}/{value}", model_name, cache, "; ".join(looked),
+                               allow_download=allow_download)
+    return ResolvedWeights(kind="tag", path=downloaded, tag=value, quick_gelu=qg, preprocess=preprocess)
+
+
+def _local_weights(path: Path, quick_gelu: bool | None) -> ResolvedWeights | None:
+    """Weights at a local ``path``: a checkpoint file, an open_clip model directory, or a directory holding one
+    checkpoint; None when nothing is there. QuickGELU, unless forced, follows ``openai`` in the file's name."""
+    if path.is_file():
+        qg = quick_gelu if quick_gelu is not None else "openai" in path.name.lower()
+        return ResolvedWeights(kind="file", path=path, quick_gelu=bool(qg))
+    if not path.is_dir():
+        return None
+    if (path / "open_clip_config.json").is_file():
+        return ResolvedWeights(kind="local-dir", path=path, quick_gelu=bool(quick_gelu))
+    ckpt = _find_checkpoint_in_dir(path)
+    if ckpt is None:
+        raise MissingResourceError(
+            f"CLIP weights: directory {path} holds no checkpoint (*.safetensors, *.bin, *.pt, "
+            f"*.pth) and no open_clip_config.json"
+        )
+    qg = quick_gelu if quick_gelu is not None else "openai" in str(ckpt).lower()
+    return ResolvedWeights(kind="file", path=ckpt, quick_gelu=bool(qg))
+
+
+def _download_tag(cfg: dict[str, Any], what: str, model_name: str, cache: Path | None, where: str, *,
+                  allow_download: bool) -> Path:
+    """The file of a tag's weights (``cfg``, open_clip's pretrained config) downloaded into ``cache``; refused
+    with one line saying how to provide them when downloads are off, the host is unreachable or it fails."""
     if not allow_download or offline_mode():
         reason = "downloads are off (HF_HUB_OFFLINE / EDITKIT_OFFLINE)" if offline_mode() else "downloads not allowed"
         raise MissingResourceError(
-            f"CLIP weights {model_name}/{value} are not in the local cache (looked for {where}) and "
+            f"CLIP weights {what} are not in the local cache (looked for {where}) and "
             f"{reason}: {_how_to_provide(model_name)}"
         )
     probe_url = hf_endpoint() if cfg.get("hf_hub") else cfg.get("url", "")
     if not host_reachable(probe_url):
         raise MissingResourceError(
-            f"CLIP weights {model_name}/{value} are not in the local cache (looked for {where}) and "
+            f"CLIP weights {what} are not in the local cache (looked for {where}) and "
             f"{urlparse(probe_url).hostname or probe_url} is unreachable: {_how_to_provide(model_name)}"
         )
     from open_clip.pretrained import download_pretrained
 
-    log.info("downloading CLIP weights %s/%s", model_name, value)
+    log.info("downloading CLIP weights %s", what)
     try:
         downloaded = download_pretrained(cfg, cache_dir=str(cache) if cache else None)
     except Exception as exc:  # network/HTTP errors of several libraries
         raise MissingResourceError(
-            f"CLIP weights {model_name}/{value} could not be downloaded ({type(exc).__name__}: "
+            f"CLIP weights {what} could not be downloaded ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''}): {_how_to_provide(model_name)}"
         ) from exc
     if not downloaded or not Path(downloaded).is_file():
         raise MissingResourceError(
-            f"CLIP weights {model_name}/{value}: the download produced no file; {_how_to_provide(model_name)}"
+            f"CLIP weights {what}: the download produced no file; {_how_to_provide(model_name)}"
         )
-    return ResolvedWeights(kind="tag", path=Path(downloaded), tag=value, quick_gelu=qg, preprocess=preprocess)
+    return Path(downloaded)
 
 
 def _resolve_hf_hub_model(
