@@ -371,12 +371,7 @@ def fine_tune(
         clock.lap("reg_batch")
         totals = _accumulate_gradients(step_loss, batches, reg_batches, recipe.accumulation, ce_weight, runtime,
                                        clock)
-        grads = [p for p in params if p.grad is not None]
-        if runtime.distributed:
-            if len(grads) < len(params):
-                raise ConfigError(_unused_parameters_message(model, params))
-            totals = runtime.all_reduce_sum(totals) / runtime.world_size  # display only
-        grad_norm = clip_gradients(grads, recipe.grad_clip)
+        grad_norm = _clipped_gradients(model, params, totals, recipe.grad_clip, runtime)
         lr = schedule.get_last_lr()[0]
         optimizer.step()
         schedule.step()
@@ -384,15 +379,34 @@ def fine_tune(
         report(stats.push(step, torch.cat([totals, grad_norm.detach().float().reshape(1)]), lr))
         clock.end_step()
     report(stats.flush())
-    peak = None
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        peak = int(torch.cuda.max_memory_allocated(device))
+    peak = _peak_memory(device)
     seconds = time.perf_counter() - began
     reg_stream.close()
     log.info("fine-tuned %d steps in %.1fs (%s, %s)", recipe.steps, seconds, recipe.mode, runtime.describe())
     tau = {name: value.cpu().contiguous() for name, value in model.task_vector().items()}  # whatever the layout
     return FineTuneResult(tau, seconds, recipe.steps, history, peak, clock.times)
+
+
+def _clipped_gradients(model: nn.Module, params: list[nn.Parameter], totals: torch.Tensor, max_norm: float,
+                       runtime: Runtime) -> torch.Tensor:
+    """Clip the step's gradients in place and return their norm before clipping. Under data parallelism every
+    parameter must have one (DDP reduces them all; a missing one is refused by name), and ``totals`` (display
+    only) is averaged over the processes in place."""
+    grads = [p for p in params if p.grad is not None]
+    if runtime.distributed:
+        if len(grads) < len(params):
+            raise ConfigError(_unused_parameters_message(model, params))
+        runtime.all_reduce_sum(totals).div_(runtime.world_size)  # in place, like the reduction
+    return clip_gradients(grads, max_norm)
+
+
+def _peak_memory(device: torch.device) -> int | None:
+    """The device's peak allocated bytes since the run reset them (CUDA; None elsewhere, where the benchmarks
+    sample the process's RSS instead)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device))
 
 
 def _accumulate_gradients(step_loss: nn.Module, batches: Iterator[tuple[Any, torch.Tensor]], reg_batches: list[Any],
