@@ -249,8 +249,8 @@ def test_negate_toxic_reduced_default(tmp_path, monkeypatch):
     """`editkit negate toxic` itself: SmolLM2 and the pinned corpora and scorer, fetched into the normal cache."""
     monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / "run"
-    result = invoke("negate", "toxic", "--steps", 2, "--samples", 8, "--eval-blocks", 4, "--alphas", "1,2",
-                    "--bank", tmp_path / "bank", "--run-dir", run_dir)
+    result = invoke("negate", "toxic", "--steps", 2, "--samples", 8, "--neutral-samples", 8, "--eval-blocks", 4,
+                    "--alphas", "1,2", "--bank", tmp_path / "bank", "--run-dir", run_dir)
     assert result.exit_code == 0, result.output
     report = json.loads((run_dir / "report.json").read_text())
     assert report["scenario"] == "toxic" and report["vector"] == "toxic" and report["mode"] == "taujp"
@@ -259,3 +259,6 @@ def test_negate_toxic_reduced_default(tmp_path, monkeypatch):
     assert [row["model"] for row in report["rows"]][:3] == ["theta_0", "+tau", "-tau"]
     for row in report["rows"]:
         assert math.isfinite(row["control"]) and math.isfinite(row["target"]) and row["n"] == 8
+    varied = [row for row in report["rows"] if "distinct_2" in row]  # theta_0 and the negation
+    assert [row["model"] for row in varied][0] == "theta_0" and len(varied) == 2
+    assert all(row["neutral_samples"] == 8 and 0 < row["distinct_2"] <= 1 for row in varied)

@@ -18,13 +18,15 @@ from editkit.bank.store import Bank
 from editkit.errors import BankError
 from editkit.runs.negate_lm import ensure_vector
 from editkit.scenario.spec import load_scenario
+from editkit.train import runtime as runtime_module
 from helpers.cli import invoke, one_line_refusal
 from helpers.exports import rude_scenario
 
 pytestmark = pytest.mark.slow  # a short stream of a tiny language model
 
 
-def test_a_bank_from_before_the_scenario_changed_is_refused_by_name(tmp_path):
+def test_a_bank_from_before_the_scenario_changed_is_refused_by_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime_module, "native_bf16", lambda device: True)  # bf16 stays bf16 on any CPU
     with rude_scenario(tmp_path, "stale") as (scenario, _):
         bank_dir = tmp_path / "bank"
         result = invoke("stream", "--scenario", scenario, "--bank", bank_dir, "--run-dir", tmp_path / "stream")

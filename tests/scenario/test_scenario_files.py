@@ -28,7 +28,8 @@ from editkit.models.heads import probe_head
 from editkit.scenario.build import build_scenario, check_scenario
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import SCENARIO_DIR, load_scenario
-from editkit.train.runtime import resolve_precision
+from editkit.train import runtime as runtime_module
+from editkit.train.runtime import native_bf16, resolve_precision
 from helpers.scenarios import write_language_scenario, write_toml
 from helpers.text import registered_corpora
 
@@ -207,16 +208,35 @@ def test_a_merge_table_names_the_streams_merge_method_and_its_options(tmp_path, 
         assert message in str(err.value)
 
 
-def test_a_scenarios_precision_is_what_auto_resolves_to_and_a_misspelt_one_is_refused(tmp_path, toy_extensions):
+def test_a_scenarios_precision_is_what_auto_resolves_to_and_a_misspelt_one_is_refused(tmp_path, toy_extensions,
+                                                                                        monkeypatch):
     spec = load_scenario(write(tmp_path, 'precision = "bf16"\n' + TOY))
     assert spec.precision == "bf16" and load_scenario(write(tmp_path, TOY)).precision is None
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(runtime_module, "native_bf16", lambda device: True)  # a CPU with AVX512-BF16 or AMX
     assert resolve_precision(None, cpu, spec.precision) == "bf16" and resolve_precision("auto", cpu, None) == "fp32"
     assert resolve_precision("fp32", cpu, "bf16") == "fp32"  # the user's --precision wins
     assert resolve_precision(None, cuda, None) == "bf16" and resolve_precision(None, cuda, "fp32") == "fp32"
     with pytest.raises(ConfigError, match="precision 'fp16' is not one of bf16, fp32"):
         load_scenario(write(tmp_path, 'precision = "fp16"\n' + TOY))
 
+
+
+def test_auto_runs_a_bf16_scenario_in_fp32_where_bf16_is_emulated_and_says_so(monkeypatch, caplog):
+    """A CPU without AVX512-BF16 or AMX emulates bf16 products, slower than fp32: ``auto`` then takes fp32 for a
+    scenario that prefers bf16, with one warning; a bf16 the user names is still bf16."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert not native_bf16(cpu) and native_bf16(torch.device("cuda"))
+    with caplog.at_level("WARNING", logger="editkit.train.runtime"):
+        assert resolve_precision(None, cpu, "bf16") == "fp32"
+    assert [r.getMessage() for r in caplog.records] == [
+        "the scenario runs in bf16, but this CPU has no native bf16 (neither AVX512-BF16 nor AMX), where it is "
+        "slower than fp32: running fp32 (--precision bf16 forces bf16)"]
+    assert resolve_precision("bf16", cpu, "bf16") == "bf16" and resolve_precision(None, cpu, None) == "fp32"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert native_bf16(cpu) and resolve_precision(None, cpu, "bf16") == "bf16"
 
 def test_a_file_without_heads_gets_five_shot_probes(tmp_path, toy_extensions):
     spec = load_scenario(write(tmp_path, TOY.replace("[heads]\nkind = \"probe\"\nshots = 3\n", "")))
