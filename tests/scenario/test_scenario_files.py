@@ -221,7 +221,6 @@ def test_a_scenarios_precision_is_what_auto_resolves_to_and_a_misspelt_one_is_re
         load_scenario(write(tmp_path, 'precision = "fp16"\n' + TOY))
 
 
-
 def test_auto_runs_a_bf16_scenario_in_fp32_where_bf16_is_emulated_and_says_so(monkeypatch, caplog):
     """A CPU without AVX512-BF16 or AMX emulates bf16 products, slower than fp32: ``auto`` then takes fp32 for a
     scenario that prefers bf16, with one warning; a bf16 the user names is still bf16."""
