@@ -300,6 +300,13 @@ class Regularizer:
     def active(self) -> bool:
         return self.lam > 0 and len(self.sources) > 0
 
+    @property
+    def rows_per_step(self) -> int:
+        """Reg rows a step draws, over every source and process (the same at every step of a task)."""
+        if not self.active:
+            return 0
+        return sum(ROWS_PER_SOURCE[self.schedule](0, len(self.sources), self.batch_size))
+
     def _drawn_at(self, step: int) -> list[tuple[UnlabeledSource, int]]:
         """(source, rows) for each source step ``step`` draws from: one in turn (cyclic), all (strict), or the
         rows of one batch spread over all in turn (mixed); none when inactive."""

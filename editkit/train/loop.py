@@ -323,7 +323,8 @@ def fine_tune(
     off (it is theta_0, shared by every task model).
 
     runtime: device, precision, workers and process group (default: one process on
-        the module's device, fp32). ``recipe.batch_size`` is the *global* micro-batch:
+        the module's device, fp32). ``recipe.batch_size`` is the *global* micro-batch
+        (less the reg rows with ``reg_within_batch``, :meth:`Recipe.labelled_rows`):
         with N processes each computes on its ~batch_size / N slice, and the
         regularizer should carry ``shard=(rank, N)``.
     batching: the backbone's :class:`~editkit.core.batching.Batching` (default: tensors,
@@ -344,11 +345,10 @@ def fine_tune(
     step_loss = runtime.data_parallel(SyncedStep(computer))
     params = list(model.theta)
     optimizer, schedule = optimizer_for(params, recipe)
-    sampler = GlobalBatchSampler(len(train), recipe.batch_size, seed=recipe.seed, rank=runtime.rank,
-                                 world_size=runtime.world_size)
+    rows = recipe.labelled_rows(computer.regularizer)
+    sampler = GlobalBatchSampler(len(train), rows, seed=recipe.seed, rank=runtime.rank, world_size=runtime.world_size)
     ce_weight = sampler.shard_fraction  # 1.0 unless processes hold unequal slices
-    batches = labelled_batches(train, recipe.batch_size, recipe.seed, runtime=runtime, sampler=sampler,
-                               batching=computer.batching)
+    batches = labelled_batches(train, rows, recipe.seed, runtime=runtime, sampler=sampler, batching=computer.batching)
     encode_ahead(train, sampler, recipe, computer.regularizer)
     reg_stream = reg_batch_stream(computer.regularizer, recipe.steps)
     device, non_blocking = runtime.device, runtime.device.type == "cuda"

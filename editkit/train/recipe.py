@@ -32,7 +32,7 @@ SCHEDULES = ("cyclic", "strict", "mixed")  # as editkit.core.taujp.ROWS_PER_SOUR
 SCOPES = ("seen", "all")
 PENALTY_TARGETS = ("features", "logits", "distribution")
 #: Fields only the tauJp penalty reads: a mode without the penalty trains the same vector whatever they are.
-PENALTY_FIELDS = ("lam", "schedule", "scope", "reg_batch", "squared", "penalty_on", "generic")
+PENALTY_FIELDS = ("lam", "schedule", "scope", "reg_batch", "reg_within_batch", "squared", "penalty_on", "generic")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,11 @@ class Recipe:
                         "all = every other task of the scenario (joint).")
     reg_batch: int | None = field(default=None, metadata={
         "help": "Unlabeled examples per penalty source per step (unset: batch size // 8, at least 1)."})
+    reg_within_batch: bool = field(default=False, metadata={
+        "help": "The penalty's unlabeled rows are part of the batch: a penalized micro-batch holds batch size less "
+                "the reg rows a step draws of labelled examples, so a tauJp step carries the rows a step without "
+                "the penalty does and costs about what it costs (a row's cost is its forward, jvp and backward, "
+                "labelled or not). Off: the reg rows ride beside a full batch."})
     squared: bool = field(default=False, metadata={
         "help": "Penalise ||J tau||^2 instead of ||J tau|| (the official code uses the norm)."})
     penalty_on: str = choice("features", PENALTY_TARGETS,
@@ -136,6 +141,19 @@ class Recipe:
     def reg_batch_size(self) -> int:
         return self.reg_batch if self.reg_batch is not None else max(1, self.batch_size // 8)
 
+    def labelled_rows(self, regularizer: Regularizer | None) -> int:
+        """Labelled examples per micro-batch: the batch size, less the rows ``regularizer`` draws a step when they
+        are part of the batch (``reg_within_batch``; under ``strict`` a step draws from every source, so the
+        labelled rows shrink as sources are added). Refuses a batch the reg rows would fill."""
+        if not self.reg_within_batch or regularizer is None or not regularizer.active:
+            return self.batch_size
+        rows = self.batch_size - regularizer.rows_per_step
+        if rows < 1:
+            raise ConfigError(
+                f"recipe.reg_within_batch: a step draws {regularizer.rows_per_step} reg rows, which leaves no "
+                f"labelled row of a batch of {self.batch_size}; raise batch_size or lower reg_batch")
+        return rows
+
     @property
     def warmup_steps(self) -> int:
         return int(round(self.warmup * self.steps)) if self.warmup < 1 else int(self.warmup)
@@ -184,14 +202,17 @@ class Recipe:
         return from_mapping({k: v for k, v in overrides.items() if v is not None}, base=self)
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields; ``epochs`` and ``lora_lr`` only when set, ``penalty_on`` only when not the default and the
-        adapter's fields only with an adapter (banks written before they existed compare equal)."""
+        """All fields; ``epochs`` and ``lora_lr`` only when set, ``penalty_on`` and ``reg_within_batch`` only when
+        not the default and the adapter's fields only with an adapter (banks written before they existed compare
+        equal)."""
         values = dataclasses.asdict(self)
         for name in ("epochs", "lora_lr"):
             if values[name] is None:
                 del values[name]
         if values["penalty_on"] == "features":
             del values["penalty_on"]
+        if not values["reg_within_batch"]:
+            del values["reg_within_batch"]
         if values["adapter"] == "none":
             for name in [n for n in values if n == "adapter" or n.startswith("lora_")]:
                 del values[name]

@@ -120,16 +120,18 @@ def check_same_stream(result, names, editkit_bank: Bank, plugin_bank: Bank, metr
     return worst
 
 
-@pytest.mark.parametrize("mode, adapter", [("taujp", "none"), ("linear", "none"), ("nonlinear", "none"),
-                                           ("taujp-nonlinear", "none"), ("sequential", "none"), ("taujp", "lora"),
-                                           ("nonlinear", "lora")])
-def test_naive_with_plugin_banks_what_editkit_stream_banks(tmp_path, mode, adapter):
+@pytest.mark.parametrize("mode, adapter, within", [
+    ("taujp", "none", False), ("taujp", "none", True), ("linear", "none", False), ("nonlinear", "none", False),
+    ("taujp-nonlinear", "none", False), ("sequential", "none", False), ("taujp", "lora", False),
+    ("nonlinear", "lora", False)])
+def test_naive_with_plugin_banks_what_editkit_stream_banks(tmp_path, mode, adapter, within):
+    """within: the reg rows are part of the batch (``reg_within_batch``), so both draw 5 labelled rows a step."""
     tasks = synthetic_tasks()
     names = [t.name for t in tasks]
     heads = random_heads(tasks)
     backbone = mlp_backbone()
     recipe = Recipe(mode=mode, steps=6, batch_size=8, lr=1e-2, reg_batch=3, warmup=2, grad_clip=0.5, adapter=adapter,
-                    lora_rank=2)
+                    lora_rank=2, reg_within_batch=within)
     if adapter != "none":  # theta_0 is the model with its adapter at initialisation, for both
         attach_adapter(backbone.module, [recipe])
     state = {k: v.clone() for k, v in backbone.module.state_dict().items()}

@@ -90,6 +90,16 @@ def test_reg_batch_default_is_an_eighth_of_the_batch():
     assert Recipe(batch_size=32, reg_batch=9).reg_batch_size == 9
 
 
+def test_reg_rows_within_the_batch_are_recorded_only_when_on_and_compared_only_with_the_penalty():
+    """Banks written before the field existed trained with the reg rows beside the batch: they omit it, as a
+    recipe with it off does, and compare equal; turned on, a penalized bank is from another recipe."""
+    assert "reg_within_batch" not in Recipe().to_dict()
+    assert Recipe(reg_within_batch=True).to_dict()["reg_within_batch"] is True
+    assert recipe_differences(Recipe().to_dict(), Recipe(reg_within_batch=True).to_dict()) == ["reg_within_batch"]
+    linear = Recipe(mode="linear")
+    assert recipe_differences(linear.to_dict(), linear.with_overrides(reg_within_batch=True).to_dict()) == []
+
+
 def test_mode_is_a_mode_and_serialises_as_its_string():
     recipe = Recipe().with_overrides(mode="linear")
     assert recipe.mode is Mode.LINEAR and recipe.to_dict()["mode"] == "linear"

@@ -17,6 +17,7 @@ from editkit.core.linearize import LinearizedModel, NonLinearModel
 from editkit.train.recipe import Recipe
 from editkit.core.taujp import Regularizer, UnlabeledSource
 from editkit.data.tasks import TensorTaskDataset
+from editkit.errors import ConfigError
 from editkit.train.loop import StepComputer, fine_tune, warmup_cosine
 
 from helpers import models
@@ -314,6 +315,51 @@ def test_accumulation_draws_that_many_batches(accumulation):
     fine_tune(backbone(), fixed_head(), data, recipe("linear", steps=steps, batch_size=batch,
                                                     accumulation=accumulation))
     assert data.reads == steps * accumulation * batch
+
+
+class RowCounter(nn.Module):
+    """The backbone, recording how many rows each of its passes carries (labelled and reg rows together)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module, self.rows = module, []
+
+    def forward(self, x):
+        self.rows.append(len(x))
+        return self.module(x)
+
+
+@pytest.mark.parametrize("schedule", ["cyclic", "strict", "mixed"])
+def test_reg_rows_within_the_batch_are_the_step_of_a_batch_less_them(schedule):
+    """With reg_within_batch a tauJp step of batch 16 carries 16 rows in all: 16 less the step's reg rows
+    labelled (cyclic and mixed draw 4, strict 4 from each of the 2 sources) and its reg rows. Its vector is,
+    bit for bit, the one a batch of 16 - reg rows trains with the penalty beside it."""
+    reg_rows = {"cyclic": 4, "strict": 8, "mixed": 4}[schedule]
+    counted = RowCounter(backbone())
+    data = CountingDataset(TRAIN_X.clone(), TRAIN_Y.clone())
+    within = fine_tune(counted, fixed_head(), data, recipe("taujp", steps=5, reg_within_batch=True),
+                       regularizer(schedule=schedule, batch_size=4))
+    assert counted.rows == [16] * 5 and data.reads == 5 * (16 - reg_rows)
+    beside = fine_tune(backbone(), fixed_head(), train_set(), recipe("taujp", steps=5, batch_size=16 - reg_rows),
+                       regularizer(schedule=schedule, batch_size=4))
+    for name, value in beside.task_vector.items():
+        assert torch.equal(within.task_vector[f"module.{name}"], value), name
+    counted.rows.clear()
+    fine_tune(counted, fixed_head(), train_set(), recipe("taujp", steps=5), regularizer(schedule=schedule, batch_size=4))
+    assert counted.rows == [16 + reg_rows] * 5  # off (the default): the reg rows ride beside a full batch
+
+
+def test_reg_rows_within_the_batch_leave_unpenalized_steps_whole_and_refuse_a_batch_they_fill():
+    data = CountingDataset(TRAIN_X.clone(), TRAIN_Y.clone())
+    fine_tune(backbone(), fixed_head(), data, recipe("linear", steps=3, reg_within_batch=True), regularizer())
+    assert data.reads == 3 * 16  # no penalty, no reg rows: the whole batch is labelled
+    data.reads = 0
+    fine_tune(backbone(), fixed_head(), data, recipe("taujp", steps=3, reg_within_batch=True), regularizer(lam=0.0))
+    assert data.reads == 3 * 16
+    with pytest.raises(ConfigError, match=r"^recipe\.reg_within_batch: a step draws 16 reg rows, which leaves no "
+                                          r"labelled row of a batch of 16; raise batch_size or lower reg_batch$"):
+        fine_tune(backbone(), fixed_head(), train_set(), recipe("taujp", steps=3, reg_within_batch=True),
+                  regularizer(schedule="strict", batch_size=8))
 
 
 @pytest.mark.parametrize("mode", ["linear", "taujp"])

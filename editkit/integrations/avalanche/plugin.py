@@ -197,8 +197,8 @@ class TauJpPlugin(SupervisedPlugin):
         optimizer, self._schedule = optimizer_for(list(model.task_model.theta), recipe)
         self._saved = {"optimizer": strategy.optimizer, "train_epochs": strategy.train_epochs}
         strategy.optimizer, strategy.train_epochs = optimizer, 1
-        batches = labelled_batches(dataset, recipe.batch_size, recipe.seed, runtime=Runtime(device=strategy.device),
-                                   batching=model.backbone.batching)
+        batches = labelled_batches(dataset, recipe.labelled_rows(model.step.regularizer), recipe.seed,
+                                   runtime=Runtime(device=strategy.device), batching=model.backbone.batching)
         strategy.dataloader = StepBatches(batches, recipe.steps, exp.task_label)
         self._recipe = recipe
         self._train_seconds = 0.0
