@@ -5,10 +5,11 @@ sources; takes every step's own duration from the run (``FineTuneResult.times``;
 warm-up) and samples the process's resident memory while each mode runs. Prints ratios
 against the plain (non-linear) step and writes them as JSON.
 
-- classification scenarios (default ``offline-vision``; ``offline-text`` too): nonlinear,
-  linear, taujp (cyclic), taujp (strict), taujp (mixed) and taujp-nonlinear (cyclic: plain steps plus
-  the penalty's jvp on the reg batch only), on the first task with the others (and the
-  generic source) as penalty sources;
+- classification scenarios (default ``offline-vision``; ``offline-text`` too): nonlinear, linear,
+  taujp (the scenario's own penalty recipe), the paper's cyclic and strict schedules (batch / 8 reg rows
+  beside a full batch), mixed (``--mixed-reg-batch`` rows beside a full batch) and taujp-nonlinear
+  (cyclic: plain steps plus the penalty's jvp on the reg batch only), on the first task with the others
+  (and the generic source) as penalty sources;
 - language scenarios (``--scenario toxic``): nonlinear, linear and taujp for each
   number of trainable decoder blocks in ``--blocks`` (default 1, 4 and all), with the
   scenario's batch (8 x 64 tokens) and reg batch (4 sequences); the frozen prefix's
@@ -48,18 +49,28 @@ from editkit.train.runtime import Runtime
 RATIOS = {  # name -> (label over label), each the median over rounds of the round's ratio
     "linear_over_nonlinear": ("linear", "nonlinear"),
     "taujp_over_linear": ("taujp", "linear"),
+    "cyclic_over_linear": ("taujp_cyclic", "linear"),
     "strict_over_linear": ("taujp_strict", "linear"),
     "mixed_over_linear": ("taujp_mixed", "linear"),
     "taujp_nonlinear_over_nonlinear": ("taujp_nonlinear", "nonlinear"),
 }
-MODES = {  # label -> (mode, schedule)
-    "nonlinear": ("nonlinear", "cyclic"),
-    "linear": ("linear", "cyclic"),
-    "taujp": ("taujp", "cyclic"),
-    "taujp_strict": ("taujp", "strict"),
-    "taujp_mixed": ("taujp", "mixed"),
-    "taujp_nonlinear": ("taujp-nonlinear", "cyclic"),
-}
+
+
+def variants(recipe: Recipe, mixed_reg_batch: int | None) -> dict[str, Recipe]:
+    """label -> the recipe its runs train with. ``taujp`` is the scenario's own penalty (its schedule, reg rows
+    and where they ride); beside it the paper's schedules, batch // 8 reg rows beside a full batch (``mixed``:
+    ``mixed_reg_batch`` rows, default the scenario's reg batch); ``taujp_nonlinear`` penalises as cyclic does."""
+    paper = {"reg_batch": max(1, recipe.batch_size // 8), "reg_within_batch": False}
+    return {
+        "nonlinear": recipe.with_overrides(mode="nonlinear"),
+        "linear": recipe.with_overrides(mode="linear"),
+        "taujp": recipe.with_overrides(mode="taujp"),
+        "taujp_cyclic": recipe.with_overrides(mode="taujp", schedule="cyclic", **paper),
+        "taujp_strict": recipe.with_overrides(mode="taujp", schedule="strict", **paper),
+        "taujp_mixed": recipe.with_overrides(mode="taujp", schedule="mixed", reg_within_batch=False,
+                                             reg_batch=mixed_reg_batch or recipe.reg_batch_size),
+        "taujp_nonlinear": recipe.with_overrides(mode="taujp-nonlinear", schedule="cyclic", **paper),
+    }
 
 
 def measure(built, recipe: Recipe, sources: list[UnlabeledSource], warmup: int,
@@ -125,7 +136,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads, pinned")
     parser.add_argument("--channels-last", action="store_true", help="the backbone's 4-D weights channels-last")
     parser.add_argument("--mixed-reg-batch", type=int, default=None,
-                        help="the mixed schedule's reg rows per step (default: the scenario's reg batch)")
+                        help="the mixed run's reg rows per step, beside a full batch (default: the scenario's reg batch)")
     parser.add_argument("--json", type=Path, default=Path("runs/step_cost.json"))
     args = parser.parse_args()
     if args.steps - args.warmup < 5:
@@ -150,20 +161,19 @@ def main() -> None:
     # first calls) that the per-mode warm-up alone does not absorb.
     runtime = Runtime(channels_last=args.channels_last)
     measure(built, spec.recipe.with_overrides(mode="taujp", steps=args.warmup + 1), sources, args.warmup, runtime)
+    recipes = variants(spec.recipe.with_overrides(steps=args.steps), args.mixed_reg_batch)
     rounds: list[dict[str, float]] = []  # per round, each mode's median step
-    durations: dict[str, list[float]] = {label: [] for label in MODES}
-    peaks: dict[str, list[float]] = {label: [] for label in MODES}
+    durations: dict[str, list[float]] = {label: [] for label in recipes}
+    peaks: dict[str, list[float]] = {label: [] for label in recipes}
     for _ in range(args.rounds):
         rounds.append({})
-        for label, (mode, schedule) in MODES.items():
-            reg_batch = args.mixed_reg_batch if schedule == "mixed" else None
-            recipe = spec.recipe.with_overrides(mode=mode, schedule=schedule, steps=args.steps, reg_batch=reg_batch)
+        for label, recipe in recipes.items():
             timed, peak = measure(built, recipe, sources, args.warmup, runtime)
             rounds[-1][label] = statistics.median(timed)
             durations[label] += timed
             peaks[label].append(peak)
     results = {label: {"seconds_per_step": statistics.median(durations[label]), "steps_timed": len(durations[label]),
-                       "peak_rss_mb": max(peaks[label])} for label in MODES}
+                       "peak_rss_mb": max(peaks[label])} for label in recipes}
     for label, result in results.items():
         print(f"{label:>15}: {result['seconds_per_step']:.3f} s/step  peak RSS {result['peak_rss_mb']:.0f} MB")
 
@@ -171,9 +181,9 @@ def main() -> None:
     report = {
         "scenario": spec.name,
         "batch_size": spec.recipe.batch_size,
-        "reg_batch": spec.recipe.reg_batch_size,
+        "recipes": {label: {"mode": str(r.mode), "schedule": r.schedule, "reg_batch": r.reg_batch_size,
+                            "reg_within_batch": r.reg_within_batch} for label, r in recipes.items()},
         "n_sources_strict": len(sources),
-        "mixed_reg_batch": args.mixed_reg_batch or spec.recipe.reg_batch_size,
         "torch_threads": torch.get_num_threads(),
         "runtime": runtime.describe(),
         "rounds": args.rounds,

@@ -73,7 +73,8 @@ class Recipe:
         "help": "The penalty's unlabeled rows are part of the batch: a penalized micro-batch holds batch size less "
                 "the reg rows a step draws of labelled examples, so a tauJp step carries the rows a step without "
                 "the penalty does and costs about what it costs (a row's cost is its forward, jvp and backward, "
-                "labelled or not). Off: the reg rows ride beside a full batch."})
+                "labelled or not; epochs still count steps of batch size rows). Off: the reg rows ride beside a "
+                "full batch."})
     squared: bool = field(default=False, metadata={
         "help": "Penalise ||J tau||^2 instead of ||J tau|| (the official code uses the norm)."})
     penalty_on: str = choice("features", PENALTY_TARGETS,
