@@ -75,8 +75,8 @@ class Recipe:
         "help": "The penalty's unlabeled rows are part of the batch: a penalized micro-batch holds batch size less "
                 "the reg rows a step draws of labelled examples, so a tauJp step carries the rows a step without "
                 "the penalty does and costs about what it costs (a row's cost is its forward, jvp and backward, "
-                "labelled or not; epochs still count steps of batch size rows). Off: the reg rows ride beside a "
-                "full batch."})
+                "labelled or not; epochs still count steps of batch size rows; not with accumulation > 1). Off: the "
+                "reg rows ride beside a full batch."})
     squared: bool = field(default=False, metadata={
         "help": "Penalise ||J tau||^2 instead of ||J tau|| (the official code uses the norm)."})
     penalty_on: str = choice("features", PENALTY_TARGETS,
@@ -124,6 +124,12 @@ class Recipe:
             raise ConfigError(f"recipe.lora_lr must be > 0 (or unset), got {self.lora_lr}")
         if self.reg_batch is not None and self.reg_batch < 1:
             raise ConfigError(f"recipe.reg_batch must be >= 1 (or unset), got {self.reg_batch}")
+        if self.regularized and self.reg_within_batch and self.accumulation > 1:
+            # The reg rows ride with a step's first micro-batch only: the later ones would be short of rows with
+            # nothing in their place.
+            raise ConfigError(
+                f"recipe.reg_within_batch: the reg rows ride with the first of a step's {self.accumulation} "
+                f"micro-batches only; set accumulation = 1 or reg_within_batch = false")
         targets = self.lora_targets
         object.__setattr__(self, "lora_targets", tuple(t.strip() for t in (targets.split(",") if isinstance(
             targets, str) else targets) if t.strip()))

@@ -100,6 +100,21 @@ def test_reg_rows_within_the_batch_are_recorded_only_when_on_and_compared_only_w
     assert recipe_differences(linear.to_dict(), linear.with_overrides(reg_within_batch=True).to_dict()) == []
 
 
+def test_reg_rows_within_the_batch_refuse_gradient_accumulation_only_where_a_penalty_draws_them():
+    """The reg rows ride with a step's first micro-batch: the later ones would be short of rows for nothing, so a
+    penalized recipe refuses the pair by name, and an unpenalized one (no reg rows) keeps both fields."""
+    with pytest.raises(ConfigError, match=r"^recipe\.reg_within_batch: the reg rows ride with the first of a step's 2 "
+                                          r"micro-batches only; set accumulation = 1 or reg_within_batch = false$"):
+        Recipe(mode="taujp", reg_within_batch=True, accumulation=2)
+    with pytest.raises(ConfigError, match="reg_within_batch"):
+        Recipe(mode="linear", reg_within_batch=True, accumulation=2).with_overrides(mode="taujp")
+    built = [Recipe(mode="linear", reg_within_batch=True, accumulation=2),
+             Recipe(mode="taujp", lam=0.0, reg_within_batch=True, accumulation=2),
+             Recipe(mode="taujp", reg_within_batch=True, accumulation=1),
+             Recipe(mode="taujp", accumulation=2)]
+    assert [r.regularized for r in built] == [False, False, True, True]
+
+
 def test_mode_is_a_mode_and_serialises_as_its_string():
     recipe = Recipe().with_overrides(mode="linear")
     assert recipe.mode is Mode.LINEAR and recipe.to_dict()["mode"] == "linear"
