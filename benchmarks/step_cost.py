@@ -23,10 +23,13 @@ option of the same name). ``--rounds R`` (classification scenarios, default 3) r
 R times; each ratio is the median over rounds of the ratio of the two modes' median steps in that round,
 so the two steps compared ran minutes apart at most and a slow spell of the host spoils one round, not
 the result (the rounds' ratios are printed, so a spread shows). ``--threads`` pins torch's threads (default:
-the cores torch sees), recorded with the results.
+the cores torch sees), recorded with the results. ``--flops`` (classification scenarios) runs each recipe once
+more under torch's FLOP counter and adds FLOPs per step and their ratios (``flops_ratios``, the same names),
+and the scenario's own penalty against ``linear`` over every task of a stream (``stream_taujp_over_linear_flops``):
+a cost the host's slow spells do not move, beside the timed one they do.
 
     python benchmarks/step_cost.py [--scenario toxic] [--steps 30] [--warmup 5] [--rounds 3] [--threads N]
-                                   [--channels-last] [--mixed-reg-batch N] [--json runs/step_cost.json]
+                                   [--channels-last] [--mixed-reg-batch N] [--flops] [--json runs/step_cost.json]
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import statistics
 from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from editkit.util.memory import PeakRSS, keep_freed_memory
 from editkit.train.recipe import Recipe
@@ -73,17 +77,59 @@ def variants(recipe: Recipe, mixed_reg_batch: int | None) -> dict[str, Recipe]:
     }
 
 
+def train(built, recipe: Recipe, sources: list[UnlabeledSource], runtime: Runtime, task=None):
+    """One fine-tune of ``task`` (default the first), the reg batches drawn from the start (every run draws the
+    same ones)."""
+    task = task or built.tasks[0]
+    for source in sources:
+        source.restart()
+    return fine_tune(built.backbone.module, built.heads[task.name], task.train, recipe,
+                     recipe.regularizer(sources), batching=built.backbone.batching, runtime=runtime)
+
+
 def measure(built, recipe: Recipe, sources: list[UnlabeledSource], warmup: int,
             runtime: Runtime) -> tuple[list[float], float]:
     """(seconds of each timed step, peak RSS in MB) of one fine-tune of the first task."""
-    task = built.tasks[0]
-    for source in sources:
-        source.restart()  # every run draws the same reg batches
     with PeakRSS() as rss:
-        result = fine_tune(built.backbone.module, built.heads[task.name], task.train, recipe,
-                           recipe.regularizer(sources), batching=built.backbone.batching, runtime=runtime)
+        result = train(built, recipe, sources, runtime)
         peak = rss.window()
     return result.times.steps[warmup:], peak / 2**20
+
+
+def count_flops(built, recipe: Recipe, sources: list[UnlabeledSource], runtime: Runtime, task=None) -> float:
+    """Floating-point operations per step of one fine-tune of ``task`` (default the first), as torch's FLOP
+    counter counts them (matrix products and convolutions: the forward, the jvp's tangents and the backward).
+    A count no slow spell of the host moves: where timed rounds spread by more than the gap being measured,
+    it says what the extra rows cost the arithmetic. Elementwise work and the optimizer are not counted."""
+    with flop_counter() as counter:
+        train(built, recipe, sources, runtime, task)
+    return counter.get_total_flops() / recipe.steps
+
+
+def stream_flops(built, recipe: Recipe, runtime: Runtime) -> float:
+    """FLOPs per step over every task of the stream in order, each penalised on the sources a stream (scope
+    ``seen``) gives it: the tasks before it and the generic source. Text tasks differ in length, so the first
+    task's ratio is not the stream's."""
+    collate = built.backbone.batching.collate
+    seen = [unlabeled_source(t.name, t.train, collate=collate) for t in built.tasks]
+    generic = [built.generic] if built.generic is not None else []
+    total = sum(count_flops(built, recipe, seen[:i] + generic, runtime, task) for i, task in enumerate(built.tasks))
+    return total / len(built.tasks)
+
+
+def flop_counter() -> FlopCounterMode:
+    """torch's FLOP counter with a convolution's backward counted per group. torch's own formula leaves the groups
+    out of the input gradient, so a depthwise convolution's backward counts as a dense one's: on EfficientNet-Lite0
+    the backward read 40 times the forward (20.5 GFLOPs against 0.5 a step)."""
+    return FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops})
+
+
+def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                        _output_padding, _groups, output_mask, out_shape=None, **kwargs) -> int:
+    """Each gradient a convolution's backward computes (input, weight) multiplies as many pairs as its forward:
+    the forward's count, whose weight shape already holds the per-group input channels, once per gradient."""
+    forward = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed=transposed)
+    return forward * (int(output_mask[0]) + int(output_mask[1]))
 
 
 def measure_language(spec, built, args) -> dict:
@@ -137,6 +183,8 @@ def main() -> None:
     parser.add_argument("--channels-last", action="store_true", help="the backbone's 4-D weights channels-last")
     parser.add_argument("--mixed-reg-batch", type=int, default=None,
                         help="the mixed run's reg rows per step, beside a full batch (default: the scenario's reg batch)")
+    parser.add_argument("--flops", action="store_true",
+                        help="also count each recipe's FLOPs per step (one more untimed run each) and their ratios")
     parser.add_argument("--json", type=Path, default=Path("runs/step_cost.json"))
     args = parser.parse_args()
     if args.steps - args.warmup < 5:
@@ -194,6 +242,16 @@ def main() -> None:
         "peak_rss_mb": mem,
         "memory_over_nonlinear": {k: v / mem["nonlinear"] for k, v in mem.items()},
     }
+    if args.flops:
+        flops = {label: count_flops(built, recipe, sources, runtime) for label, recipe in recipes.items()}
+        report["flops_per_step"] = flops
+        report["flops_ratios"] = {name: flops[top] / flops[bottom] for name, (top, bottom) in RATIOS.items()}
+        print("FLOPs per step (G): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in flops.items()))
+        print("FLOP ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in report["flops_ratios"].items()))
+        stream = {label: stream_flops(built, recipes[label], runtime) for label in ("linear", "taujp")}
+        report["stream_flops_per_step"] = stream
+        report["stream_taujp_over_linear_flops"] = stream["taujp"] / stream["linear"]
+        print(f"over the stream's tasks (scope seen): taujp / linear {report['stream_taujp_over_linear_flops']:.3f}")
     print(json.dumps({k: report[k] for k in RATIOS}, indent=2))
     print("per round: " + "; ".join(f"{k} " + " / ".join(f"{v:.3f}" for v in values)
                                     for k, values in report["ratio_rounds"].items()))
