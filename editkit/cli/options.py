@@ -118,9 +118,11 @@ def _field_default(f: dataclasses.Field) -> Any:
 
 
 def _option_type(hint: Any) -> type:
-    """The type Typer parses: ``X | None`` -> X; sequences -> comma-separated text."""
+    """The type Typer parses: ``X | None`` -> X; a flag or a count (``bool | int``) -> the flag (a count is
+    given in a scenario file or the Python API); sequences -> comma-separated text."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = bool if set(args) == {bool, int} else args[0]
     if hint in (bool, int, float, str, Path):
         return hint
     if typing.get_origin(hint) in (Sequence, list, tuple):

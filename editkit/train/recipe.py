@@ -71,12 +71,14 @@ class Recipe:
                         "all = every other task of the scenario (joint).")
     reg_batch: int | None = field(default=None, metadata={
         "help": "Unlabeled examples per penalty source per step (unset: batch size // 8, at least 1)."})
-    reg_within_batch: bool = field(default=False, metadata={
-        "help": "The penalty's unlabeled rows are part of the batch: a penalized micro-batch holds batch size less "
-                "the reg rows a step draws of labelled examples, so a tauJp step carries the rows a step without "
-                "the penalty does and costs about what it costs (a row's cost is its forward, jvp and backward, "
-                "labelled or not; epochs still count steps of batch size rows; not with accumulation > 1). Off: the "
-                "reg rows ride beside a full batch."})
+    reg_within_batch: bool | int = field(default=False, metadata={
+        "help": "How many of a step's reg rows are part of the batch, each in a labelled row's place: true = all "
+                "of them (a penalized micro-batch holds batch size less the reg rows a step draws of labelled "
+                "examples, so a tauJp step carries the rows a step without the penalty does and costs about what it "
+                "costs: a row's cost is its forward, jvp and backward, labelled or not); false = none (they ride "
+                "beside a full batch); a count N (in a scenario file or the Python API) = N of them, at most the "
+                "rows a step draws, the rest beside. Epochs still count steps of batch size rows; not with "
+                "accumulation > 1."})
     squared: bool = field(default=False, metadata={
         "help": "Penalise ||J tau||^2 instead of ||J tau|| (the official code uses the norm)."})
     penalty_on: str = choice("features", PENALTY_TARGETS,
@@ -124,6 +126,11 @@ class Recipe:
             raise ConfigError(f"recipe.lora_lr must be > 0 (or unset), got {self.lora_lr}")
         if self.reg_batch is not None and self.reg_batch < 1:
             raise ConfigError(f"recipe.reg_batch must be >= 1 (or unset), got {self.reg_batch}")
+        within = self.reg_within_batch
+        if not isinstance(within, (bool, int)) or within < 0:
+            raise ConfigError(f"recipe.reg_within_batch must be true, false or a count of reg rows >= 0, got {within!r}")
+        if within == 0:
+            object.__setattr__(self, "reg_within_batch", False)  # none within: the rows ride beside, as with false
         if self.regularized and self.reg_within_batch and self.accumulation > 1:
             # The reg rows ride with a step's first micro-batch only: the later ones would be short of rows with
             # nothing in their place.
@@ -151,16 +158,19 @@ class Recipe:
         return self.reg_batch if self.reg_batch is not None else max(1, self.batch_size // 8)
 
     def labelled_rows(self, regularizer: Regularizer | None) -> int:
-        """Labelled examples per micro-batch: the batch size, less the rows ``regularizer`` draws a step when they
-        are part of the batch (``reg_within_batch``; under ``strict`` a step draws from every source, so the
-        labelled rows shrink as sources are added). Refuses a batch the reg rows would fill."""
+        """Labelled examples per micro-batch: the batch size, less the reg rows ``regularizer`` draws a step that
+        are part of the batch (``reg_within_batch``: all of them, or a count of them; under ``strict`` a step
+        draws from every source, so with all of them the labelled rows shrink as sources are added). Refuses a
+        batch the reg rows would fill."""
         if not self.reg_within_batch or regularizer is None or not regularizer.active:
             return self.batch_size
-        rows = self.batch_size - regularizer.rows_per_step
+        drawn = regularizer.rows_per_step
+        within = drawn if self.reg_within_batch is True else min(self.reg_within_batch, drawn)
+        rows = self.batch_size - within
         if rows < 1:
             raise ConfigError(
-                f"recipe.reg_within_batch: a step draws {regularizer.rows_per_step} reg rows, which leaves no "
-                f"labelled row of a batch of {self.batch_size}; raise batch_size or lower reg_batch")
+                f"recipe.reg_within_batch: a step draws {drawn} reg rows, {within} of them within the batch, which "
+                f"leaves no labelled row of a batch of {self.batch_size}; raise batch_size or lower reg_batch")
         return rows
 
     @property
@@ -246,7 +256,13 @@ def recipe_differences(recorded: Mapping[str, Any], wanted: Mapping[str, Any]) -
     keys = set(recorded) | set(wanted)
     if not Mode(wanted["mode"]).penalized:
         keys -= set(PENALTY_FIELDS)
-    return sorted(k for k in keys if recorded.get(k) != wanted.get(k))
+    return sorted(k for k in keys if not _same(recorded.get(k), wanted.get(k)))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, and a flag on both sides or on neither: ``reg_within_batch`` true (every reg row) is not a count
+    of 1, though Python's ``True == 1``."""
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
 
 
 def describe_differences(recorded: Mapping[str, Any], wanted: Mapping[str, Any]) -> str:

@@ -100,6 +100,21 @@ def test_reg_rows_within_the_batch_are_recorded_only_when_on_and_compared_only_w
     assert recipe_differences(linear.to_dict(), linear.with_overrides(reg_within_batch=True).to_dict()) == []
 
 
+def test_a_count_of_reg_rows_within_the_batch_is_recorded_as_a_count_and_never_taken_for_the_flag():
+    """true (every reg row) and a count of 1 are different recipes though Python has True == 1; 0 is none within,
+    recorded as false is (omitted); a negative count or another type is refused by name."""
+    assert Recipe(reg_within_batch=4).to_dict()["reg_within_batch"] == 4
+    assert recipe_differences(Recipe(reg_within_batch=1).to_dict(), Recipe(reg_within_batch=True).to_dict()) == [
+        "reg_within_batch"]
+    assert recipe_differences(Recipe(reg_within_batch=4).to_dict(), Recipe(reg_within_batch=4).to_dict()) == []
+    assert Recipe(reg_within_batch=0).reg_within_batch is False and "reg_within_batch" not in Recipe(
+        reg_within_batch=0).to_dict()
+    for bad in (-1, "4", 1.5):
+        with pytest.raises(ConfigError, match=r"^recipe\.reg_within_batch must be true, false or a count of reg "
+                                              r"rows >= 0, got "):
+            Recipe(reg_within_batch=bad)
+
+
 def test_reg_rows_within_the_batch_refuse_gradient_accumulation_only_where_a_penalty_draws_them():
     """The reg rows ride with a step's first micro-batch: the later ones would be short of rows for nothing, so a
     penalized recipe refuses the pair by name, and an unpenalized one (no reg rows) keeps both fields."""

@@ -349,6 +349,22 @@ def test_reg_rows_within_the_batch_are_the_step_of_a_batch_less_them(schedule):
     assert counted.rows == [16 + reg_rows] * 5  # off (the default): the reg rows ride beside a full batch
 
 
+@pytest.mark.parametrize("within, labelled", [(2, 14), (4, 12), (9, 12)])
+def test_a_count_of_reg_rows_within_the_batch_takes_that_many_labelled_rows(within, labelled):
+    """reg_within_batch = N: N of the step's 4 mixed reg rows take labelled rows' places (at most the 4), the rest
+    ride beside. A step of batch 16 then carries 16 - min(N, 4) labelled rows and 4 reg rows, and its vector is, bit
+    for bit, the one a batch of that many labelled rows trains with every reg row beside it."""
+    counted = RowCounter(backbone())
+    data = CountingDataset(TRAIN_X.clone(), TRAIN_Y.clone())
+    part = fine_tune(counted, fixed_head(), data, recipe("taujp", steps=5, reg_within_batch=within),
+                     regularizer(schedule="mixed", batch_size=4))
+    assert counted.rows == [labelled + 4] * 5 and data.reads == 5 * labelled
+    beside = fine_tune(backbone(), fixed_head(), train_set(), recipe("taujp", steps=5, batch_size=labelled),
+                       regularizer(schedule="mixed", batch_size=4))
+    for name, value in beside.task_vector.items():
+        assert torch.equal(part.task_vector[f"module.{name}"], value), name
+
+
 def test_reg_rows_within_the_batch_leave_unpenalized_steps_whole_and_refuse_a_batch_they_fill():
     data = CountingDataset(TRAIN_X.clone(), TRAIN_Y.clone())
     fine_tune(backbone(), fixed_head(), data, recipe("linear", steps=3, reg_within_batch=True), regularizer())
@@ -356,8 +372,9 @@ def test_reg_rows_within_the_batch_leave_unpenalized_steps_whole_and_refuse_a_ba
     data.reads = 0
     fine_tune(backbone(), fixed_head(), data, recipe("taujp", steps=3, reg_within_batch=True), regularizer(lam=0.0))
     assert data.reads == 3 * 16
-    with pytest.raises(ConfigError, match=r"^recipe\.reg_within_batch: a step draws 16 reg rows, which leaves no "
-                                          r"labelled row of a batch of 16; raise batch_size or lower reg_batch$"):
+    with pytest.raises(ConfigError, match=r"^recipe\.reg_within_batch: a step draws 16 reg rows, 16 of them within "
+                                          r"the batch, which leaves no labelled row of a batch of 16; raise "
+                                          r"batch_size or lower reg_batch$"):
         fine_tune(backbone(), fixed_head(), train_set(), recipe("taujp", steps=3, reg_within_batch=True),
                   regularizer(schedule="strict", batch_size=8))
 
