@@ -121,11 +121,13 @@ def check_same_stream(result, names, editkit_bank: Bank, plugin_bank: Bank, metr
 
 
 @pytest.mark.parametrize("mode, adapter, within", [
-    ("taujp", "none", False), ("taujp", "none", True), ("linear", "none", False), ("nonlinear", "none", False),
+    ("taujp", "none", False), ("taujp", "none", True), ("taujp", "none", 2), ("linear", "none", False),
+    ("nonlinear", "none", False),
     ("taujp-nonlinear", "none", False), ("sequential", "none", False), ("taujp", "lora", False),
     ("nonlinear", "lora", False)])
 def test_naive_with_plugin_banks_what_editkit_stream_banks(tmp_path, mode, adapter, within):
-    """within: the reg rows are part of the batch (``reg_within_batch``), so both draw 5 labelled rows a step."""
+    """within: the reg rows are part of the batch (``reg_within_batch``: all 3, so both draw 5 labelled rows a
+    step; or 2 of them, 6 labelled rows)."""
     tasks = synthetic_tasks()
     names = [t.name for t in tasks]
     heads = random_heads(tasks)
