@@ -109,9 +109,11 @@ class StreamRunner:
         self.incremental = self._incremental_scores(spill_dir, keep_tangents)
 
     def recipe_for(self, t: int) -> Recipe:
-        """Experience t's recipe with its number of steps fixed (per-task epochs -> steps)."""
+        """Experience t's recipe with its number of steps fixed (per-task epochs -> steps, over the labelled rows
+        its steps take: fewer where its reg rows take places in the batch)."""
         exp = self.exps[t]
-        return self.task_recipes.get(exp.name, self.recipe).resolved(len(exp.train))
+        recipe = self.task_recipes.get(exp.name, self.recipe)
+        return recipe.resolved(len(exp.train), self._penalty(t, recipe))
 
     # -- sources -------------------------------------------------------------------------------
     def source(self, index: int) -> UnlabeledSource:
@@ -124,15 +126,20 @@ class StreamRunner:
         return self._sources[index]
 
     def regularizer(self, t: int) -> Regularizer | None:
-        recipe = self.recipe_for(t)
+        """Experience t's penalty (None where its recipe has none), warning where it has no source to draw from."""
+        regularizer = self._penalty(t, self.recipe_for(t))
+        if regularizer is not None and not regularizer.sources:
+            log.warning("task %s has no unlabeled source: its vector is not regularized", self.exps[t].name)
+        return regularizer
+
+    def _penalty(self, t: int, recipe: Recipe) -> Regularizer | None:
+        """The penalty ``recipe`` asks for at experience t, over the sources its scope sees there."""
         if not recipe.regularized:
             return None
         others = range(t) if recipe.scope == "seen" else [i for i in range(len(self.exps)) if i != t]
         sources = [self.source(i) for i in others]
         if recipe.generic and self.generic is not None:
             sources.append(self.generic)
-        if not sources:
-            log.warning("task %s has no unlabeled source: its vector is not regularized", self.exps[t].name)
         shard = (self.runtime.rank, self.runtime.world_size) if self.runtime.distributed else None
         return recipe.regularizer(sources, shard=shard)
 

@@ -7,10 +7,11 @@ sets the paper's.
 
 Length of training: ``steps`` optimizer steps, or, when ``epochs`` is set, as many
 steps as that many passes over the task's train split take
-(``ceil(epochs * ceil(train_size / (batch_size * accumulation)))``, see
-:meth:`Recipe.resolved`). A mapping (scenario table, per-task option, CLI
-overrides) that gives ``steps`` without ``epochs`` means steps: it clears an
-``epochs`` inherited from a lower level, so ``--steps 5`` overrides per-task epochs.
+(``ceil(epochs * ceil(train_size / (labelled rows * accumulation)))``, see
+:meth:`Recipe.resolved`; the labelled rows are the batch less the reg rows ``reg_within_batch``
+takes into it). A mapping (scenario table, per-task option, CLI overrides) that gives ``steps``
+without ``epochs`` means steps: it clears an ``epochs`` inherited from a lower level, so
+``--steps 5`` overrides per-task epochs.
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ class Recipe:
                 "regularises the first task of a stream, which has no earlier task."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
     epochs: float | None = field(default=None, metadata={
-        "help": "Epochs per task, turned into steps from each train split's size (replaces steps set at any "
-                "level; unset: steps as given)."})
+        "help": "Epochs per task (passes over its labelled examples), turned into steps from each train split's "
+                "size (replaces steps set at any level; unset: steps as given)."})
     adapter: str = choice("none", ADAPTERS,
                           "none: the vector covers every trainable parameter; lora: a LoRA adapter (PEFT) on the "
                           "target layers is trained instead, in every mode (linear / taujp: L-LoRA, the model "
@@ -189,28 +190,31 @@ class Recipe:
         return Regularizer(sources, lam=self.lam, schedule=self.schedule, batch_size=self.reg_batch_size,
                            squared=self.squared, shard=shard, measure=self.penalty_on)
 
-    @property
-    def examples_per_step(self) -> int:
-        """Labelled examples per optimizer step (all micro-batches, all processes)."""
-        return self.batch_size * self.accumulation
+    def examples_per_step(self, regularizer: Regularizer | None = None) -> int:
+        """Labelled examples per optimizer step (all micro-batches, all processes), with ``regularizer``'s reg
+        rows out of the batch where ``reg_within_batch`` takes them in (:meth:`labelled_rows`)."""
+        return self.labelled_rows(regularizer) * self.accumulation
 
-    def steps_per_epoch(self, train_size: int) -> int:
-        """Optimizer steps of one pass over ``train_size`` examples (the last one partial)."""
-        return max(1, math.ceil(train_size / self.examples_per_step))
+    def steps_per_epoch(self, train_size: int, regularizer: Regularizer | None = None) -> int:
+        """Optimizer steps of one pass over ``train_size`` labelled examples (the last one partial)."""
+        return max(1, math.ceil(train_size / self.examples_per_step(regularizer)))
 
-    def resolved(self, train_size: int) -> "Recipe":
-        """The recipe a run trains with, for a train split of ``train_size`` examples.
+    def resolved(self, train_size: int, regularizer: Regularizer | None = None) -> "Recipe":
+        """The recipe a run trains with, for a train split of ``train_size`` examples penalised by
+        ``regularizer`` (the one the run builds from this recipe; None: no penalty).
 
-        ``steps``: without ``epochs`` as given; with it, ``ceil(epochs * steps_per_epoch(train_size))``
-        (``epochs`` is kept as a record). An adapter run's ``lora_lr``, when set, becomes its ``lr`` (so a bank
-        records the step it was trained with, whichever field gave it).
+        ``steps``: without ``epochs`` as given; with it, ``ceil(epochs * steps_per_epoch(train_size,
+        regularizer))`` (``epochs`` is kept as a record): an epoch is a pass over the labelled examples, so where
+        reg rows take places in the batch it takes more steps than ``train_size / batch_size``. An adapter run's
+        ``lora_lr``, when set, becomes its ``lr`` (so a bank records the step it was trained with, whichever
+        field gave it).
         """
         recipe = self
         if self.adapter != "none" and self.lora_lr is not None:
             recipe = dataclasses.replace(recipe, lr=self.lora_lr, lora_lr=None)
         if self.epochs is None:
             return recipe
-        steps = max(1, math.ceil(self.epochs * self.steps_per_epoch(train_size) - 1e-9))
+        steps = max(1, math.ceil(self.epochs * self.steps_per_epoch(train_size, regularizer) - 1e-9))
         return dataclasses.replace(recipe, steps=steps)
 
     def with_overrides(self, **overrides: Any) -> "Recipe":

@@ -151,6 +151,25 @@ def test_naive_with_plugin_banks_what_editkit_stream_banks(tmp_path, mode, adapt
         assert torch.equal(v, state[k]), k
 
 
+def test_an_epoch_with_reg_rows_within_the_batch_is_a_pass_over_every_labelled_example(tmp_path):
+    """Batches of 8 with the 3 reg rows within carry 5 labelled rows: one epoch of a task of n train examples
+    is ceil(n / 5) steps (not ceil(n / 8)), in editkit's stream and through the plugin alike."""
+    tasks = synthetic_tasks()
+    sizes = [len(t.train) for t in tasks]
+    assert sizes == [54, 54]  # 60 less the validation carved out of them: 11 steps of 5 rows, not 7 of 8
+    names = [t.name for t in tasks]
+    heads = random_heads(tasks)
+    backbone = mlp_backbone()
+    recipe = Recipe(mode="taujp", epochs=1, batch_size=8, lr=1e-2, reg_batch=3, warmup=2, reg_within_batch=True)
+    benchmark = benchmark_from_tasks(tasks)
+    result = run_benchmark(benchmark, backbone, recipe, tmp_path / "editkit", names=names, heads=heads,
+                           scenario="mini", generic=generic_source())
+    _, metrics = train_naive(benchmark, backbone, heads, names, tmp_path / "plugin", recipe, generic=generic_source())
+    check_same_stream(result, names, Bank(tmp_path / "editkit"), Bank(tmp_path / "plugin"), metrics, 1e-6)
+    assert [Bank(tmp_path / "editkit").get(n).recipe["steps"] for n in names] == [11, 11]  # ceil(54 / 5)
+    assert [step.cost.train_steps for step in result.steps] == [11, 11]
+
+
 def test_multi_head_logits_are_unpadded_where_avalanche_pads_zeros():
     """All-negative probe logits: Avalanche's zero padding would make a padded column win."""
     backbone = mlp_backbone()

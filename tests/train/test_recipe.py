@@ -53,7 +53,7 @@ def test_steps_clears_inherited_epochs_and_epochs_beat_steps():
 def test_resolved_turns_epochs_into_steps_by_hand():
     # 1000 examples, 32 x 2 per step: ceil(1000 / 64) = 16 steps per epoch
     recipe = Recipe(batch_size=32, accumulation=2, epochs=2.5, warmup=0.1)
-    assert recipe.examples_per_step == 64 and recipe.steps_per_epoch(1000) == 16
+    assert recipe.examples_per_step() == 64 and recipe.steps_per_epoch(1000) == 16
     resolved = recipe.resolved(1000)
     assert resolved.steps == 40 and resolved.epochs == 2.5  # 2.5 x 16
     assert resolved.warmup_steps == 4  # round(0.1 x 40)
@@ -63,6 +63,31 @@ def test_resolved_turns_epochs_into_steps_by_hand():
     fixed = Recipe(steps=11)
     assert fixed.resolved(10_000) is fixed  # without epochs: the recipe itself
     assert Recipe(warmup=5, steps=11).warmup_steps == 5  # >= 1: a number of steps
+
+
+def test_an_epoch_is_a_pass_over_the_labelled_rows_when_reg_rows_take_places_in_the_batch():
+    import torch
+
+    from editkit.core.taujp import UnlabeledSource
+
+    sources = [UnlabeledSource(name, torch.zeros(10, 3)) for name in ("a", "b")]
+    plain = Recipe(batch_size=32, epochs=2, mode="taujp", schedule="mixed", reg_batch=8)
+    beside = plain.regularizer(sources)  # 8 reg rows a step, beside the batch: 32 labelled rows
+    assert plain.resolved(96, beside).steps == 6  # 2 x ceil(96 / 32)
+    within = plain.with_overrides(reg_within_batch=True)
+    assert within.examples_per_step(within.regularizer(sources)) == 24  # 32 - 8
+    assert within.resolved(96, within.regularizer(sources)).steps == 8  # 2 x ceil(96 / 24)
+    four = plain.with_overrides(reg_within_batch=4)  # 28 labelled rows
+    assert four.resolved(56, four.regularizer(sources)).steps == 4  # 2 x ceil(56 / 28), exact
+    assert within.resolved(56, within.regularizer(sources)).steps == 6  # 2 x ceil(56 / 24 = 2.33)
+    # strict draws 4 rows from each of the 2 sources: 8 within, 24 labelled
+    strict = within.with_overrides(schedule="strict", reg_batch=4)
+    assert strict.resolved(96, strict.regularizer(sources)).steps == 8
+    # no penalty to draw (no source, or lam 0), or none given: the whole batch is labelled
+    assert within.resolved(96, within.regularizer([])).steps == 6
+    silent = within.with_overrides(lam=0.0)
+    assert silent.resolved(96, silent.regularizer(sources)).steps == 6
+    assert within.resolved(96).steps == 6
 
 
 def test_an_adapter_run_trains_at_lora_lr_and_its_bank_records_that_step():

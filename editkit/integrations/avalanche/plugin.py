@@ -184,13 +184,13 @@ class TauJpPlugin(SupervisedPlugin):
         model = self._model(strategy)
         exp = strategy.experience
         dataset = strategy.adapted_dataset
-        recipe = self.recipe.resolved(len(dataset))
         index = exp.current_experience  # theta = theta_0, or the previous experience's weights in sequential mode
+        regularizer = self._regularizer(index, self.recipe)
+        recipe = self.recipe.resolved(len(dataset), regularizer)
         start = starting_vector(self.bank, recipe.mode, self.name_of(index - 1) if index else None)
         model.task_model.load_task_vector(start or {})
         head = model.head(exp.task_label)
-        model.step = StepComputer(model.task_model, head, self._regularizer(exp.current_experience, recipe),
-                                  model.backbone.batching)
+        model.step = StepComputer(model.task_model, head, regularizer, model.backbone.batching)
         if model.step.regularizer is not None:  # encode ahead what the reg draws will read, as a stream's run does
             model.step.regularizer.prepare(recipe.steps)
         self._reg_stream = reg_batch_stream(model.step.regularizer, recipe.steps)
