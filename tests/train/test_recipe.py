@@ -80,9 +80,10 @@ def test_an_epoch_is_a_pass_over_the_labelled_rows_when_reg_rows_take_places_in_
     four = plain.with_overrides(reg_within_batch=4)  # 28 labelled rows
     assert four.resolved(56, four.regularizer(sources)).steps == 4  # 2 x ceil(56 / 28), exact
     assert within.resolved(56, within.regularizer(sources)).steps == 6  # 2 x ceil(56 / 24 = 2.33)
-    # strict draws 4 rows from each of the 2 sources: 8 within, 24 labelled
+    # strict draws 4 rows from each source: with 3 sources 12 within, 20 labelled
     strict = within.with_overrides(schedule="strict", reg_batch=4)
-    assert strict.resolved(96, strict.regularizer(sources)).steps == 8
+    three = [*sources, UnlabeledSource("c", torch.zeros(10, 3))]
+    assert strict.resolved(96, strict.regularizer(three)).steps == 10  # 2 x ceil(96 / 20 = 4.8)
     # no penalty to draw (no source, or lam 0), or none given: the whole batch is labelled
     assert within.resolved(96, within.regularizer([])).steps == 6
     silent = within.with_overrides(lam=0.0)
