@@ -111,9 +111,13 @@ class StreamRunner:
     def recipe_for(self, t: int) -> Recipe:
         """Experience t's recipe with its number of steps fixed (per-task epochs -> steps, over the labelled rows
         its steps take: fewer where its reg rows take places in the batch)."""
-        exp = self.exps[t]
-        recipe = self.task_recipes.get(exp.name, self.recipe)
-        return recipe.resolved(len(exp.train), self._penalty(t, recipe))
+        recipe = self._task_recipe(t)
+        return recipe.resolved(len(self.exps[t].train), self._penalty(t, recipe))
+
+    def _task_recipe(self, t: int) -> Recipe:
+        """Experience t's recipe as given (its own, else the stream's); :meth:`recipe_for` fixes its steps, which
+        its penalty does not depend on."""
+        return self.task_recipes.get(self.exps[t].name, self.recipe)
 
     # -- sources -------------------------------------------------------------------------------
     def source(self, index: int) -> UnlabeledSource:
@@ -127,7 +131,7 @@ class StreamRunner:
 
     def regularizer(self, t: int) -> Regularizer | None:
         """Experience t's penalty (None where its recipe has none), warning where it has no source to draw from."""
-        regularizer = self._penalty(t, self.recipe_for(t))
+        regularizer = self._penalty(t, self._task_recipe(t))
         if regularizer is not None and not regularizer.sources:
             log.warning("task %s has no unlabeled source: its vector is not regularized", self.exps[t].name)
         return regularizer

@@ -78,8 +78,8 @@ class Recipe:
                 "examples, so a tauJp step carries the rows a step without the penalty does and costs about what it "
                 "costs: a row's cost is its forward, jvp and backward, labelled or not); false = none (they ride "
                 "beside a full batch); a count N (in a scenario file or the Python API) = N of them, at most the "
-                "rows a step draws, the rest beside. Epochs still count steps of batch size rows; not with "
-                "accumulation > 1."})
+                "rows a step draws, the rest beside. An epoch is still a pass over the labelled examples, so it "
+                "takes more steps; not with accumulation > 1."})
     squared: bool = field(default=False, metadata={
         "help": "Penalise ||J tau||^2 instead of ||J tau|| (the official code uses the norm)."})
     penalty_on: str = choice("features", PENALTY_TARGETS,
