@@ -32,8 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import time
+
 import torch
 
+from editkit.core.curvature import Curvature, source_curvature
 from editkit.core.taujp import UnlabeledSource
 from editkit.data.tasks import TensorTaskDataset
 from editkit.models.clip import TINY_MODEL_NAME, build_clip
@@ -43,13 +46,16 @@ from editkit.train.loop import FineTuneResult, fine_tune
 from editkit.train.recipe import Recipe
 from editkit.train.runtime import Runtime, setup
 
-#: label -> (mode, schedule)
+#: label -> the recipe fields its runs override
 MODES = {
-    "nonlinear": ("nonlinear", "cyclic"),
-    "linear": ("linear", "cyclic"),
-    "taujp": ("taujp", "cyclic"),
-    "taujp_strict": ("taujp", "strict"),
-    "taujp_nonlinear": ("taujp-nonlinear", "cyclic"),
+    "nonlinear": {"mode": "nonlinear"},
+    "linear": {"mode": "linear"},
+    "taujp": {"mode": "taujp"},
+    "taujp_strict": {"mode": "taujp", "schedule": "strict"},
+    "taujp_nonlinear": {"mode": "taujp-nonlinear"},
+    # the data-free penalty: the other tasks' curvature (computed once, before the timed runs), no reg rows
+    "taujp_kfac": {"mode": "taujp", "penalty": "kfac"},
+    "taujp_kfac_apart": {"mode": "taujp", "penalty": "kfac", "curvature_combine": "apart"},
 }
 #: ratio name -> (label over label)
 RATIOS = {
@@ -57,6 +63,8 @@ RATIOS = {
     "taujp_over_linear": ("taujp", "linear"),
     "strict_over_linear": ("taujp_strict", "linear"),
     "taujp_nonlinear_over_nonlinear": ("taujp_nonlinear", "nonlinear"),
+    "kfac_over_linear": ("taujp_kfac", "linear"),
+    "kfac_apart_over_linear": ("taujp_kfac_apart", "linear"),
 }
 #: vision8's number of tasks: the first is trained, the other seven are the penalty's sources
 TASKS = 8
@@ -82,15 +90,30 @@ class Setting:
     tasks: list[TensorTaskDataset]
     recipe: Recipe
     runtime: Runtime
+    curvatures: list[Curvature] | None = None
+    curvature_seconds: float = 0.0
 
     def run(self, label: str, steps: int, *, parts: bool = False) -> FineTuneResult:
         """One fine-tune of the first task in mode ``label``, the other tasks as the penalty's sources (built
-        anew, so every run draws the same reg batches)."""
-        mode, schedule = MODES[label]
-        recipe = self.recipe.with_overrides(mode=mode, schedule=schedule, steps=steps)
+        anew, so every run draws the same reg batches), or their curvature for the data-free penalty."""
+        recipe = self.recipe.with_overrides(**{"schedule": "cyclic", **MODES[label]}, steps=steps)
         sources = [UnlabeledSource(f"task{i}", task.inputs) for i, task in enumerate(self.tasks[1:], start=1)]
-        return fine_tune(self.backbone.module, self.head, self.tasks[0], recipe, recipe.regularizer(sources),
+        penalty = (recipe.curvature_regularizer(self.task_curvatures(recipe)) if recipe.penalty == "kfac"
+                   else recipe.regularizer(sources))
+        return fine_tune(self.backbone.module, self.head, self.tasks[0], recipe, penalty,
                          runtime=self.runtime, time_parts=parts)
+
+    def task_curvatures(self, recipe: Recipe) -> list[Curvature]:
+        """The other tasks' curvature at theta_0, each on ``recipe.curvature_examples`` of its images (once)."""
+        if self.curvatures is None:
+            start = time.perf_counter()
+            self.curvatures = [source_curvature(self.backbone.module, UnlabeledSource(f"task{i}", task.inputs),
+                                                examples=recipe.curvature_examples, seed=i, device=self.runtime.device)
+                               for i, task in enumerate(self.tasks[1:], start=1)]
+            self.curvature_seconds = (time.perf_counter() - start) / len(self.curvatures)
+            print(f"curvature: {self.curvature_seconds:.1f} s a task, {self.curvatures[0].nbytes / 2**20:.1f} MiB "
+                  f"({self.curvatures[0].describe()})", flush=True)
+        return self.curvatures
 
 
 def build_setting(args: argparse.Namespace) -> Setting:
@@ -200,6 +223,8 @@ def main() -> None:
         "paper": PAPER,
         **ratios(medians, peaks),
     }
+    if setting.curvatures is not None:
+        report["curvature"] = {"seconds_per_task": setting.curvature_seconds, **setting.curvatures[0].describe()}
     if args.parts:
         report["parts_ms"] = parts_ms(setting, labels, args.steps)
     print(json.dumps({k: v for k, v in report.items() if k not in ("seconds_per_step_rounds", "parts_ms")}, indent=2))

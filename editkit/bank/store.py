@@ -4,6 +4,7 @@ Layout: one directory, one JSON manifest naming every vector, one safetensors fi
 
     <root>/manifest.json          format version, base-model fingerprint, one entry per vector
     <root>/<name>.safetensors     tau = theta_ft - theta_0, tensors keyed by parameter name
+    <root>/<name>.curvature.safetensors   the task's curvature at theta_0, where the data-free penalty banked it
     <root>/.lock                  file lock serialising writers
     <root>/.writer                who holds the bank for a whole run (a stream), beside its lock
 
@@ -59,12 +60,15 @@ from editkit.errors import BankError, CorruptVectorError, IncompatibleVectorsErr
 if TYPE_CHECKING:  # torch is imported where tensors are written or summed: reading the manifest needs none
     import torch
 
+    from editkit.core.curvature import Curvature
+
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".lock"
 VECTOR_SUFFIX = ".safetensors"
+CURVATURE_SUFFIX = ".curvature" + VECTOR_SUFFIX
 
 # Filesystem-safe on every platform; the length cap keeps "<name>.safetensors" and
 # its temporary sibling under the usual 255-byte filename limit.
@@ -115,6 +119,10 @@ class VectorEntry:
     recipe: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
     provenance: dict = field(default_factory=dict)
+    #: The task's curvature at theta_0 banked beside the vector (the data-free penalty's input), as the bank wrote
+    #: it: its ``file`` and ``checksum``, and what :meth:`editkit.core.curvature.Curvature.describe` says of it.
+    #: Empty when none was computed.
+    curvature: dict = field(default_factory=dict)
 
     @property
     def family(self) -> Family:
@@ -131,7 +139,12 @@ class VectorEntry:
         return self.adapter is not None and not Mode(self.mode).linearized
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The entry as the manifest stores it; without ``curvature`` where it has none (as written before it
+        existed)."""
+        values = dataclasses.asdict(self)
+        if not values["curvature"]:
+            del values["curvature"]
+        return values
 
     @classmethod
     def from_json(cls, data: Any) -> VectorEntry:
@@ -178,7 +191,8 @@ def _described(values: Mapping[str, Any], where: str) -> dict[str, Any]:
         raise BankError(f"{where}: step must be an integer or null")
     if scenario is not None and not isinstance(scenario, str):
         raise BankError(f"{where}: scenario must be a string or null")
-    objects = {key: _json_copy(values.get(key), f"{where}: {key}") for key in ("recipe", "metrics", "provenance")}
+    objects = {key: _json_copy(values.get(key), f"{where}: {key}")
+               for key in ("recipe", "metrics", "provenance", "curvature")}
     return {"scenario": scenario, "step": step, **objects}
 
 
@@ -250,11 +264,16 @@ class Bank:
     def manifest_path(self) -> Path:
         return self.root / MANIFEST_NAME
 
-    def _path_of(self, entry: VectorEntry) -> Path:
-        """Resolve an entry's file, refusing anything that would escape the bank directory."""
-        if Path(entry.file).name != entry.file or entry.file in ("", ".", ".."):
-            raise BankError(f"manifest entry {entry.name!r} names an unsafe file {entry.file!r}")
-        return self.root / entry.file
+    def _path_of(self, entry: VectorEntry, file: str | None = None) -> Path:
+        """Resolve an entry's file (or another ``file`` it names), refusing anything that would escape the bank
+        directory."""
+        file = entry.file if file is None else file
+        if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
+            raise BankError(f"manifest entry {entry.name!r} names an unsafe file {file!r}")
+        return self.root / file
+
+    def _curvature_path(self, entry: VectorEntry) -> Path:
+        return self._path_of(entry, entry.curvature.get("file"))
 
     @contextlib.contextmanager
     def _locked(self, *, create: bool = False) -> Iterator[None]:
@@ -408,8 +427,11 @@ class Bank:
         """Store a new vector atomically; the manifest is rewritten only after its file is durable.
 
         described: the entry's optional fields (``scenario``, ``step``, ``recipe``, ``metrics``,
-            ``provenance``), declared once by :class:`VectorEntry` and checked as a manifest's are.
+            ``provenance``), declared once by :class:`VectorEntry` and checked as a manifest's are; and
+            ``curvature``, the task's :class:`~editkit.core.curvature.Curvature`, written to a file of its own
+            before the vector (the manifest, last, names both or neither).
         """
+        curvature = described.pop("curvature", None)
         _check_name(name)
         _check_mode(mode)
         if not isinstance(base, str) or not base:
@@ -421,6 +443,8 @@ class Bank:
         with self._locked(create=True):
             manifest = self._read_manifest()
             self._check_appendable(manifest, name, base, LoraSpec.from_fields(described["recipe"]))
+            if curvature is not None:
+                described["curvature"] = self._write_curvature(name, curvature)
             file_name = name + VECTOR_SUFFIX
             checksum = self._write_vector(file_name, cpu, name=name, task=task, mode=mode, base=base)
             entry = VectorEntry(
@@ -451,6 +475,16 @@ class Bank:
                 f"vector {name!r} was fine-tuned from base {_short(base)} but bank {self.root} holds "
                 f"vectors of base {_short(manifest.base)}; use a separate bank per base model"
             )
+
+    def _write_curvature(self, name: str, curvature: Curvature) -> dict[str, Any]:
+        """Write a task's curvature durably beside its vector; returns the entry's ``curvature`` record."""
+        file_name = name + CURVATURE_SUFFIX
+        with atomic_path(self.root / file_name) as tmp:
+            from safetensors.torch import save_file
+
+            save_file(_cpu_tensors(curvature.to_tensors()), str(tmp), metadata=curvature.header())
+            checksum = _sha256_file(tmp)
+        return {"file": file_name, "checksum": checksum, **curvature.describe()}
 
     def _write_vector(self, file_name: str, tensors: dict[str, torch.Tensor], **meta: str) -> str:
         """Write ``tensors`` durably under ``file_name``; returns the checksum of the bytes written."""
@@ -486,13 +520,14 @@ class Bank:
         with self._locked():
             manifest = self._read_manifest()
             entry = self._get(manifest, name)
-            path = self._path_of(entry)
+            paths = [self._path_of(entry), *([self._curvature_path(entry)] if entry.curvature else [])]
             manifest.vectors.remove(entry)
             if not manifest.vectors:
                 manifest.base = None
             self._write_manifest(manifest)
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
             fsync_dir(self.root)
         logger.info("bank %s: removed %s", self.root, name)
 
@@ -524,29 +559,49 @@ class Bank:
         checksum), for checking that a vector fits a backbone before anything is loaded."""
         return _header_shapes(self._path_of(self.get(name)), name)
 
-    def _verify_file(self, entry: VectorEntry) -> Path:
-        """Raise CorruptVectorError unless the entry's file exists and matches its checksum."""
-        path = self._path_of(entry)
+    def _verify_file(self, entry: VectorEntry, path: Path | None = None, checksum: str | None = None) -> Path:
+        """Raise CorruptVectorError unless the entry's file (or ``path``, recorded with ``checksum``) exists and
+        matches its checksum."""
+        path, checksum = (self._path_of(entry), entry.checksum) if path is None else (path, checksum)
         try:
             actual = _sha256_file(path)
         except FileNotFoundError as exc:
             raise CorruptVectorError(f"vector file {path} of {entry.name!r} is missing") from exc
         except OSError as exc:
             raise CorruptVectorError(f"vector file {path} is truncated or unreadable ({exc})") from exc
-        if actual != entry.checksum:
-            raise CorruptVectorError(self._mismatch_message(path, entry, actual))
+        if actual != checksum:
+            raise CorruptVectorError(self._mismatch_message(path, checksum, actual))
         return path
 
+    def curvature(self, name: str) -> Curvature | None:
+        """Vector ``name``'s task curvature, after checking its checksum; None where none was banked."""
+        from editkit.core.curvature import Curvature
+
+        entry = self.get(name)
+        if not entry.curvature:
+            return None
+        path = self._verify_file(entry, self._curvature_path(entry), entry.curvature.get("checksum"))
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                header = fh.metadata() or {}
+                tensors = {key: fh.get_tensor(key) for key in fh.keys()}
+        except Exception as exc:  # safetensors raises its own types
+            raise CorruptVectorError(f"curvature file {path} is truncated or unreadable ({exc})") from exc
+        try:
+            return Curvature.from_tensors(tensors, header)
+        except (KeyError, ValueError) as exc:
+            raise CorruptVectorError(f"curvature file {path} of {name!r} is not a curvature editkit wrote ({exc})") from exc
+
     @staticmethod
-    def _mismatch_message(path: Path, entry: VectorEntry, actual: str) -> str:
+    def _mismatch_message(path: Path, checksum: str, actual: str) -> str:
         """Say whether the file no longer parses (truncated) or parses but changed."""
         try:
             with safe_open(str(path), framework="pt") as fh:
                 fh.keys()
         except Exception:  # safetensors raises its own types
             return (f"vector file {path} is truncated or unreadable "
-                    f"(checksum mismatch: manifest {_short(entry.checksum)}, file {_short(actual)})")
-        return (f"vector file {path}: checksum mismatch (manifest {_short(entry.checksum)}, "
+                    f"(checksum mismatch: manifest {_short(checksum)}, file {_short(actual)})")
+        return (f"vector file {path}: checksum mismatch (manifest {_short(checksum)}, "
                 f"file {_short(actual)}); the file was modified or damaged after it was stored")
 
     def verify(self) -> list[str]:
@@ -567,6 +622,8 @@ class Bank:
                                 f"bank has {_short(manifest.base)}")
             try:
                 self._verify_file(entry)
+                if entry.curvature:
+                    self._verify_file(entry, self._curvature_path(entry), entry.curvature.get("checksum"))
             except BankError as exc:
                 problems.append(str(exc))
         for orphan in self._orphans(manifest):
@@ -580,7 +637,8 @@ class Bank:
     def _orphans(self, manifest: _Manifest) -> list[Path]:
         if not self.root.is_dir():
             return []
-        known = {e.file for e in manifest.vectors} | {MANIFEST_NAME, LOCK_NAME}
+        known = ({e.file for e in manifest.vectors} | {e.curvature.get("file") for e in manifest.vectors}
+                 | {MANIFEST_NAME, LOCK_NAME})
         return sorted(p for p in self.root.iterdir()
                       if p.name not in known and (p.suffix == VECTOR_SUFFIX or TMP_MARKER in p.name))
 

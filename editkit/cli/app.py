@@ -154,26 +154,28 @@ def scenarios() -> None:
 @bank_app.command("list")
 @friendly_errors
 def bank_list(bank: Path = BankOption) -> None:
-    """One row per vector: name, task, mode (and its LoRA adapter's rank), step, single-task accuracy, created."""
+    """One row per vector: name, task, mode (and its LoRA adapter's rank), step, single-task accuracy, the curvature
+    banked beside it (``--penalty kfac``), created."""
     from rich.table import Table
 
-    from editkit.cli.console import console, pct
+    from editkit.cli.console import console, curvature_summary, pct
     from editkit.bank.store import open_bank
 
     store = open_bank(bank)
     table = Table(title=f"{bank}  (base {str(store.base)[:19]}…)")
-    for column in ("name", "task", "mode", "scenario", "step", "single-task", "created"):
+    for column in ("name", "task", "mode", "scenario", "step", "single-task", "curvature", "created"):
         table.add_column(column)
     for e in store.entries():
         mode = e.mode if e.adapter is None else f"{e.mode}, lora r{e.adapter.rank}"
-        table.add_row(e.name, e.task, mode, str(e.scenario), str(e.step), pct(e.metrics.get("single_task")), e.created)
+        table.add_row(e.name, e.task, mode, str(e.scenario), str(e.step), pct(e.metrics.get("single_task")),
+                      curvature_summary(e.curvature), e.created)
     console.print(table)
 
 
 @bank_app.command("show")
 @friendly_errors
 def bank_show(name: str, bank: Path = BankOption) -> None:
-    """Everything the manifest records about one vector."""
+    """Everything the manifest records about one vector (its curvature's layers, bytes and examples included)."""
     import json
 
     from editkit.cli.console import console

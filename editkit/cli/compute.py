@@ -446,6 +446,7 @@ def bank_import(
         entry = import_peft_adapter(bank, scenario, name, peft, task=task, build=BuildOptions(**build))
         console.print(f"imported PEFT adapter {entry.name} (task {entry.task}, rank {entry.recipe['lora_rank']}, "
                       f"|dW| = {entry.metrics['tau_norm']:.4g}) into {bank}")
+        console.print(_WITHOUT_CURVATURE)
         return
     entry = import_checkpoint(bank, scenario, name, finetuned, base=base, task=task, build=BuildOptions(**build))
     imported = entry.provenance["imported"]
@@ -453,6 +454,12 @@ def bank_import(
                   f"|tau| = {entry.metrics['tau_norm']:.4g}) into {bank}")
     if imported["not_held"]:
         console.print(f"not in that layout, left at theta_0 (tau = 0): {', '.join(imported['not_held'])}")
+    console.print(_WITHOUT_CURVATURE)
+
+
+#: What an imported vector lacks: its task's curvature, which only its training data could give.
+_WITHOUT_CURVATURE = ("banked without its task's curvature (its training inputs are not here): a later stream with "
+                      "--penalty kfac will not penalise drift on this task")
 
 
 @with_options(settings=Fields(BenchConfig), recipe=dataclasses.replace(RECIPE, exclude=("mode",)),  # modes: --modes

@@ -32,6 +32,14 @@ if TYPE_CHECKING:
 UNWRAPPED_WIDTH = 10_000
 
 
+def curvature_summary(curvature: Mapping[str, object]) -> str:
+    """A banked vector's curvature in a table cell: its layers, size and examples; "-" where it has none."""
+    if not curvature:
+        return "-"
+    layers = sum(int(curvature.get(k, 0)) for k in ("kronecker_layers", "norm_layers", "diagonal_parameters"))
+    return f"{layers} layers, {int(curvature['bytes']) / 2**20:.1f} MiB, {curvature['examples']} ex."
+
+
 class LogConsole(Console):
     """A rich console that, off a terminal and without ``COLUMNS``, is :data:`UNWRAPPED_WIDTH` wide instead
     of rich's 80 columns (a terminal's own width is kept: there the terminal wraps what is wider)."""

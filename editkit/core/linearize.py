@@ -131,6 +131,11 @@ class _TaskModel(nn.Module):
             for n, p in zip(self.names, self.theta):
                 p.copy_(origin[n] + tau[n].to(p) if n in tau else theta0[n])
 
+    def live_vector(self, theta0: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """theta - theta_0 by name, differentiable in theta: what a penalty on the vector itself reads."""
+        theta0 = theta0 if theta0 is not None else self.theta0
+        return {n: p - theta0[n] for n, p in zip(self.names, self.theta)}
+
     def _call(self, params: Mapping[str, torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
         """The module at ``params`` (theta's names; other parameters keep theta_0); ``args``/``kwargs`` are its
         inputs (e.g. token ids and an attention mask)."""
@@ -143,7 +148,7 @@ class _TaskModel(nn.Module):
         inputs (an attention mask among them) are closed over, constants of the jvp.
         """
         theta0_map = self.theta0
-        tau = tuple(p - theta0_map[n] for n, p in zip(self.names, self.theta))
+        tau = tuple(self.live_vector(theta0_map).values())
         theta0 = tuple(theta0_map[n] for n in self.names)
 
         def f(*params: torch.Tensor) -> torch.Tensor:

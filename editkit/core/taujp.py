@@ -262,6 +262,8 @@ class Regularizer:
     # "logits" (the train loop maps tangents through the fixed linear head; :func:`penalty` takes the norm over
     # the sequence axis) or "distribution" (:func:`distribution_penalty`, which also needs theta_0's logits).
     measure: str = "features"
+    #: It reads inputs of the sources, drawn each step (the data-free penalty, :mod:`editkit.core.curvature`, not).
+    needs_inputs = True
 
     def __post_init__(self) -> None:
         if self.schedule not in ROWS_PER_SOURCE:

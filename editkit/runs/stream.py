@@ -54,6 +54,8 @@ from editkit.util.progress import NullProgress, Progress
 from editkit.runs.loggers import RunLogger, open_loggers, parse_loggers
 from editkit.runs.records import MergedScores, StepRecord, StreamResult, StreamStepCallback, TrainingCost
 from editkit.train.recipe import Recipe, attach_adapter, describe_differences
+from editkit.core.adapters import trainable_names
+from editkit.core.curvature import Curvature, CurvatureRegularizer, source_curvature
 from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
 from editkit.scenario.options import BuildOptions
@@ -106,13 +108,16 @@ class StreamRunner:
         self.logger = logger
         self.base = backbone.fingerprint()
         self._sources: dict[int, UnlabeledSource] = {}
+        self._curvatures: dict[int | None, Curvature | None] = {}  # by experience; None: the generic source
         self.incremental = self._incremental_scores(spill_dir, keep_tangents)
 
     def recipe_for(self, t: int) -> Recipe:
         """Experience t's recipe with its number of steps fixed (per-task epochs -> steps, over the labelled rows
         its steps take: fewer where its reg rows take places in the batch)."""
         recipe = self._task_recipe(t)
-        return recipe.resolved(len(self.exps[t].train), self._penalty(t, recipe))
+        # rows a step takes are all its steps depend on: a penalty that draws none resolves as none does
+        return recipe.resolved(len(self.exps[t].train), self._penalty(t, recipe) if recipe.penalty == "inputs"
+                               else None)
 
     def _task_recipe(self, t: int) -> Recipe:
         """Experience t's recipe as given (its own, else the stream's); :meth:`recipe_for` fixes its steps, which
@@ -129,23 +134,59 @@ class StreamRunner:
                                                     collate=self.backbone.batching.collate)
         return self._sources[index]
 
-    def regularizer(self, t: int) -> Regularizer | None:
+    def regularizer(self, t: int) -> Regularizer | CurvatureRegularizer | None:
         """Experience t's penalty (None where its recipe has none), warning where it has no source to draw from."""
         regularizer = self._penalty(t, self._task_recipe(t))
-        if regularizer is not None and not regularizer.sources:
-            log.warning("task %s has no unlabeled source: its vector is not regularized", self.exps[t].name)
+        if regularizer is not None and not regularizer.active:
+            log.warning("task %s has no %s: its vector is not regularized", self.exps[t].name,
+                        "unlabeled source" if regularizer.needs_inputs else "earlier curvature")
         return regularizer
 
-    def _penalty(self, t: int, recipe: Recipe) -> Regularizer | None:
+    def _penalty(self, t: int, recipe: Recipe) -> Regularizer | CurvatureRegularizer | None:
         """The penalty ``recipe`` asks for at experience t, over the sources its scope sees there."""
         if not recipe.regularized:
             return None
         others = range(t) if recipe.scope == "seen" else [i for i in range(len(self.exps)) if i != t]
+        if recipe.penalty == "kfac":
+            generic = [None] if recipe.generic and self.generic is not None else []
+            found = [self.curvature(i, recipe) for i in [*others, *generic]]
+            return recipe.curvature_regularizer([c for c in found if c is not None])
         sources = [self.source(i) for i in others]
         if recipe.generic and self.generic is not None:
             sources.append(self.generic)
         shard = (self.runtime.rank, self.runtime.world_size) if self.runtime.distributed else None
         return recipe.regularizer(sources, shard=shard)
+
+    def curvature(self, index: int | None, recipe: Recipe) -> Curvature | None:
+        """Experience ``index``'s curvature at theta_0 (the generic source's for None): banked beside its vector
+        where it is banked (its inputs are not read again), else computed on its inputs (the generic source; the
+        tasks after the current one under ``scope = "all"``). None for a banked vector without one (imported):
+        the penalty then lacks that task, as a warning says."""
+        if index not in self._curvatures:
+            name = self.exps[index].name if index is not None else None
+            if name is not None and name in self.bank:
+                found = self.bank.curvature(name)
+                if found is None:
+                    log.warning("vector %s was banked without its curvature: later tasks are not penalised on it",
+                                name)
+                else:
+                    found.check_fits({n: p.shape for n, p in self.backbone.module.named_parameters()},
+                                     f"the curvature banked with {name}")
+            else:
+                found = self.compute_curvature(index, recipe)
+            self._curvatures[index] = found
+        return self._curvatures[index]
+
+    def compute_curvature(self, index: int | None, recipe: Recipe) -> Curvature:
+        """Experience ``index``'s (or the generic source's) curvature at theta_0 on ``recipe.curvature_examples``
+        of its inputs, in their seeded order."""
+        source = self.source(index) if index is not None else self.generic
+        with self.progress.task(f"curvature of {source.name} at theta_0", total=1) as bar:
+            curvature = source_curvature(self.backbone.module, source, examples=recipe.curvature_examples,
+                                         batching=self.backbone.batching, names=trainable_names(self.backbone.module),
+                                         seed=recipe.seed, energy=recipe.curvature_energy, device=self.runtime.device)
+            bar.advance(1)
+        return curvature
 
     def skip_draws(self, t: int) -> None:
         """Advance the shared sources past banked experience t's reg draws, as if it had trained here."""
@@ -210,9 +251,12 @@ class StreamRunner:
         record = StepRecord(step=t, task=exp.name, pretrained=pretrained, single_task=single,
                             cost=TrainingCost.of(result, recipe.steps, len(exp.train), self.runtime))
         if self.runtime.is_main:
+            # the data-free penalty banks the task's curvature beside its vector: later tasks read it, not its inputs
+            curvature = (self.compute_curvature(t, recipe) if recipe.penalty == "kfac" and recipe.regularized
+                         else None)
             self.bank.append(exp.name, result.task_vector, task=exp.name, mode=recipe.mode, base=self.base,
                              scenario=self.scenario, step=t, recipe=recipe.to_dict(), metrics=record.metrics(),
-                             provenance=self.provenance)
+                             provenance=self.provenance, curvature=curvature)
         self.runtime.barrier()
         return record
 

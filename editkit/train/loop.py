@@ -224,28 +224,36 @@ class StepComputer:
         self.task_loss = features_loss(head)
 
     def loss(
-        self, x: Any, y: torch.Tensor, reg_batches: list[Any]
+        self, x: Any, y: torch.Tensor, reg_batches: list[Any], penalize: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
-        """(task loss, lambda * penalty or None, stats) for one micro-batch.
+        """(task loss, lambda * penalty or None, stats) for one micro-batch (``penalize``: whether the penalty
+        counts in it: a step's first micro-batch).
 
         The task loss is the head's (:func:`~editkit.core.objectives.features_loss`): cross-entropy
         for classifiers, next-token loss over real positions for a language model's head.
         stats: ``ce`` and ``penalty`` (without lambda), detached 0-d tensors left on the device:
         reading them here would make the host wait for the forward before it queues the backward."""
-        features, reg = self.features(x, reg_batches)
+        features, reg = self.features(x, reg_batches, penalize)
         ce = self.task_loss(features.float(), y)  # float(): no-op in fp32; leaves bf16
         penalty = reg.detach() / self.regularizer.lam if reg is not None else torch.zeros_like(ce)
         return ce, reg, {"ce": ce.detach(), "penalty": penalty}
 
-    def features(self, x: Any, reg_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def features(self, x: Any, reg_batches: list[Any], penalize: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the task model's features of ``x``, lambda * penalty on ``reg_batches`` or None).
+
+        A penalty that reads no input (the seen tasks' curvature) is a function of the vector alone: added where
+        ``penalize``, beside the model's own forward.
 
         The penalty's tangents come from one jvp at theta_0: for the linearized model the same
         jvp as the task batch's forward (the reg batches ride along in it); for the plain model
         (``taujp-nonlinear``) a jvp of the reg batches alone, the task batch taking the
         ordinary forward at theta. Apart from :meth:`loss` so that a training loop which applies
         the head and the task loss itself (an Avalanche strategy) runs the same forward as this loop."""
-        if not reg_batches or self.regularizer is None:
+        if self.regularizer is None or not penalize:
+            return self._forward(x), None
+        if not self.regularizer.needs_inputs:
+            return self._forward(x), self.regularizer.loss_of(self.model.live_vector())
+        if not reg_batches:
             return self._forward(x), None
         if isinstance(self.model, LinearizedModel):
             primals, tangents, masks = self._jvp([x, *reg_batches])
@@ -295,9 +303,9 @@ class SyncedStep(nn.Module):
         self.theta = computer.model.theta
 
     def forward(
-        self, x: Any, y: torch.Tensor, reg_batches: list[Any]
+        self, x: Any, y: torch.Tensor, reg_batches: list[Any], penalize: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
-        return self.computer.loss(x, y, reg_batches)
+        return self.computer.loss(x, y, reg_batches, penalize)
 
 
 def fine_tune(
@@ -424,7 +432,7 @@ def _accumulate_gradients(step_loss: nn.Module, batches: Iterator[tuple[Any, tor
         clock.lap("task_batch")
         with runtime.gradient_sync(step_loss, sync=micro == accumulation - 1):
             with runtime.autocast():
-                ce, reg, stats = step_loss(x, y, reg_batches if micro == 0 else [])
+                ce, reg, stats = step_loss(x, y, reg_batches if micro == 0 else [], micro == 0)
             if ce_weight != 1.0:
                 ce = ce * ce_weight
             clock.lap("forward")

@@ -29,13 +29,19 @@ from editkit.util.fields import choice
 if TYPE_CHECKING:  # the penalty runs on torch; the recipe is read by commands that need none (editkit --help)
     from torch import nn
 
+    from editkit.core.curvature import Curvature, CurvatureRegularizer
     from editkit.core.taujp import Regularizer, Shard, UnlabeledSource
 
 SCHEDULES = ("cyclic", "strict", "mixed")  # as editkit.core.taujp.ROWS_PER_SOURCE implements them
 SCOPES = ("seen", "all")
 PENALTY_TARGETS = ("features", "logits", "distribution")
+PENALTIES = ("inputs", "kfac")
+CURVATURE_COMBINES = ("sum", "apart")  # as editkit.core.curvature.COMBINES implements them
+#: Fields of the data-free penalty alone: recorded only where ``penalty = "kfac"``.
+CURVATURE_FIELDS = ("curvature_examples", "curvature_combine", "curvature_energy")
 #: Fields only the tauJp penalty reads: a mode without the penalty trains the same vector whatever they are.
-PENALTY_FIELDS = ("lam", "schedule", "scope", "reg_batch", "reg_within_batch", "squared", "penalty_on", "generic")
+PENALTY_FIELDS = ("lam", "schedule", "scope", "reg_batch", "reg_within_batch", "squared", "penalty_on", "generic",
+                  "penalty", *CURVATURE_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,21 @@ class Recipe:
                              "the vocabulary, as in the paper's text code; distribution = the tangent of a language "
                              "model's next-token log-probabilities, each token weighted by theta_0's probability of "
                              "it (twice the second-order KL of the distribution it samples from).")
+    penalty: str = choice("inputs", PENALTIES,
+                          "What the tauJp penalty reads of the tasks seen so far: inputs = their unlabeled inputs, "
+                          "drawn every step (the paper's penalty); kfac = their curvature at theta_0 (Kronecker "
+                          "factors computed once on each task's own training inputs and banked beside its vector), "
+                          "so no earlier input is kept or drawn: ||J tau||^2 on their inputs as a quadratic form "
+                          "in tau (TAK, ICLR 2026). With kfac, schedule, reg_batch and reg_within_batch do not apply.")
+    curvature_examples: int = field(default=256, metadata={
+        "help": "kfac: training inputs of a task its curvature is computed on (one Gaussian probe each)."})
+    curvature_combine: str = choice("sum", CURVATURE_COMBINES,
+                                    "kfac: how the seen tasks' curvatures penalise a vector: sum = one factor set, "
+                                    "their mean (constant cost however many tasks); apart = each task's own, their "
+                                    "penalties averaged (cost grows with the tasks).")
+    curvature_energy: float = field(default=1.0, metadata={
+        "help": "kfac: share of each Kronecker factor's trace kept (its largest eigenvectors); 1 keeps every "
+                "eigenvector above numerical zero, less is cheaper and approximate."})
     generic: bool = field(default=True, metadata={
         "help": "Also penalise on the scenario's always-available unlabeled source, if it has one: it "
                 "regularises the first task of a stream, which has no earlier task."})
@@ -125,6 +146,12 @@ class Recipe:
             raise ConfigError(f"recipe.epochs must be > 0 (or unset), got {self.epochs}")
         if self.lora_lr is not None and not self.lora_lr > 0:
             raise ConfigError(f"recipe.lora_lr must be > 0 (or unset), got {self.lora_lr}")
+        if self.curvature_examples < 1 or not 0 < self.curvature_energy <= 1:
+            raise ConfigError("recipe: curvature_examples must be >= 1 and curvature_energy in (0, 1], got "
+                              f"{self.curvature_examples} and {self.curvature_energy}")
+        if self.penalty == "kfac" and self.penalty_on != "features":
+            raise ConfigError(f"recipe.penalty kfac measures the backbone's features; penalty_on = {self.penalty_on!r} "
+                              "is not factored (use penalty = inputs for it)")
         if self.reg_batch is not None and self.reg_batch < 1:
             raise ConfigError(f"recipe.reg_batch must be >= 1 (or unset), got {self.reg_batch}")
         within = self.reg_within_batch
@@ -152,7 +179,8 @@ class Recipe:
     def label(self) -> str:
         """How default bank and run directories name this recipe's vectors: the mode, plus ``-lora`` with an
         adapter (adapter and full vectors never share a bank)."""
-        return f"{self.mode}-{self.adapter}" if self.adapter != "none" else str(self.mode)
+        penalty = "-kfac" if self.penalty == "kfac" and self.mode.penalized else ""
+        return f"{self.mode}{penalty}" + (f"-{self.adapter}" if self.adapter != "none" else "")
 
     @property
     def reg_batch_size(self) -> int:
@@ -190,6 +218,13 @@ class Recipe:
         return Regularizer(sources, lam=self.lam, schedule=self.schedule, batch_size=self.reg_batch_size,
                            squared=self.squared, shard=shard, measure=self.penalty_on)
 
+    def curvature_regularizer(self, curvatures: Sequence[Curvature]) -> CurvatureRegularizer:
+        """The data-free penalty (``penalty = "kfac"``) over the seen tasks' ``curvatures``."""
+        from editkit.core.curvature import CurvatureRegularizer
+
+        return CurvatureRegularizer(curvatures, lam=self.lam, squared=self.squared, combine=self.curvature_combine,
+                                    energy=self.curvature_energy)
+
     def examples_per_step(self, regularizer: Regularizer | None = None) -> int:
         """Labelled examples per optimizer step (all micro-batches, all processes), with ``regularizer``'s reg
         rows out of the batch where ``reg_within_batch`` takes them in (:meth:`labelled_rows`)."""
@@ -226,8 +261,8 @@ class Recipe:
 
     def to_dict(self) -> dict[str, Any]:
         """All fields; ``epochs`` and ``lora_lr`` only when set, ``penalty_on`` and ``reg_within_batch`` only when
-        not the default and the adapter's fields only with an adapter (banks written before they existed compare
-        equal)."""
+        not the default, the adapter's fields only with an adapter and the data-free penalty's only with it (banks
+        written before they existed compare equal)."""
         values = dataclasses.asdict(self)
         for name in ("epochs", "lora_lr"):
             if values[name] is None:
@@ -236,6 +271,9 @@ class Recipe:
             del values["penalty_on"]
         if not values["reg_within_batch"]:
             del values["reg_within_batch"]
+        if values["penalty"] == "inputs":
+            for name in ("penalty", *CURVATURE_FIELDS):
+                del values[name]
         if values["adapter"] == "none":
             for name in [n for n in values if n == "adapter" or n.startswith("lora_")]:
                 del values[name]
@@ -245,7 +283,8 @@ class Recipe:
 
 
 def label_parts(label: str) -> tuple[str, str]:
-    """(mode, adapter) of a :attr:`Recipe.label`: ``taujp-lora`` -> (taujp, lora), ``taujp`` -> (taujp, none)."""
+    """(mode, adapter) of a :attr:`Recipe.label`: ``taujp-lora`` -> (taujp, lora), ``taujp`` -> (taujp, none);
+    a data-free penalty's ``-kfac`` stays with the mode's part (``taujp-kfac-lora`` -> (taujp-kfac, lora))."""
     for adapter in ADAPTERS:
         if adapter != "none" and label.endswith(f"-{adapter}"):
             return label[: -len(adapter) - 1], adapter

@@ -1,0 +1,135 @@
+"""The data-free penalty in a stream: each task's curvature banked beside its vector (checksummed, read back bit
+for bit, never an input), later tasks penalised by it alone, and its recipe fields stale like any other."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from editkit.bank.store import Bank
+from editkit.core.curvature import CurvatureRegularizer, compute_curvature
+from editkit.errors import BankError, ConfigError, CorruptVectorError
+from editkit.runs.stream import StreamRunner
+from editkit.train.recipe import Recipe
+
+from helpers.streams import NAMES, data, network, stream
+
+KFAC = {"penalty": "kfac", "curvature_examples": 20, "lam": 1.0}
+
+
+def test_each_vector_is_banked_with_its_tasks_curvature_and_no_input(tmp_path):
+    stream(tmp_path / "bank", recipe_fields=KFAC)
+    bank = Bank(tmp_path / "bank")
+    files = sorted(p.name for p in (tmp_path / "bank").iterdir() if not p.name.startswith("."))
+    assert files == sorted(["manifest.json", *(f"{n}.safetensors" for n in NAMES),
+                            *(f"{n}.curvature.safetensors" for n in NAMES)])
+    sets, _ = data()
+    for i, name in enumerate(NAMES):
+        entry = bank.get(name)
+        assert entry.recipe["penalty"] == "kfac" and entry.curvature["examples"] == 20
+        banked = bank.curvature(name)
+        # ground truth: the curvature of theta_0 on the task's first 20 inputs in its source's seeded order
+        order = torch.randperm(50, generator=torch.Generator().manual_seed(0 + 1 + i)).tolist()
+        index = [order.pop() for _ in range(20)]
+        want = compute_curvature(network(), [sets[name].inputs[index]], seed=0).to_tensors()
+        assert banked.to_tensors().keys() == want.keys()
+        assert all(torch.equal(banked.to_tensors()[k], want[k]) for k in want)
+        stored = {k for f in ("safetensors", "curvature.safetensors")
+                  for k in __import__("safetensors").safe_open(str(tmp_path / "bank" / f"{name}.{f}"), "pt").keys()}
+        assert not any(k.startswith(("input", "x")) for k in stored)  # parameters and factors only
+    assert bank.verify() == []
+
+
+def test_later_tasks_are_penalised_by_the_earlier_curvatures_and_not_the_first(tmp_path):
+    result = stream(tmp_path / "kfac", recipe_fields=KFAC)
+    plain = stream(tmp_path / "linear", mode="linear")
+    kfac, linear = Bank(tmp_path / "kfac"), Bank(tmp_path / "linear")
+    assert torch.equal(kfac.load("a")["0.weight"], linear.load("a")["0.weight"])  # nothing to protect yet
+    assert not torch.equal(kfac.load("b")["0.weight"], linear.load("b")["0.weight"])
+    assert result.steps and plain.steps
+
+
+def test_the_penalty_reads_the_banked_curvature_not_the_inputs(tmp_path, monkeypatch):
+    """Task c's penalty is built from a and b's banked factors: loading them is all the stream does with a and b."""
+    stream(tmp_path / "bank", names=NAMES[:2], recipe_fields=KFAC)
+    seen: list = []
+    original = StreamRunner.compute_curvature
+
+    def recording(self, index, recipe):
+        seen.append(index)
+        return original(self, index, recipe)
+
+    monkeypatch.setattr(StreamRunner, "compute_curvature", recording)
+    stream(tmp_path / "bank", resume=True, recipe_fields=KFAC)
+    assert seen == [2, 3]  # the new tasks' own, after training each; never a or b's
+
+
+def test_a_corrupt_curvature_file_is_refused_by_name(tmp_path):
+    stream(tmp_path / "bank", names=NAMES[:2], recipe_fields=KFAC)
+    path = tmp_path / "bank" / "a.curvature.safetensors"
+    data_ = bytearray(path.read_bytes())
+    data_[-3] ^= 0xFF
+    path.write_bytes(bytes(data_))
+    bank = Bank(tmp_path / "bank")
+    with pytest.raises(CorruptVectorError, match="a.curvature.safetensors"):
+        bank.curvature("a")
+    assert any("a.curvature.safetensors" in problem for problem in bank.verify())
+    with pytest.raises(CorruptVectorError):
+        stream(tmp_path / "bank", resume=True, recipe_fields=KFAC)
+
+
+def test_removing_a_vector_removes_its_curvature(tmp_path):
+    stream(tmp_path / "bank", names=NAMES[:2], recipe_fields=KFAC)
+    bank = Bank(tmp_path / "bank")
+    bank.remove("a")
+    assert not (tmp_path / "bank" / "a.curvature.safetensors").exists() and bank.orphans() == []
+    assert bank.curvature("b") is not None
+
+
+def test_a_resume_with_other_curvature_fields_is_refused_by_field(tmp_path):
+    stream(tmp_path / "bank", names=NAMES[:2], recipe_fields=KFAC)
+    with pytest.raises(BankError, match="curvature_examples 20 banked, 30 now"):
+        stream(tmp_path / "bank", resume=True, recipe_fields={**KFAC, "curvature_examples": 30})
+    with pytest.raises(BankError, match="penalty 'kfac' banked, None now"):
+        stream(tmp_path / "bank", resume=True)
+
+
+def test_a_vector_banked_without_curvature_is_left_out_with_a_warning(tmp_path, caplog):
+    """An imported vector has no factors: the penalty lacks that task, and says so."""
+    stream(tmp_path / "bank", names=NAMES[:1], recipe_fields=KFAC)
+    manifest = json.loads((tmp_path / "bank" / "manifest.json").read_text())
+    del manifest["vectors"][0]["curvature"]
+    (tmp_path / "bank" / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "bank" / "a.curvature.safetensors").unlink()
+    with caplog.at_level(logging.WARNING):
+        stream(tmp_path / "bank", names=NAMES[:2], resume=True, recipe_fields=KFAC)
+    assert "vector a was banked without its curvature" in caplog.text
+    assert "task b has no earlier curvature" in caplog.text
+
+
+def test_factors_of_another_model_are_refused_naming_the_layer(tmp_path):
+    stream(tmp_path / "bank", names=NAMES[:1], recipe_fields=KFAC)
+    bank = Bank(tmp_path / "bank")
+    curvature = bank.curvature("a")
+    name = next(iter(curvature.blocks))
+    block = curvature.blocks[name]
+    block.A = torch.cat([block.A, block.A[:, :1]], dim=1)  # one input too many
+    with pytest.raises(ConfigError, match=f"layer {name}"):
+        curvature.check_fits({n: p.shape for n, p in network().named_parameters()}, "a")
+
+
+def test_the_recipe_records_the_data_free_fields_only_with_it():
+    assert "penalty" not in Recipe().to_dict() and "curvature_examples" not in Recipe().to_dict()
+    fields = Recipe(penalty="kfac").to_dict()
+    assert fields["penalty"] == "kfac" and fields["curvature_combine"] == "sum"
+    assert Recipe(penalty="kfac").label == "taujp-kfac" and Recipe(penalty="kfac", mode="linear").label == "linear"
+    with pytest.raises(ConfigError, match="penalty_on = 'logits'"):
+        Recipe(penalty="kfac", penalty_on="logits")
+    with pytest.raises(ConfigError, match="curvature_energy"):
+        Recipe(curvature_energy=0)
+    regularizer = Recipe(penalty="kfac", curvature_combine="apart").curvature_regularizer([])
+    assert isinstance(regularizer, CurvatureRegularizer) and regularizer.combine == "apart"
+    assert Recipe(penalty="kfac", reg_within_batch=True).labelled_rows(regularizer) == 32  # draws no rows
