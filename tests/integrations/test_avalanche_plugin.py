@@ -121,7 +121,8 @@ def check_same_stream(result, names, editkit_bank: Bank, plugin_bank: Bank, metr
 
 
 @pytest.mark.parametrize("mode, adapter, within", [
-    ("taujp", "none", False), ("taujp", "none", True), ("taujp", "none", 2), ("linear", "none", False),
+    ("taujp", "none", False), ("taujp", "none", True), ("taujp", "none", 2), ("taujp-kfac", "none", False),
+    ("taujp-kfac", "lora", False), ("linear", "none", False),
     ("nonlinear", "none", False),
     ("taujp-nonlinear", "none", False), ("sequential", "none", False), ("taujp", "lora", False),
     ("nonlinear", "lora", False)])
@@ -132,8 +133,9 @@ def test_naive_with_plugin_banks_what_editkit_stream_banks(tmp_path, mode, adapt
     names = [t.name for t in tasks]
     heads = random_heads(tasks)
     backbone = mlp_backbone()
-    recipe = Recipe(mode=mode, steps=6, batch_size=8, lr=1e-2, reg_batch=3, warmup=2, grad_clip=0.5, adapter=adapter,
-                    lora_rank=2, reg_within_batch=within)
+    penalty = {"penalty": "kfac", "curvature_examples": 20} if mode.endswith("-kfac") else {}
+    recipe = Recipe(mode=mode.removesuffix("-kfac"), steps=6, batch_size=8, lr=1e-2, reg_batch=3, warmup=2,
+                    grad_clip=0.5, adapter=adapter, lora_rank=2, reg_within_batch=within, **penalty)
     if adapter != "none":  # theta_0 is the model with its adapter at initialisation, for both
         attach_adapter(backbone.module, [recipe])
     state = {k: v.clone() for k, v in backbone.module.state_dict().items()}
@@ -147,6 +149,11 @@ def test_naive_with_plugin_banks_what_editkit_stream_banks(tmp_path, mode, adapt
                              generic=generic_source(), eval_every=1)
     worst = check_same_stream(result, names, Bank(tmp_path / "editkit"), Bank(tmp_path / "plugin"), metrics, 1e-6)
     print(f"{mode}: max |tau_plugin - tau_editkit| = {worst:.2e}")
+    for name in names:  # the data-free penalty's curvature, banked alike (none elsewhere)
+        ours, theirs = (Bank(tmp_path / b).curvature(name) for b in ("plugin", "editkit"))
+        assert (ours is None) == (theirs is None) == (not penalty)
+        if penalty:
+            assert all(torch.equal(ours.to_tensors()[k], v) for k, v in theirs.to_tensors().items())
     for k, v in backbone.module.state_dict().items():  # theta_0 and its BatchNorm statistics never moved
         assert torch.equal(v, state[k]), k
 

@@ -704,6 +704,9 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path):
     refused(base + ["--xi-pair", "digits,cifar"], "cifar")
     refused(base + ["--adapters", "none,lora", "--adapter", "lora"], "--adapters", "not both")
     refused(base + ["--adapters", "none,dora"], "unknown adapters 'dora'")
+    refused(base + ["--penalties", "inputs,kfac", "--penalty", "kfac"], "--penalties", "not both")
+    refused(base + ["--penalties", "inputs,tak"], "unknown penalties 'tak'")
+    refused(base + ["--penalty", "kfac", "--penalty-on", "logits"], "penalty_on = 'logits' is not factored")
     one = write_scenario(tmp_path, tasks=["digits"], name="bench-one")
     refused(["bench", "--scenario", str(one), "--run-dir", str(run)], "at least 2")
     assert (run / "report.json").read_text() == "previous"
@@ -821,3 +824,26 @@ def test_a_bench_shows_adapter_and_full_rows_side_by_side(tmp_path):
     printed = {row[1] for row in table_rows(result.output) if row and row[0] == "task arithmetic"}
     assert set(labels) <= printed, result.output
     assert report["claims"]["taujp_alpha1"]["variant"] == "taujp"  # the first adapter named: none
+
+
+@pytest.mark.slow
+def test_a_bench_shows_the_input_and_the_data_free_penalties_side_by_side(tmp_path):
+    """--penalties inputs,kfac: the penalized mode's stream runs twice, once drawing the seen tasks' inputs and once
+    reading their banked curvature; every row scores what its own stream scored."""
+    scenario = write_scenario(tmp_path)
+    result = runner.invoke(app, bench_args(scenario, tmp_path, "--penalties", "inputs,kfac", "--curvature-examples",
+                                           16, "--modes", "linear,taujp", "--methods", "task-arithmetic"))
+    assert result.exit_code == 0, result.output
+    labels = ["linear", "taujp", "taujp-kfac"]
+    assert sorted(p.name for p in (tmp_path / "banks").iterdir()) == sorted(f"bench-mini-{v}" for v in labels)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["modes"] == labels
+    kfac = Bank(tmp_path / "banks" / "bench-mini-taujp-kfac")
+    assert all(kfac.get(n).curvature["examples"] == 16 for n in kfac.names())
+    assert not any(Bank(tmp_path / "banks" / f"bench-mini-{v}").get(n).curvature
+                   for v in ("linear", "taujp") for n in kfac.names())
+    for label in labels:
+        assert_rows_score_what_the_stream_scored(report, label)
+    assert report["cost"]["taujp-kfac"]["steady_over_linear"] is not None
+    printed = {row[1] for row in table_rows(result.output) if row and row[0] == "task arithmetic"}
+    assert set(labels) <= printed, result.output

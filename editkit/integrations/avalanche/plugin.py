@@ -20,7 +20,9 @@ The strategy's model must be a :class:`~editkit.integrations.avalanche.multitask
    loss before the backward pass;
 4. after the experience appends tau = theta - theta_0 to the bank (main process only) with
    its scenario, step and recipe, and keeps up to ``mem_size`` of the experience's inputs,
-   never its labels, as a penalty source for the experiences after it.
+   never its labels, as a penalty source for the experiences after it. With the data-free
+   penalty (``penalty="kfac"``) it keeps no input: it banks the experience's curvature at
+   theta_0 beside its vector, and later experiences are penalised by the banked curvatures.
 
 Settings: a :class:`~editkit.train.recipe.Recipe` (``recipe=``) with any of its fields given
 as keywords on top (``lam=0.1, schedule="cyclic", mode="linear"``...); the recipe, not the
@@ -48,6 +50,8 @@ from torch.utils.data import Dataset
 
 from editkit.bank.store import Bank
 from editkit.core.batching import Batching
+from editkit.core.adapters import trainable_names
+from editkit.core.curvature import Curvature, CurvatureRegularizer, source_curvature
 from editkit.core.taujp import Regularizer, UnlabeledSource, input_accessor, unlabeled_source
 from editkit.errors import ConfigError
 from editkit.merge.continual import starting_vector
@@ -157,6 +161,7 @@ class TauJpPlugin(SupervisedPlugin):
         self.provenance = dict(provenance or {})
         self.buffer: UnlabeledBuffer | None = None
         self._generic_source: UnlabeledSource | None = None
+        self._generic_curvature: Curvature | None = None
         # one experience's training state, set in before_training_exp
         self._recipe: Recipe | None = None
         self._reg_stream: Iterator[list[Any]] | None = None
@@ -185,7 +190,7 @@ class TauJpPlugin(SupervisedPlugin):
         exp = strategy.experience
         dataset = strategy.adapted_dataset
         index = exp.current_experience  # theta = theta_0, or the previous experience's weights in sequential mode
-        regularizer = self._regularizer(index, self.recipe)
+        regularizer = self._regularizer(index, self.recipe, model, strategy.device)
         recipe = self.recipe.resolved(len(dataset), regularizer)
         start = starting_vector(self.bank, recipe.mode, self.name_of(index - 1) if index else None)
         model.task_model.load_task_vector(start or {})
@@ -239,21 +244,45 @@ class TauJpPlugin(SupervisedPlugin):
             metrics = {"step": index, "task": name, "train_seconds": self._train_seconds,
                        "seconds_per_step": self._train_seconds / recipe.steps, "train_steps": recipe.steps,
                        "train_size": len(strategy.adapted_dataset)}
+            curvature = None
+            if recipe.penalty == "kfac" and recipe.regularized:  # the source editkit stream draws it from
+                source = unlabeled_source(name, strategy.adapted_dataset, seed=recipe.seed + 1 + index,
+                                          collate=self.buffer.batching.collate)
+                curvature = self._curvature(model, source, recipe, strategy.device)
             self.bank.append(name, tau, task=name, mode=recipe.mode, base=model.base, scenario=self.scenario,
-                             step=index, recipe=recipe.to_dict(), metrics=metrics, provenance=self.provenance)
-        self.buffer.add(name, strategy.adapted_dataset, index)
+                             step=index, recipe=recipe.to_dict(), metrics=metrics, provenance=self.provenance,
+                             curvature=curvature)
+        if recipe.penalty == "inputs":
+            self.buffer.add(name, strategy.adapted_dataset, index)
 
     # -- helpers -------------------------------------------------------------------------------
-    def _regularizer(self, index: int, recipe: Recipe) -> Regularizer | None:
-        """The penalty of experience ``index``: the earlier experiences' buffers, then the generic source."""
+    def _regularizer(self, index: int, recipe: Recipe, model: MultiHeadTaskModel,
+                     device: Any) -> Regularizer | CurvatureRegularizer | None:
+        """The penalty of experience ``index``: the earlier experiences' buffers, then the generic source; or, with
+        the data-free penalty, their banked curvatures and the generic source's."""
         if not recipe.regularized:
             return None
+        if recipe.penalty == "kfac":
+            found = [self.bank.curvature(self.name_of(i)) for i in range(index)]
+            if recipe.generic and self.generic is not None:
+                if self._generic_curvature is None:
+                    self._generic_curvature = self._curvature(model, self._generic(recipe), recipe, device)
+                found.append(self._generic_curvature)
+            return recipe.curvature_regularizer([c for c in found if c is not None])
         sources = list(self.buffer.sources)
         if recipe.generic and self.generic is not None:
             sources.append(self._generic(recipe))
         if not sources:
             log.warning("experience %d has no unlabeled source: its vector is not regularized", index)
         return recipe.regularizer(sources)
+
+    @staticmethod
+    def _curvature(model: MultiHeadTaskModel, source: UnlabeledSource, recipe: Recipe, device: Any) -> Curvature:
+        """A source's curvature at theta_0, as ``editkit stream`` computes it."""
+        module = model.backbone.module
+        return source_curvature(module, source, examples=recipe.curvature_examples, batching=model.backbone.batching,
+                                names=trainable_names(module), seed=recipe.seed, energy=recipe.curvature_energy,
+                                device=device)
 
     def _generic(self, recipe: Recipe) -> UnlabeledSource:
         if self._generic_source is None:

@@ -100,7 +100,7 @@ from editkit.merge.ties import TIES_DEFAULT_K
 from editkit.util.progress import NullProgress, Progress
 from editkit.core.adapters import ADAPTERS
 from editkit.core.modes import PAPER_MODES, Mode
-from editkit.train.recipe import Recipe, describe_differences, label_parts
+from editkit.train.recipe import PENALTIES, Recipe, describe_differences, label_parts
 from editkit.eval.sweep import SPLITS, ModeEvaluator, SharedModels, TaskSplits
 
 if TYPE_CHECKING:  # annotations only
@@ -161,6 +161,11 @@ class BenchConfig:
                 "adapter, on its own copy of theta_0, and the tables show rows <mode> and <mode>-lora side by side "
                 "(adapter streams take the --lora-* fields, --lora-lr their learning rate). Default: the recipe's "
                 "adapter (--adapter) alone."})
+    penalties: Sequence[str] | None = field(default=None, metadata={
+        "help": f"Comma-separated penalties to compare ({', '.join(PENALTIES)}): every penalized mode's stream runs "
+                "once per penalty, and the tables show rows <mode> (inputs: the seen tasks' unlabeled inputs) and "
+                "<mode>-kfac (their banked curvature, no input) side by side; other modes run once. Default: the "
+                "recipe's penalty (--penalty) alone."})
     bank_root: Path = field(default=BANKS_DIR, metadata={
         "help": "Banks live in <bank-root>/<scenario>-<mode>; complete ones with the same recipe are reused, "
                 "partial ones resumed."})
@@ -235,6 +240,10 @@ class BenchConfig:
         if adapters is not None and "adapter" in recipe:
             raise ConfigError("give the adapters to compare (--adapters) or one adapter for every stream (--adapter), "
                               "not both")
+        penalties = None if self.penalties is None else parse_names(self.penalties, PENALTIES, "penalties")
+        if penalties is not None and "penalty" in recipe:
+            raise ConfigError("give the penalties to compare (--penalties) or one penalty for every stream "
+                              "(--penalty), not both")
         Recipe().with_overrides(**recipe)  # unknown fields and bad values are refused here, by name
         if self.alphas is not None:
             alphas = [float(a) for a in self.alphas]
@@ -271,7 +280,8 @@ class BenchConfig:
                 raise ConfigError(f"--xi-pair needs two different task names 'a,b', got {self.xi_pair!r}")
         return replace(
             self, modes=modes, methods=methods, strategies=strategies,
-            strategy_params=tuple(p.strip() for p in params if p.strip()), adapters=adapters, log=parse_loggers(self.log),
+            strategy_params=tuple(p.strip() for p in params if p.strip()), adapters=adapters, penalties=penalties,
+            log=parse_loggers(self.log),
             bank_root=Path(self.bank_root),
             run_dir=Path(self.run_dir) if self.run_dir is not None else None, recipe=recipe,
             grid=len(alphas), alphas=tuple(alphas), negation_grid=len(negation_alphas),
@@ -283,15 +293,18 @@ class BenchConfig:
 
     def variants(self, base: Recipe) -> dict[str, dict[str, Any]]:
         """The streams to run over a scenario whose recipe is ``base``, keyed by their label (the mode, plus
-        ``-lora`` with an adapter: their report keys and default bank names), each with the recipe fields it
-        overrides; adapter-major, so a table's full rows and adapter rows form two blocks. Call on a validated
-        config."""
+        ``-kfac`` with the data-free penalty and ``-lora`` with an adapter: their report keys and default bank
+        names), each with the recipe fields it overrides; adapter-major, so a table's full rows and adapter rows
+        form two blocks. Call on a validated config."""
         adapters = self.adapters if self.adapters is not None else (None,)
         variants = {}
         for adapter in adapters:
             for mode in self.modes:
-                overrides = {**self.recipe, "mode": mode, **({"adapter": adapter} if adapter else {})}
-                variants[base.with_overrides(**overrides).label] = overrides
+                penalties = self.penalties if self.penalties is not None and Mode(mode).penalized else (None,)
+                for penalty in penalties:
+                    overrides = {**self.recipe, "mode": mode, **({"adapter": adapter} if adapter else {}),
+                                 **({"penalty": penalty} if penalty else {})}
+                    variants[base.with_overrides(**overrides).label] = overrides
         return variants
 
     def run_directory(self, base: Recipe, scenario: str) -> Path:
