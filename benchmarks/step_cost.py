@@ -7,9 +7,10 @@ against the plain (non-linear) step and writes them as JSON.
 
 - classification scenarios (default ``offline-vision``; ``offline-text`` too): nonlinear, linear,
   taujp (the scenario's own penalty recipe), the paper's cyclic and strict schedules (batch / 8 reg rows
-  beside a full batch), mixed (``--mixed-reg-batch`` rows beside a full batch) and taujp-nonlinear
-  (cyclic: plain steps plus the penalty's jvp on the reg batch only), on the first task with the others
-  (and the generic source) as penalty sources;
+  beside a full batch), mixed (``--mixed-reg-batch`` rows beside a full batch), taujp-nonlinear
+  (cyclic: plain steps plus the penalty's jvp on the reg batch only) and the data-free penalty (``kfac``, the
+  sources' curvature summed or apart, computed once before the timed runs), on the first task with the others
+  (and the generic source) as penalty sources; ``--labels`` times some of them only;
 - language scenarios (``--scenario toxic``): nonlinear, linear and taujp for each
   number of trainable decoder blocks in ``--blocks`` (default 1, 4 and all), with the
   scenario's batch (8 x 64 tokens) and reg batch (4 sequences); the frozen prefix's
@@ -39,9 +40,13 @@ import json
 import statistics
 from pathlib import Path
 
+import time
+
 import torch
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
+from editkit.core.adapters import trainable_names
+from editkit.core.curvature import Curvature, source_curvature
 from editkit.util.memory import PeakRSS, keep_freed_memory
 from editkit.train.recipe import Recipe
 from editkit.scenario.spec import load_scenario
@@ -57,6 +62,8 @@ RATIOS = {  # name -> (label over label), each the median over rounds of the rou
     "strict_over_linear": ("taujp_strict", "linear"),
     "mixed_over_linear": ("taujp_mixed", "linear"),
     "taujp_nonlinear_over_nonlinear": ("taujp_nonlinear", "nonlinear"),
+    "kfac_over_linear": ("taujp_kfac", "linear"),
+    "kfac_apart_over_linear": ("taujp_kfac_apart", "linear"),
 }
 
 
@@ -74,17 +81,40 @@ def variants(recipe: Recipe, mixed_reg_batch: int | None) -> dict[str, Recipe]:
         "taujp_mixed": recipe.with_overrides(mode="taujp", schedule="mixed", reg_within_batch=False,
                                              reg_batch=mixed_reg_batch or recipe.reg_batch_size),
         "taujp_nonlinear": recipe.with_overrides(mode="taujp-nonlinear", schedule="cyclic", **paper),
+        "taujp_kfac": recipe.with_overrides(mode="taujp", penalty="kfac"),
+        "taujp_kfac_apart": recipe.with_overrides(mode="taujp", penalty="kfac", curvature_combine="apart"),
     }
 
 
 def train(built, recipe: Recipe, sources: list[UnlabeledSource], runtime: Runtime, task=None):
     """One fine-tune of ``task`` (default the first), the reg batches drawn from the start (every run draws the
-    same ones)."""
+    same ones); with the data-free penalty, the sources' curvature instead."""
     task = task or built.tasks[0]
     for source in sources:
         source.restart()
-    return fine_tune(built.backbone.module, built.heads[task.name], task.train, recipe,
-                     recipe.regularizer(sources), batching=built.backbone.batching, runtime=runtime)
+    penalty = (recipe.curvature_regularizer(curvatures(built, recipe, sources)) if recipe.penalty == "kfac"
+               else recipe.regularizer(sources))
+    return fine_tune(built.backbone.module, built.heads[task.name], task.train, recipe, penalty,
+                     batching=built.backbone.batching, runtime=runtime)
+
+
+#: (id of the source, examples, energy) -> its curvature: computed once, before the runs that read it
+_CURVATURES: dict[tuple[int, int, float], Curvature] = {}
+
+
+def curvatures(built, recipe: Recipe, sources: list[UnlabeledSource]) -> list[Curvature]:
+    """The sources' curvature at theta_0, as a stream banks a task's (its first ``curvature_examples`` inputs)."""
+    module = built.backbone.module
+    for source in sources:
+        key = (id(source), recipe.curvature_examples, recipe.curvature_energy)
+        if key not in _CURVATURES:
+            start = time.perf_counter()
+            _CURVATURES[key] = source_curvature(module, source, examples=recipe.curvature_examples,
+                                                batching=built.backbone.batching, names=trainable_names(module),
+                                                seed=recipe.seed, energy=recipe.curvature_energy)
+            print(f"curvature of {source.name}: {time.perf_counter() - start:.1f} s, "
+                  f"{_CURVATURES[key].nbytes / 2**20:.1f} MiB", flush=True)
+    return [_CURVATURES[(id(s), recipe.curvature_examples, recipe.curvature_energy)] for s in sources]
 
 
 def measure(built, recipe: Recipe, sources: list[UnlabeledSource], warmup: int,
@@ -185,6 +215,8 @@ def main() -> None:
                         help="the mixed run's reg rows per step, beside a full batch (default: the scenario's reg batch)")
     parser.add_argument("--flops", action="store_true",
                         help="also count each recipe's FLOPs per step (one more untimed run each) and their ratios")
+    parser.add_argument("--labels", default=None,
+                        help="comma-separated recipes to time (default: all of them; nonlinear and linear always run)")
     parser.add_argument("--json", type=Path, default=Path("runs/step_cost.json"))
     args = parser.parse_args()
     if args.steps - args.warmup < 5:
@@ -210,6 +242,11 @@ def main() -> None:
     runtime = Runtime(channels_last=args.channels_last)
     measure(built, spec.recipe.with_overrides(mode="taujp", steps=args.warmup + 1), sources, args.warmup, runtime)
     recipes = variants(spec.recipe.with_overrides(steps=args.steps), args.mixed_reg_batch)
+    if args.labels:
+        wanted = {"nonlinear", "linear", *args.labels.split(",")}
+        if unknown := sorted(wanted - set(recipes)):
+            parser.error(f"unknown labels {unknown}; known: {', '.join(recipes)}")
+        recipes = {label: recipe for label, recipe in recipes.items() if label in wanted}
     rounds: list[dict[str, float]] = []  # per round, each mode's median step
     durations: dict[str, list[float]] = {label: [] for label in recipes}
     peaks: dict[str, list[float]] = {label: [] for label in recipes}
@@ -220,6 +257,7 @@ def main() -> None:
             rounds[-1][label] = statistics.median(timed)
             durations[label] += timed
             peaks[label].append(peak)
+    ratios = {name: pair for name, pair in RATIOS.items() if set(pair) <= set(recipes)}
     results = {label: {"seconds_per_step": statistics.median(durations[label]), "steps_timed": len(durations[label]),
                        "peak_rss_mb": max(peaks[label])} for label in recipes}
     for label, result in results.items():
@@ -237,22 +275,22 @@ def main() -> None:
         "rounds": args.rounds,
         "seconds_per_step": {k: v["seconds_per_step"] for k, v in results.items()},
         "seconds_per_step_rounds": rounds,
-        **{name: statistics.median(r[top] / r[bottom] for r in rounds) for name, (top, bottom) in RATIOS.items()},
-        "ratio_rounds": {name: [r[top] / r[bottom] for r in rounds] for name, (top, bottom) in RATIOS.items()},
+        **{name: statistics.median(r[top] / r[bottom] for r in rounds) for name, (top, bottom) in ratios.items()},
+        "ratio_rounds": {name: [r[top] / r[bottom] for r in rounds] for name, (top, bottom) in ratios.items()},
         "peak_rss_mb": mem,
         "memory_over_nonlinear": {k: v / mem["nonlinear"] for k, v in mem.items()},
     }
     if args.flops:
         flops = {label: count_flops(built, recipe, sources, runtime) for label, recipe in recipes.items()}
         report["flops_per_step"] = flops
-        report["flops_ratios"] = {name: flops[top] / flops[bottom] for name, (top, bottom) in RATIOS.items()}
+        report["flops_ratios"] = {name: flops[top] / flops[bottom] for name, (top, bottom) in ratios.items()}
         print("FLOPs per step (G): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in flops.items()))
         print("FLOP ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in report["flops_ratios"].items()))
         stream = {label: stream_flops(built, recipes[label], runtime) for label in ("linear", "taujp")}
         report["stream_flops_per_step"] = stream
         report["stream_taujp_over_linear_flops"] = stream["taujp"] / stream["linear"]
         print(f"over the stream's tasks (scope seen): taujp / linear {report['stream_taujp_over_linear_flops']:.3f}")
-    print(json.dumps({k: report[k] for k in RATIOS}, indent=2))
+    print(json.dumps({k: report[k] for k in ratios}, indent=2))
     print("per round: " + "; ".join(f"{k} " + " / ".join(f"{v:.3f}" for v in values)
                                     for k, values in report["ratio_rounds"].items()))
     _write(args.json, report)

@@ -465,7 +465,7 @@ class CurvatureRegularizer:
         self.curvatures = ([mean_curvature(curvatures, energy)] if combine == "sum" and curvatures
                            else list(curvatures))
         self._device: torch.device | None = None
-        self._packed: list[_Packed] = []
+        self._packed: _Packed | None = None
 
     @property
     def active(self) -> bool:
@@ -489,8 +489,8 @@ class CurvatureRegularizer:
         """The mean over the seen tasks of tau^T C_t tau under ``combine``'s approximation."""
         device = next(iter(tau.values())).device
         if self._device != device:
-            self._packed, self._device = [_Packed(c, device) for c in self.curvatures], device
-        return torch.stack([packed.quadratic(tau) for packed in self._packed]).mean()
+            self._packed, self._device = _Packed(self.curvatures, device), device
+        return self._packed.quadratic(tau)
 
     def loss_of(self, tau: Mapping[str, torch.Tensor]) -> torch.Tensor:
         value = self.quadratic(tau)
@@ -498,36 +498,43 @@ class CurvatureRegularizer:
 
 
 class _Packed:
-    """A curvature laid out for the step, :meth:`Curvature.quadratic` in a handful of kernels: Kronecker blocks of
-    one shape stacked and multiplied as one batch (ViT-B/32's 24 MLP layers are two), in the cheaper order of
-    the two products; diagonals and norm blocks as flat tensors over all their parameters. Launching each
-    layer's products one by one cost more than their arithmetic on a GPU (measured on an H200, ViT-B/32, batch
-    128)."""
+    """The seen tasks' curvatures laid out for the step: the mean of their quadratic forms in a handful of kernels.
+    Kronecker blocks of one shape are stacked over layers and tasks and multiplied as one batch (ViT-B/32's 24 MLP
+    layers are two batches), in the cheaper order of the two products, a task's roots padded with zero columns to
+    the batch's rank; diagonals and norm blocks, linear in their tasks, are averaged once into flat tensors over all
+    their parameters. Launched layer by layer and task by task, the products cost more than their arithmetic on a
+    GPU (ViT-B/32, batch 128, an H200)."""
 
-    def __init__(self, curvature: Curvature, device: torch.device) -> None:
-        by_shape: dict[tuple, list[KroneckerBlock]] = {}
-        for block in curvature.blocks.values():
-            by_shape.setdefault((block.groups, block.G.shape, block.A.shape, block.bias is not None), []).append(block)
+    def __init__(self, curvatures: Sequence[Curvature], device: torch.device) -> None:
+        first = curvatures[0]
+        by_shape: dict[tuple, list[str]] = {}
+        for key, block in first.blocks.items():
+            by_shape.setdefault((block.groups, block.G.shape[1], block.A.shape[1], block.bias is not None),
+                                []).append(key)
         self.kron = []
-        for (groups, g_shape, a_shape, _), blocks in by_shape.items():
-            d_out, rank_g, d_in, rank_a = g_shape[1], g_shape[2], a_shape[1], a_shape[2]
+        for (groups, d_out, d_in, _), keys in by_shape.items():
+            blocks = [[c.blocks[k] for c in curvatures] for k in keys]
+            g_t = _padded([[b.G.transpose(1, 2) for b in per_task] for per_task in blocks], rows=True).to(device)
+            a = _padded([[b.A for b in per_task] for per_task in blocks], rows=False).to(device)
+            rank_g, rank_a = g_t.shape[-2], a.shape[-1]
             g_first = rank_g * d_out * d_in + rank_g * d_in * rank_a <= d_out * d_in * rank_a + rank_g * d_out * rank_a
-            self.kron.append(([(b.weight, b.bias) for b in blocks], groups,
-                              torch.stack([b.G.transpose(1, 2) for b in blocks]).to(device),
-                              torch.stack([b.A for b in blocks]).to(device), g_first))
-        self.diagonal_names = list(curvature.diagonal)
-        self.diagonal = (torch.cat([d.reshape(-1) for d in curvature.diagonal.values()]).to(device)
-                         if curvature.diagonal else None)
-        self.pair_names = [(scale, shift) for scale, (shift, _) in curvature.pairs.items()]
-        self.pairs = (torch.cat([m.reshape(-1, 4) for _, m in curvature.pairs.values()]).T.to(device)
-                      if curvature.pairs else None)  # (4, elements): m00, m01, m10, m11
+            names = [(first.blocks[k].weight, first.blocks[k].bias) for k in keys]
+            self.kron.append((names, groups, g_t, a, g_first))  # g_t (layers, tasks, groups, r_G, d_out)
+        self.tasks = len(curvatures)
+        self.diagonal_names = list(first.diagonal)
+        self.diagonal = (_mean([torch.cat([c.diagonal[n].reshape(-1) for n in self.diagonal_names])
+                                for c in curvatures]).to(device) if first.diagonal else None)
+        self.pair_names = [(scale, shift) for scale, (shift, _) in first.pairs.items()]
+        self.pairs = (_mean([torch.cat([c.pairs[n][1].reshape(-1, 4) for n, _ in self.pair_names]) for c in curvatures])
+                      .T.to(device) if first.pairs else None)  # (4, elements): m00, m01, m10, m11
 
     def quadratic(self, tau: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The mean over the tasks of tau^T C_t tau."""
         terms = []
         for names, groups, g_t, a, g_first in self.kron:
-            w = torch.stack([_view(tau, weight, bias, groups) for weight, bias in names]).to(a.dtype)
+            w = torch.stack([_view(tau, weight, bias, groups) for weight, bias in names]).unsqueeze(1).to(a.dtype)
             product = (g_t @ w) @ a if g_first else g_t @ (w @ a)
-            terms.append(product.float().square().sum())
+            terms.append(product.float().square().sum() / self.tasks)
         if self.diagonal is not None:
             flat = torch.cat([tau[n].reshape(-1) for n in self.diagonal_names]).float()
             terms.append((self.diagonal * flat.square()).sum())
@@ -537,6 +544,19 @@ class _Packed:
             m00, m01, m10, m11 = self.pairs
             terms.append((m00 * scale.square() + (m01 + m10) * scale * shift + m11 * shift.square()).sum())
         return torch.stack(terms).sum()
+
+
+def _padded(roots: list[list[torch.Tensor]], *, rows: bool) -> torch.Tensor:
+    """Roots by [layer][task], each (groups, ., rank) (``rows``: transposed, (groups, rank, .)), stacked to (layers,
+    tasks, groups, ...) with zero columns (rows) up to the largest rank: a zero column adds nothing to R R^T."""
+    axis = -2 if rows else -1
+    rank = max(r.shape[axis] for per_task in roots for r in per_task)
+
+    def pad(r: torch.Tensor) -> torch.Tensor:
+        missing = rank - r.shape[axis]
+        return torch.nn.functional.pad(r, (0, 0, 0, missing) if rows else (0, missing))
+
+    return torch.stack([torch.stack([pad(r) for r in per_task]) for per_task in roots])
 
 
 def _view(tau: Mapping[str, torch.Tensor], weight: str, bias: str | None, groups: int) -> torch.Tensor:
