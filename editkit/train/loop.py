@@ -38,7 +38,11 @@ from editkit.train.timing import StepClock, StepTimes
 from editkit.core.linearize import LinearizedModel, build_task_model
 from editkit.core.objectives import features_loss
 from editkit.train.recipe import Recipe
+from editkit.core.curvature import CurvatureRegularizer
 from editkit.core.taujp import Regularizer, precompute
+
+#: What a penalized step adds to its loss: the seen tasks' inputs (tauJp) or their banked curvature (data-free).
+Penalty = Regularizer | CurvatureRegularizer
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +168,7 @@ class LaggedStats:
         return [(step, {**dict(zip(self.KEYS, host.tolist())), "lr": lr})]
 
 
-def reg_batch_stream(regularizer: Regularizer | None, steps: int) -> Iterator[list[Any]]:
+def reg_batch_stream(regularizer: Penalty | None, steps: int) -> Iterator[list[Any]]:
     """The reg batches of steps 0..steps-1; lazy sources are loaded one step ahead in a thread.
 
     Draws happen in step order either way, so the batches are the same as drawing in the loop.
@@ -198,7 +202,7 @@ def planned_indices(sampler: GlobalBatchSampler, batches: int) -> list[int]:
     return index
 
 
-def encode_ahead(train: Dataset, sampler: GlobalBatchSampler, recipe: Recipe, regularizer: Regularizer | None) -> None:
+def encode_ahead(train: Dataset, sampler: GlobalBatchSampler, recipe: Recipe, regularizer: Penalty | None) -> None:
     """Before the first step, let the task data and the reg sources encode what the run's steps will read
     (:func:`~editkit.core.taujp.precompute`: a text's frozen-prefix states). Encoding is then setup, paid
     once and apart from the steps, whatever mode runs first over a shared dataset; the steps read what
@@ -215,7 +219,7 @@ class StepComputer:
         (default: tensors, as for images).
     """
 
-    def __init__(self, model: nn.Module, head: nn.Module, regularizer: Regularizer | None,
+    def __init__(self, model: nn.Module, head: nn.Module, regularizer: Penalty | None,
                  batching: Batching | None = None) -> None:
         self.model = model
         self.head = head
@@ -313,7 +317,7 @@ def fine_tune(
     head: nn.Module,
     train: Dataset,
     recipe: Recipe,
-    regularizer: Regularizer | None = None,
+    regularizer: Penalty | None = None,
     *,
     on_step: TrainStepCallback | None = None,
     runtime: Runtime | None = None,

@@ -109,6 +109,22 @@ def test_stream_all_scope(tmp_path, scenario):
     check_report({**report, "recipe": {**report["recipe"], "steps": STEPS}}, "all")
 
 
+def test_a_data_free_stream_banks_each_tasks_curvature_and_the_bank_commands_show_it(tmp_path, scenario):
+    """--penalty kfac on the real backbone (convolutions, depthwise convolutions, batch norms): every vector banked
+    with its curvature, listed and shown, verified."""
+    bank = tmp_path / "bank"
+    result = invoke("stream", "--scenario", scenario, "--steps", 2, "--penalty", "kfac", "--curvature-examples", 24,
+                    "--bank", bank, "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    listing = invoke("bank", "list", "--bank", bank)
+    assert listing.exit_code == 0 and listing.output.count("98 layers") == 4 and "24 ex." in listing.output, \
+        listing.output
+    shown = json.loads(invoke("bank", "show", "animal", "--bank", bank).output)
+    assert shown["curvature"]["examples"] == 24 and shown["curvature"]["kronecker_layers"] == 49
+    assert shown["recipe"]["penalty"] == "kfac" and shown["curvature"]["file"] == "animal.curvature.safetensors"
+    assert "4 vectors verified" in invoke("bank", "verify", "--bank", bank).output
+
+
 def test_channels_last_banks_the_default_vectors_up_to_float_rounding(tmp_path, seen_run, scenario):
     result = invoke("stream", "--scenario", scenario, "--steps", STEPS, "--channels-last", "--bank", tmp_path / "bank",
                     "--run-dir", tmp_path / "run")
