@@ -252,8 +252,7 @@ class StreamRunner:
                             cost=TrainingCost.of(result, recipe.steps, len(exp.train), self.runtime))
         if self.runtime.is_main:
             # the data-free penalty banks the task's curvature beside its vector: later tasks read it, not its inputs
-            curvature = (self.compute_curvature(t, recipe) if recipe.penalty == "kfac" and recipe.regularized
-                         else None)
+            curvature = self.curvature(t, recipe) if recipe.penalty == "kfac" and recipe.regularized else None
             self.bank.append(exp.name, result.task_vector, task=exp.name, mode=recipe.mode, base=self.base,
                              scenario=self.scenario, step=t, recipe=recipe.to_dict(), metrics=record.metrics(),
                              provenance=self.provenance, curvature=curvature)
