@@ -32,7 +32,11 @@ def test_the_scenarios_own_penalty_is_timed_beside_the_papers_schedules():
         "taujp_strict": ("taujp", "strict", 4, False),
         "taujp_mixed": ("taujp", "mixed", 8, False),
         "taujp_nonlinear": ("taujp-nonlinear", "cyclic", 4, False),
+        "taujp_kfac": ("taujp", "mixed", 8, True),  # the data-free penalty draws no reg rows: these do not apply
+        "taujp_kfac_apart": ("taujp", "mixed", 8, True),
     }
+    assert {label: (r.penalty, r.curvature_combine) for label, r in recipes.items() if r.penalty != "inputs"} == {
+        "taujp_kfac": ("kfac", "sum"), "taujp_kfac_apart": ("kfac", "apart")}
     assert all(r.steps == 30 and r.batch_size == 32 for r in recipes.values())
     assert fields(benchmark_script("step_cost").variants(own, 6)["taujp_mixed"]) == ("taujp", "mixed", 6, False)
 
