@@ -100,12 +100,6 @@ class Curvature:
     pairs: dict[str, tuple[str, torch.Tensor]] = field(default_factory=dict)
 
     @property
-    def names(self) -> set[str]:
-        """The parameters it covers."""
-        return ({b.weight for b in self.blocks.values()} | {b.bias for b in self.blocks.values() if b.bias}
-                | set(self.diagonal) | set(self.pairs) | {shift for shift, _ in self.pairs.values()})
-
-    @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.to_tensors().values())
 
