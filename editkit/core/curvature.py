@@ -77,11 +77,11 @@ def factor_root(matrix: torch.Tensor, energy: float = 1.0) -> torch.Tensor:
     group's own rank are zero, so every group has the block's rank."""
     values, vectors = torch.linalg.eigh(matrix.double())
     values, vectors = values.flip(-1).clamp_min(0), vectors.flip(-1)  # largest first
-    top = values[..., :1].clamp_min(torch.finfo(torch.float64).tiny)
-    keep = values > 1e-7 * top
-    if energy < 1.0:
-        share = values.cumsum(-1) / values.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
-        keep &= (share - values / values.sum(-1, keepdim=True).clamp_min(1e-300)) < energy
+    tiny = torch.finfo(torch.float64).tiny
+    keep = values > 1e-7 * values[..., :1].clamp_min(tiny)
+    if energy < 1.0:  # an eigenvector is kept while the larger ones before it hold less than that share
+        before = (values.cumsum(-1) - values) / values.sum(-1, keepdim=True).clamp_min(tiny)
+        keep &= before < energy
     rank = max(1, int(keep.sum(-1).max()))
     root = vectors[..., :rank] * (values[..., :rank] * keep[..., :rank]).sqrt().unsqueeze(-2)
     return root.float().contiguous()
