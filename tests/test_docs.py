@@ -1,5 +1,5 @@
 """The documentation cannot rot: the site builds without a warning, the README's links and test command
-hold, and the command-line reference covers every command and option.
+hold (and it stays short, set-up first), and the command-line reference covers every command and option.
 
 ``mkdocs build --strict`` (mkdocs.yml) turns every warning into a failure: a link to a page or an
 anchor that does not exist, a page left out of the navigation, a name the API reference cannot find.
@@ -78,6 +78,16 @@ def test_readme_test_command_is_what_ci_runs():
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
     assert ci.startswith("pip install"), ci
     assert ci in README.read_text(encoding="utf-8").splitlines()
+
+
+def test_readme_is_a_five_minute_read_that_starts_with_set_up():
+    """At most 200 lines, its first code block the two set-up commands; the rest of the numbers live in docs/."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200, len(text.splitlines())
+    first_block = re.search(r"^```\w*\n(.*?)^```", text, flags=re.M | re.S).group(1).splitlines()
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert first_block == ["pip install torch==2.13.0 && pip install -e . && editkit stream", ci], first_block
+    assert "](docs/results.md)" in text
 
 
 def typer_commands(app, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], object]:
