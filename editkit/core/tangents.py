@@ -17,9 +17,16 @@ So the tangent is computed here instead, one op at a time, as ordinary operation
 3. tracing the interpreter (:func:`editkit.runs.export.program`) records the primal and the tangent ops and
    nothing else: a core-ATen program with a symbolic batch, loaded by ``torch.export.load`` alone.
 
-Each rule is checked against ``torch.func.jvp`` of its op (``tests/core/test_tangents.py``). An op with a tangent
-input and no rule is refused by name (:class:`~editkit.errors.ExportError`); a rule for it can be added to
-:data:`RULES` (``RULES[torch.ops.aten.OP.overload] = rule``).
+Rules read an op's operands by position: an operand the graph passes by keyword where the op's schema has a
+position for it (``where(c, self=x, other=y)``, ``hardtanh(x, max_val=0.5)``) is moved to that position first
+(:func:`by_position`), so only keyword-only arguments (``alpha`` of ``add.Tensor``, ``beta`` of ``addmm``,
+``approximate`` of ``gelu``) reach a rule by name; a rule reads those of its op itself (``kwargs.get``).
+
+Each rule is checked against ``torch.func.jvp`` of its op, on a graph of that one op run by the interpreter, with
+a tangent that is not zero (``tests/core/test_tangents.py``). An op with a tangent input and no rule is refused by
+name (:class:`~editkit.errors.ExportError`); a rule for it can be added to :data:`RULES`
+(``RULES[torch.ops.aten.OP.overload] = rule``). A rule that fails on the operands it is given is refused by the
+op's name as well, its torch error chained as the cause rather than shown.
 """
 
 from __future__ import annotations
@@ -38,8 +45,9 @@ from editkit.errors import ExportError
 
 aten = torch.ops.aten
 
-#: ``rule(out, args, kwargs, tangents) -> tangent``: ``out`` is the op's result, ``args`` / ``kwargs`` its inputs,
-#: ``tangents`` the tangents of ``args`` in the same structure (``None``: zero). It returns the tangent of ``out``
+#: ``rule(out, args, kwargs, tangents) -> tangent``: ``out`` is the op's result, ``args`` its operands by position
+#: (:func:`by_position`) and ``kwargs`` its keyword-only arguments, ``tangents`` the tangents of ``args`` in the
+#: same structure (``None``: zero). It returns the tangent of ``out``
 #: (a tuple of them for an op of several outputs; ``None`` for zero).
 Rule = Callable[[Any, tuple, dict, list], Any]
 
@@ -296,7 +304,7 @@ RULES: dict[Any, Rule] = {
     **{op: constant for op in CONSTANT_OPS},
     aten.add.Tensor: _add(1), aten.sub.Tensor: _add(-1),
     aten.add.Scalar: linear_in_first(lambda t, *_: t), aten.sub.Scalar: linear_in_first(lambda t, *_: t),
-    aten.rsub.Scalar: linear_in_first(lambda t, *_: -t),
+    aten.rsub.Scalar: linear_in_first(lambda t, other, alpha=1: t * -alpha),  # other - alpha * x
     aten.mul.Tensor: _mul, aten.div.Tensor: _div,
     aten.mm.default: _bilinear(aten.mm), aten.bmm.default: _bilinear(aten.bmm), aten.addmm.default: _addmm,
     aten.convolution.default: _convolution,
@@ -342,6 +350,20 @@ def _any(tangent: Any) -> bool:
     return tangent is not None
 
 
+def by_position(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[tuple, dict]:
+    """A call's ``args`` and ``kwargs`` with every operand ``op``'s schema takes by position at its position: one
+    passed by keyword is moved there, and the defaults of those it skips over are filled in. Rules read operands
+    by position (their tangents are carried beside ``args``); what stays in ``kwargs`` is keyword-only."""
+    schema = getattr(op, "_schema", None)
+    if schema is None or not kwargs:
+        return tuple(args), dict(kwargs)
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    end = max((i + 1 for i, a in enumerate(positional) if a.name in kwargs), default=0)
+    rest = dict(kwargs)
+    moved = tuple(rest.pop(a.name) if a.name in rest else a.default_value for a in positional[len(args):end])
+    return tuple(args) + moved, rest
+
+
 class TangentInterpreter(Interpreter):
     """Runs a core-ATen graph module and, beside each value, its tangent (see the module docstring).
 
@@ -370,19 +392,27 @@ class TangentInterpreter(Interpreter):
         return None
 
     def _tangent_of_call(self, node: Node, out: Any) -> Any:
-        tangents = [self.tangent_of(a) for a in node.args]
-        if not _floating(out) or not (_any(tangents) or _any([self.tangent_of(v) for v in node.kwargs.values()])):
+        if not _floating(out):
             return None
         if node.target is operator.getitem:
-            whole = tangents[0]
+            whole = self.tangent_of(node.args[0])
             return None if whole is None else whole[node.args[1]]
+        arg_nodes, kwarg_nodes = by_position(node.target, node.args, node.kwargs)
+        tangents = [self.tangent_of(a) for a in arg_nodes]
+        if not (_any(tangents) or _any(self.tangent_of(list(kwarg_nodes.values())))):
+            return None
         rule = RULES.get(node.target)
         if rule is None:
             raise ExportError(f"no tangent rule for {node.target} (in the model's graph at {node.name}): the "
                               "linearized model cannot be written as a program; add one to "
                               "editkit.core.tangents.RULES")
-        args, kwargs = self.map_nodes_to_values(node.args, node), self.map_nodes_to_values(node.kwargs, node)
-        return rule(out, args, kwargs, tangents)
+        args, kwargs = self.map_nodes_to_values(arg_nodes, node), self.map_nodes_to_values(kwarg_nodes, node)
+        try:
+            return rule(out, args, kwargs, tangents)
+        except Exception as exc:  # torch's words describe the rule's ops, not the model: say which op failed
+            raise ExportError(f"the tangent rule for {node.target} failed (in the model's graph at {node.name}, "
+                              f"{type(exc).__name__}): the linearized model cannot be written as a program; the "
+                              "rule in editkit.core.tangents.RULES does not cover this use of the op") from exc
 
     def outputs(self, *inputs: torch.Tensor) -> list[tuple[Any, Any]]:
         """(primal, tangent) of each output of the graph on ``inputs`` (flat, as its placeholders take them)."""

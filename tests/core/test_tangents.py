@@ -3,17 +3,23 @@
 forward-mode AD left in it, the same outputs after ``torch.export.save`` / ``load``.
 
 Ground truth: ``torch.func.jvp`` of the op itself (float64), and for whole models the linearized model editkit
-trains and scores (itself checked against finite differences in ``test_linearize.py``). EfficientNet-Lite0's,
+trains and scores (itself checked against finite differences in ``test_linearize.py``). Each op's case runs
+through :class:`~editkit.core.tangents.TangentInterpreter` as a graph of that one op, so operands passed by
+keyword and the ``getitem`` of an op of several outputs take the interpreter's own path; every case's tangent is
+not zero, so a rule that gives none (or zeros) fails its case. EfficientNet-Lite0's,
 an open_clip ViT's and a T5's programs are checked end to end against editkit's own logits by
 ``tests/runs/test_takeaway.py``, ``tests/runs/test_export.py`` and ``tests/cli/test_glue4.py``.
 """
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 from torch import nn
 from torch.func import jvp
+from torch.fx import Graph, GraphModule
 
 from editkit.core.linearize import LinearizedModel
 from editkit.core.tangents import RULES, LinearizedGraph, TangentInterpreter, core_graph, with_aliases
@@ -34,7 +40,8 @@ def idx(*shape, high=4, seed=0):
     return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed))
 
 
-#: (op, args, kwargs, positions of the differentiated args; (i, j) is element j of the list at args[i]).
+#: (op, args, kwargs, positions of the differentiated operands: i is args[i], a name is kwargs[name], (i, j) is
+#: element j of the list at args[i] or kwargs[i]).
 CASES = [
     (aten.view.default, [g(2, 6)], {"size": [3, 4]}, [0]),
     (aten._unsafe_view.default, [g(2, 6), [12]], {}, [0]),
@@ -122,6 +129,26 @@ CASES = [
     (aten.constant_pad_nd.default, [g(2, 3), [1, 2], 1.5], {}, [0]),
     (aten._to_copy.default, [g(2, 3)], {"dtype": torch.float32}, [0]),
     (aten.embedding.default, [g(6, 3), idx(2, 4, high=6)], {}, [0]),
+    # alpha, by keyword where the schema has it keyword-only and by position where it has a position for it
+    (aten.sub.Tensor, [g(4, 3), g(3, seed=1)], {"alpha": -1.5}, [0, 1]),
+    (aten.rsub.Scalar, [g(4, 3), 2.0], {"alpha": 3.0}, [0]),
+    (aten.rsub.Scalar, [g(4, 3), 2.0, -0.5], {}, [0]),
+    (aten.add.Scalar, [g(4, 3), 2.0], {"alpha": 3.0}, [0]),
+    (aten.sub.Scalar, [g(4, 3), 2.0, 3.0], {}, [0]),
+    # operands the schema takes by position, passed by keyword (moved to their positions before a rule reads them)
+    (aten.add.Tensor, [g(4, 3)], {"other": g(3, seed=1), "alpha": 2.0}, [0, "other"]),
+    (aten.mul.Tensor, [], {"self": g(4, 3), "other": g(3, seed=1)}, ["self", "other"]),
+    (aten.where.self, [g(4, 5) > 0], {"self": g(4, 5, seed=1), "other": g(5, seed=2)}, ["self", "other"]),
+    (aten.convolution.default, [g(2, 3, 6, 6)], {"weight": g(4, 3, 3, 3, seed=1), "bias": g(4, seed=2),
+                                                 "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1],
+                                                 "transposed": False, "output_padding": [0, 0], "groups": 1},
+     [0, "weight", "bias"]),
+    (aten.native_layer_norm.default, [g(2, 5, 6), [6]], {"weight": g(6, seed=1), "bias": g(6, seed=2), "eps": 1e-5},
+     [0, "weight", "bias"]),
+    (aten._softmax.default, [g(4, 5)], {"dim": 0, "half_to_float": False}, [0]),
+    (aten.hardtanh.default, [g(4, 5)], {"max_val": 0.6}, [0]),
+    (aten.clamp.default, [g(4, 5)], {"max": 0.5}, [0]),
+    (aten.cat.default, [], {"tensors": [g(2, 3), g(4, 3, seed=1)], "dim": 0}, [("tensors", 1)]),
 ]
 
 #: Ops whose result does not depend on their operands' values: no tangent, whatever the inputs'.
@@ -134,57 +161,110 @@ CONSTANT_CASES = [
 ]
 
 
-def _get(args, position):
-    return args[position[0]][position[1]] if isinstance(position, tuple) else args[position]
-
-
-def _set(args, position, value):
-    args = [list(a) if isinstance(a, list) else a for a in args]
+def _get(args, kwargs, position):
     if isinstance(position, tuple):
-        args[position[0]][position[1]] = value
+        return _get(args, kwargs, position[0])[position[1]]
+    return kwargs[position] if isinstance(position, str) else args[position]
+
+
+def _set(args, kwargs, position, value):
+    """Copies of ``args`` and ``kwargs`` with ``value`` at ``position`` (see :data:`CASES`)."""
+    args, kwargs = [list(a) if isinstance(a, list) else a for a in args], dict(kwargs)
+    key, element = position if isinstance(position, tuple) else (position, None)
+    container = kwargs if isinstance(key, str) else args
+    if element is None:
+        container[key] = value
     else:
-        args[position] = value
-    return args
+        container[key] = list(container[key])
+        container[key][element] = value
+    return args, kwargs
 
 
 def _case_id(case):
     return str(case[0]).replace("aten.", "")
 
 
+def _one_op(op, args, kwargs, directions):
+    """(output, tangent) of each output of ``op(*args, **kwargs)`` from the interpreter, on a graph of that one call
+    (and a ``getitem`` per output of an op of several) whose tensor operands are attributes, those at the positions
+    of ``directions`` seeded with their direction."""
+    root, graph, seeds = nn.Module(), Graph(), {}
+
+    def read(value, position):
+        if isinstance(value, list):
+            return [read(v, (position, j)) for j, v in enumerate(value)]
+        if not isinstance(value, torch.Tensor):
+            return value
+        name = f"operand{len(root._buffers)}"
+        root.register_buffer(name, value)
+        if position in directions:
+            seeds[name] = directions[position]
+        return graph.get_attr(name)
+
+    call = graph.call_function(op, tuple(read(a, i) for i, a in enumerate(args)),
+                               {key: read(v, key) for key, v in kwargs.items()})
+    out = op(*args, **kwargs)
+    several = isinstance(out, (tuple, list))
+    graph.output(tuple(graph.call_function(operator.getitem, (call, i)) for i in range(len(out))) if several
+                 else (call,))
+    return TangentInterpreter(GraphModule(root, graph), seeds).outputs()
+
+
+def _op_jvp(op, args, kwargs, directions):
+    """``torch.func.jvp`` of the op in the operands at the positions of ``directions``: its output's tangents."""
+
+    def call(*values):
+        filled = args, kwargs
+        for position, value in zip(directions, values):
+            filled = _set(*filled, position, value)
+        return op(*filled[0], **filled[1])
+
+    _, tangent = jvp(call, tuple(_get(args, kwargs, p) for p in directions), tuple(directions.values()))
+    return list(tangent) if isinstance(tangent, (tuple, list)) else [tangent]
+
+
+def _is_zero(tangent):
+    """No tangent at all: torch's own jvp gives exact zeros (or none) for an output that does not follow the
+    operands (the statistics of batch and layer norm, max pool's indices)."""
+    return tangent is None or not tangent.is_floating_point() or not tangent.any()
+
+
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_each_rule_gives_the_ops_jvp(case):
     op, args, kwargs, differentiated = case
-    directions = [torch.randn_like(_get(args, p), generator=torch.Generator().manual_seed(7 + i))
-                  if _get(args, p).is_floating_point() else None for i, p in enumerate(differentiated)]
-
-    def call(*values):
-        filled = args
-        for position, value in zip(differentiated, values):
-            filled = _set(filled, position, value)
-        return op(*filled, **kwargs)
-
-    primals = tuple(_get(args, p) for p in differentiated)
-    expected_out, expected = jvp(call, primals, tuple(directions))
-    tangents = [[None] * len(a) if isinstance(a, list) else None for a in args]
-    for position, direction in zip(differentiated, directions):
-        tangents = _set(tangents, position, direction)
-    out = op(*args, **kwargs)
-    got = RULES[op](out, list(args), dict(kwargs), tangents)
-    for e, t in zip(*(v if isinstance(v, (list, tuple)) else (v,) for v in (expected, got))):
-        if t is None:  # a tuple output's second parts (statistics, indices) carry no tangent
-            continue
-        torch.testing.assert_close(t, e, rtol=1e-10, atol=1e-12)
+    directions = {p: torch.randn_like(_get(args, kwargs, p), generator=torch.Generator().manual_seed(7 + i))
+                  for i, p in enumerate(differentiated)}
+    expected = _op_jvp(op, args, kwargs, directions)
+    got = [tangent for _, tangent in _one_op(op, args, kwargs, directions)]
+    assert max(e.abs().max() for e in expected if not _is_zero(e)) > 1e-3  # the case compares a tangent
+    for e, t in zip(expected, got, strict=True):
+        if _is_zero(e):
+            assert _is_zero(t)
+        else:
+            assert t is not None, f"{op} gives no tangent where jvp gives one"
+            torch.testing.assert_close(t, e, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("case", CONSTANT_CASES, ids=_case_id)
 def test_constant_ops_have_no_tangent(case):
     op, args, kwargs = case
-    assert RULES[op](op(*args, **kwargs), args, kwargs, [torch.ones_like(args[0])] + [None] * (len(args) - 1)) is None
+    directions = {0: torch.ones_like(args[0])}
+    assert _is_zero(_op_jvp(op, args, kwargs, directions)[0])
+    (_, tangent), = _one_op(op, args, kwargs, directions)
+    assert tangent is None
 
 
 def test_every_rule_is_checked_here():
     checked = {case[0] for case in CASES} | {case[0] for case in CONSTANT_CASES}
     assert set(RULES) - checked == set()
+
+
+def test_no_rule_takes_a_tensor_by_keyword_only():
+    """Rules are given the tangents of positional operands alone (keyword ones are moved to their positions first):
+    an op whose schema takes a tensor by keyword only would have that tensor's tangent ignored."""
+    keyword_tensors = {str(op): [a.name for a in op._schema.arguments if a.kwarg_only and "Tensor" in str(a.type)]
+                       for op in RULES}
+    assert {op: names for op, names in keyword_tensors.items() if names} == {}
 
 
 # --------------------------------------------------------------------------- whole models
@@ -265,6 +345,17 @@ def test_an_op_without_a_rule_is_refused_by_name(monkeypatch):
     monkeypatch.delitem(RULES, aten.tanh.default)
     with pytest.raises(ExportError, match="no tangent rule for aten.tanh.default"):
         TangentInterpreter(graph, {"0.weight": g(4, 3)}).outputs(g(2, 3))
+
+
+def test_a_rule_that_fails_is_refused_by_name_not_in_torchs_words(monkeypatch):
+    net = nn.Sequential(nn.Linear(3, 4), nn.Tanh()).double().eval()
+    graph = core_graph(net, (g(2, 3),), ({0: BATCH},))
+    monkeypatch.setitem(RULES, aten.tanh.default, lambda out, args, kwargs, tangents: aten.mm(out, out))
+    with pytest.raises(ExportError, match="tangent rule for aten.tanh.default failed") as refused:
+        TangentInterpreter(graph, {"0.weight": g(4, 3)}).outputs(g(2, 3))
+    cause = refused.value.__cause__
+    assert isinstance(cause, RuntimeError)  # kept for a traceback, not shown
+    assert str(cause).splitlines()[0] not in str(refused.value)
 
 
 def test_parameters_without_a_tangent_give_the_plain_model():
