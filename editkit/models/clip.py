@@ -525,8 +525,10 @@ def _create_model(create_name: str, weights: ResolvedWeights, model_name: str, c
     except (RuntimeError, ValueError, KeyError, OSError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if weights.path is not None:
+            # torch's RuntimeError (reading the file, loading its state dict) speaks of torch's internals: not shown
+            why = "torch cannot load it into this model" if isinstance(exc, RuntimeError) else message
             raise ConfigError(
-                f"cannot load CLIP weights {weights.path} into {model_name}: {message} "
+                f"cannot load CLIP weights {weights.path} into {model_name}: {why} "
                 f"(is it an open_clip checkpoint of this architecture?)"
             ) from exc
         raise ConfigError(f"cannot build open_clip model {model_name}: {message}") from exc

@@ -100,13 +100,37 @@ def check(model: str = "resnet18", weights: str = RANDOM, image_size: int = 224,
     return [f"the {model} weights file {path} does not exist: give weights = a state dict file of the whole model"]
 
 
-def _load_state(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+def _load_state(path: Path) -> dict[str, Any]:
+    """The state dict in ``path``; a file that is not one is refused in one line of editkit's (the readers' own
+    errors speak of zip archives and pickles: chained, not shown)."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
 
-        return load_file(str(path))
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    return state.get("state_dict", state) if isinstance(state, dict) else state
+            return load_file(str(path))
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch, zip, pickle and safetensors readers raise their own types
+        raise ConfigError(f"the weights file {path} is truncated or not a state dict saved by torch.save or "
+                          f"safetensors ({type(exc).__name__})") from exc
+    state = state.get("state_dict", state) if isinstance(state, dict) else state
+    if not isinstance(state, dict):
+        raise ConfigError(f"the weights file {path} holds a {type(state).__name__}, not a state dict")
+    return state
+
+
+def _misfit(net: nn.Module, state: dict[str, Any]) -> str:
+    """What of ``state`` does not fit ``net`` in editkit's words ('' when it all does): the names one of them lacks
+    and the tensors of other shapes (torch's own message lists every name, across lines)."""
+    own = net.state_dict()
+    shapes = [f"{k} {list(getattr(state[k], 'shape', []))} (the model's {list(v.shape)})" for k, v in own.items()
+              if k in state and list(getattr(state[k], "shape", [])) != list(v.shape)]
+    kinds = (("the model lacks", [k for k in state if k not in own]), ("missing", [k for k in own if k not in state]),
+             ("of other shapes", shapes))
+    return "; ".join(f"{len(names)} tensors {what}: {_first_names(names)}" for what, names in kinds if names)
+
+
+def _first_names(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f", ... ({len(names) - shown} more)" if len(names) > shown else "")
 
 
 def _last_linear(net: nn.Module) -> str:
@@ -127,11 +151,10 @@ def build(model: str = "resnet18", weights: str = RANDOM, image_size: int = 224,
         net = torchvision.models.get_model(model, weights=None)
     path = weights_path(model, weights)
     if path is not None:
-        try:
-            net.load_state_dict(_load_state(path))
-        except RuntimeError as exc:
-            raise ConfigError(f"the weights {path} do not fit torchvision's {model}: "
-                              f"{str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else exc}") from None
+        state = _load_state(path)
+        if misfit := _misfit(net, state):
+            raise ConfigError(f"the weights {path} do not fit torchvision's {model}: {misfit}")
+        net.load_state_dict(state)
     name = _last_linear(net)
     layer = net.get_submodule(name)
     classifier = {f"{name}.{key}": value.detach().clone() for key, value in layer.state_dict().items()}

@@ -110,10 +110,14 @@ def test_hf_hub_model_from_the_local_cache(tiny_clip, tmp_path):
         build_clip("hf-hub:someone/other", None, cache_dir=tmp_path)
 
 
-def test_checkpoint_of_another_architecture_is_a_config_error(tmp_path):
+def test_checkpoint_of_another_architecture_is_a_config_error_in_editkits_words(tmp_path):
     torch.save({"visual.conv1.weight": torch.zeros(1)}, tmp_path / "wrong.pt")
-    with pytest.raises(ConfigError, match="wrong.pt"):
+    with pytest.raises(ConfigError) as refused:
         build_clip(TINY_MODEL_NAME, pretrained=str(tmp_path / "wrong.pt"))
+    assert str(refused.value) == (f"cannot load CLIP weights {tmp_path / 'wrong.pt'} into {TINY_MODEL_NAME}: torch "
+                                  "cannot load it into this model (is it an open_clip checkpoint of this architecture?)")
+    torchs = refused.value.__cause__  # "Error(s) in loading state_dict for CLIP: ...": kept as the cause, not shown
+    assert isinstance(torchs, RuntimeError) and str(torchs).splitlines()[0] not in str(refused.value)
 
 
 # --------------------------------------------------------------------------- zero-shot heads

@@ -75,9 +75,35 @@ def test_missing_pieces_one_line_each(tmp_path, monkeypatch):
     assert FAMILY.build(model="resnet18", weights="IMAGENET1K_V1", image_size=32).feature_dim == 512
 
 
-def test_weights_of_another_model_are_refused_in_one_line(tmp_path):
-    saved_weights(tmp_path / "w.pth", "resnet34")
+def refusal(tmp_path) -> ConfigError:
     with pytest.raises(ConfigError) as err:
         FAMILY.build(model="resnet18", weights=str(tmp_path / "w.pth"))
-    assert str(err.value).startswith(f"the weights {tmp_path}/w.pth do not fit torchvision's resnet18: ")
     assert "\n" not in str(err.value)
+    return err.value
+
+
+def test_weights_of_another_model_are_refused_in_one_line_of_editkits_words(tmp_path):
+    """What does not fit, named by editkit; torch's own load_state_dict message never shown."""
+    saved_weights(tmp_path / "w.pth", "resnet34")  # 8 blocks more than resnet18 (3-4-6-3 to 2-2-2-2), 12 tensors each
+    assert str(refusal(tmp_path)) == (
+        f"the weights {tmp_path}/w.pth do not fit torchvision's resnet18: 96 tensors the model lacks: "
+        "layer1.2.conv1.weight, layer1.2.bn1.weight, layer1.2.bn1.bias, ... (93 more)")
+    torch.manual_seed(0)
+    torch.save(torchvision.models.get_model("resnet18", num_classes=10).state_dict(), tmp_path / "w.pth")
+    refused = refusal(tmp_path)
+    assert str(refused) == (f"the weights {tmp_path}/w.pth do not fit torchvision's resnet18: 2 tensors of other "
+                            "shapes: fc.weight [10, 512] (the model's [1000, 512]), fc.bias [10] (the model's [1000])")
+    with pytest.raises(RuntimeError) as torchs:
+        torchvision.models.get_model("resnet18").load_state_dict(torch.load(tmp_path / "w.pth"))
+    assert not any(line.strip() in str(refused) for line in str(torchs.value).splitlines())
+
+
+def test_a_file_that_is_no_state_dict_is_refused_in_editkits_words(tmp_path):
+    saved_weights(tmp_path / "w.pth")
+    (tmp_path / "w.pth").write_bytes((tmp_path / "w.pth").read_bytes()[:1000])  # truncated
+    refused = refusal(tmp_path)
+    assert str(refused) == (f"the weights file {tmp_path}/w.pth is truncated or not a state dict saved by torch.save "
+                            "or safetensors (RuntimeError)")
+    assert str(refused.__cause__) not in str(refused)  # torch's "PytorchStreamReader failed ...": kept as the cause
+    torch.save([torch.zeros(2)], tmp_path / "w.pth")
+    assert str(refusal(tmp_path)) == f"the weights file {tmp_path}/w.pth holds a list, not a state dict"
