@@ -18,6 +18,11 @@ Other packages register through the entry-point group ``editkit.extensions``
 (:mod:`editkit.core.extensions`): the first lookup in any registry imports them, and
 each name remembers the package that registered it, so a clash names both.
 
+Options are set in one grammar everywhere: ``key=value`` for one record (``editkit add --method dare --param
+p=0.5``), ``NAME.key=value`` across a registry (``--strategy-params ewc.ewc_lambda=100``), each value typed by
+its option's default and refused in one line when the key or the type is wrong (:meth:`Record.given`,
+:meth:`Registry.parse_params`).
+
 A registry may also hold a **family** of names: ``register_family("file", factory)`` makes
 every ``"file:<rest>"`` a name whose record is ``factory(rest)`` (a user's text file as a
 text corpus), accepted wherever a registered name is.
@@ -25,6 +30,7 @@ text corpus), accepted wherever a registered name is.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, TypeVar
@@ -56,12 +62,15 @@ class Record:
     #: "kind:dataset"``; a backbone's ``weights``), each with the rule that tells a path from a name: a scenario
     #: file's relative path is read from the scenario file's folder, not the working directory.
     paths: Mapping[str, PathRule] = field(default_factory=dict, hash=False)  # a record stays hashable
+    #: Where the method comes from (its paper), so a listing or a report can cite it.
+    reference_url: str = ""
 
     @classmethod
     def of(cls, build: Callable[..., Any], *, check: Callable[..., list[str]] | None = None,
            help: Mapping[str, str] | None = None, label: str = "",
-           paths: Mapping[str, PathRule] | None = None) -> "Record":
-        """A record whose options are ``build``'s parameters that have a default.
+           paths: Mapping[str, PathRule] | None = None, **facts: Any) -> "Record":
+        """A record whose options are ``build``'s parameters that have a default; ``facts`` are the record's
+        other fields (``reference_url``, a subclass's own).
 
         Parameters without a default are what the registry's caller always supplies
         (a task's name, the backbone, the seed...), so they are not options a user sets.
@@ -74,11 +83,31 @@ class Record:
             raise ValueError(f"help given for {sorted(help)}, which {build.__qualname__} does not take as options")
         if unknown := sorted(set(paths) - set(parameters)):
             raise ValueError(f"path rules given for {unknown}, which {build.__qualname__} does not take")
-        return cls(build, check, options, label, paths)
+        return cls(build, check, options, label, paths, **facts)
 
     @property
     def option_names(self) -> tuple[str, ...]:
         return tuple(o.name for o in self.options)
+
+    def defaults(self) -> dict[str, Any]:
+        return {o.name: o.default for o in self.options}
+
+    def given(self, given: Mapping[str, Any] | Iterable[str], where: str,
+              defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """``given`` (``{key: value}``, or the command line's ``["key=value", ...]``) checked against the options:
+        an unknown key is refused naming the known ones, and text takes the type of the option's default
+        (``defaults``, where the caller's differ from the record's), so ``p=0.5`` is a float and ``seed=3`` an int.
+        ``where`` names the record in messages."""
+        pairs = dict(given) if isinstance(given, Mapping) else dict(_split(item, where) for item in given)
+        self.refuse_unknown(pairs, where)
+        defaults = {**self.defaults(), **(defaults or {})}
+        return {key: _typed(value, defaults[key], f"{where}: {key}") for key, value in pairs.items()}
+
+    def chosen(self, given: Mapping[str, Any] | Iterable[str], where: str,
+               defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Every option ``build`` gets: the defaults with :meth:`given` laid over them, so what was used is what a
+        report records."""
+        return {**self.defaults(), **(defaults or {}), **self.given(given, where, defaults)}
 
     def refuse_unknown(self, keys: Iterable[str], where: str) -> None:
         """Raise ``ConfigError`` naming every key in ``keys`` that is not one of the options."""
@@ -87,6 +116,28 @@ class Record:
             known = ", ".join(self.option_names) or "none"
             raise ConfigError(f"{where}: unknown option{'s' if len(unknown) > 1 else ''} "
                               f"{', '.join(map(repr, unknown))}; known: {known}")
+
+
+def _split(item: str, where: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"{where}: options are key=value, got {item!r}")
+    return key.strip(), value.strip()
+
+
+def _typed(value: Any, default: Any, what: str) -> Any:
+    """``value`` as the type of ``default`` when it is text (a value from the command line)."""
+    if not isinstance(value, str) or isinstance(default, str) or default is None:
+        return value
+    if isinstance(default, bool):
+        if value.lower() not in ("true", "false"):
+            raise ConfigError(f"{what} must be true or false, got {value!r}")
+        return value.lower() == "true"
+    try:
+        return type(default)(value)
+    except ValueError:
+        raise ConfigError(f"{what} must be {'an integer' if isinstance(default, int) else 'a number'}, "
+                          f"got {value!r}") from None
 
 
 R = TypeVar("R", bound=Record)
@@ -118,9 +169,12 @@ def _origin(record: Record) -> str:
 
 @dataclass
 class Registry(Generic[R]):
-    """Records by name; ``what`` names the kind of thing held, for messages ("backbone family")."""
+    """Records by name; ``what`` names the kind of thing held, for messages ("backbone family"); ``kind`` is the
+    class of its records, where they carry facts of their own (a merge method's order dependence): a plain
+    :class:`Record` registered here becomes one, those facts at their defaults."""
 
     what: str
+    kind: type[R] = Record  # type: ignore[assignment]
     _records: dict[str, R] = field(default_factory=dict, repr=False)
     _origins: dict[str, str] = field(default_factory=dict, repr=False)
     _families: dict[str, tuple[Callable[[str], R], str]] = field(default_factory=dict, repr=False)
@@ -135,6 +189,8 @@ class Registry(Generic[R]):
             raise ConfigError(f"{self.what} {name!r} is already registered by package {self._origins[name]} "
                               f"({self._records[name].build.__module__}); package {origin} cannot register it "
                               "again: pick another name")
+        if not isinstance(record, self.kind):
+            record = self.kind(**{f.name: getattr(record, f.name) for f in dataclasses.fields(Record)})
         self._records[name] = record
         self._origins[name] = origin
         return record
@@ -190,3 +246,21 @@ class Registry(Generic[R]):
 
     def label(self, name: str) -> str:
         return self[name].label or name
+
+    def options(self, name: str, given: Mapping[str, Any] | Iterable[str] = (),
+                defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """``name``'s options: its defaults with ``given`` over them (:meth:`Record.chosen`)."""
+        return self[name].chosen(given, f"{self.what} {name!r}", defaults)
+
+    def parse_params(self, values: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The command line's ``NAME.key=value`` items (``["ewc.ewc_lambda=100", "replay.mem_size=500"]``) ->
+        ``{NAME: {key: value}}``, each name looked up here and each option checked and typed by its record
+        (:meth:`Record.given`); only what was given, the defaults left to :meth:`options`."""
+        items: dict[str, list[str]] = {}
+        for value in values:
+            name, dot, item = value.strip().partition(".")
+            if not dot or "=" not in item:
+                raise ConfigError(f"{self.what} option {value!r} is not {self.what.split()[-1].upper()}.OPTION=VALUE")
+            self[name]  # refuses an unknown name, listing the known ones
+            items.setdefault(name, []).append(item)
+        return {name: self[name].given(given, f"{self.what} {name!r}") for name, given in items.items()}

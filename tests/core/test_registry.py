@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -42,6 +44,56 @@ def test_unknown_options_are_refused_by_name_with_the_known_ones():
     assert message.endswith("known: width, scale, tag")
     with pytest.raises(ConfigError, match="known: none"):
         Record.of(lambda name: name).refuse_unknown({"x": 1}, "here")
+
+
+def test_options_are_typed_by_their_defaults_and_refused_in_one_line():
+    record = Record.of(builder)
+    assert record.chosen(["width=5", "scale=0.5", "tag=x"], "here") == {"width": 5, "scale": 0.5, "tag": "x"}
+    assert record.chosen({"scale": 2}, "here") == {"width": 3, "scale": 2, "tag": None}  # a mapping's values as given
+    assert record.given(["scale=4"], "here") == {"scale": 4.0}  # only what was given
+    assert record.chosen(["width=7"], "here", defaults={"width": 9}) == {"width": 7, "scale": 1.0, "tag": None}
+    flag = Record.of(lambda name, fast=False: name)
+    assert flag.chosen(["fast=true"], "here") == {"fast": True}
+    for item, message in (("width=2.5", "here: width must be an integer, got '2.5'"),
+                          ("scale=big", "here: scale must be a number, got 'big'"),
+                          ("width", "here: options are key=value, got 'width'")):
+        with pytest.raises(ConfigError) as err:
+            record.chosen([item], "here")
+        assert str(err.value) == message
+    with pytest.raises(ConfigError, match="^here: fast must be true or false, got 'yes'$"):
+        flag.chosen(["fast=yes"], "here")
+
+
+def test_name_dot_key_options_across_a_registry_in_the_same_grammar():
+    registry: Registry[Record] = Registry("toy family")
+    registry.register("toy", Record.of(builder))
+    registry.register("flat", Record.of(lambda name: name))
+    assert registry.parse_params(["toy.width=4", "toy.scale=0.25"]) == {"toy": {"width": 4, "scale": 0.25}}
+    assert registry.options("toy", ["width=4"]) == {"width": 4, "scale": 1.0, "tag": None}
+    for values, message in ((["toy.width=x"], "toy family 'toy': width must be an integer, got 'x'"),
+                            (["toy.depth=1"], "toy family 'toy': unknown option 'depth'; known: width, scale, tag"),
+                            (["flat.x=1"], "toy family 'flat': unknown option 'x'; known: none"),
+                            (["tooy.width=1"], "unknown toy family 'tooy'; known: flat, toy"),
+                            (["width=1"], "toy family option 'width=1' is not FAMILY.OPTION=VALUE")):
+        with pytest.raises(ConfigError) as err:
+            registry.parse_params(values)
+        assert str(err.value) == message
+
+
+@dataclass(frozen=True)
+class Kinded(Record):
+    """A record kind with a fact of its own."""
+
+    ordered: bool = False
+
+
+def test_a_plain_record_registered_where_records_have_a_kind_takes_its_facts_at_their_defaults():
+    registry: Registry[Kinded] = Registry("kinded thing", Kinded)
+    plain = registry.register("plain", Record.of(builder, label="Plain", reference_url="https://example.org/p"))
+    own = registry.register("own", Kinded.of(builder, ordered=True))
+    assert isinstance(plain, Kinded) and not plain.ordered and own.ordered and registry["own"] is own
+    assert (plain.build, plain.options, plain.label, plain.reference_url) == (builder, Record.of(builder).options,
+                                                                              "Plain", "https://example.org/p")
 
 
 def test_duplicate_names_are_refused_and_the_first_record_kept():
