@@ -372,6 +372,7 @@ class TangentInterpreter(Interpreter):
 
     def __init__(self, module: GraphModule, tangents: Mapping[str, torch.Tensor]) -> None:
         super().__init__(module)
+        self.extra_traceback = False  # torch.fx would append its node dump to an ExportError's one line
         self.seeds = tangents
         self.tangent: dict[Node, Any] = {}
 
