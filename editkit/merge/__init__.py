@@ -1,18 +1,20 @@
 """Combining task vectors: task arithmetic, TIES-merging, DARE, MagMax, OPCM, the structured merges
 (TSV-Merge, Iso-C / Iso-CTS, CART) and the coefficient rules.
 
-The registry ``MERGE_METHODS`` holds the methods; the built-in ones register themselves in
-their own modules, imported below.
+The registry ``MERGE_METHODS`` holds the methods, each a :class:`MergeMethod` that carries what a caller must
+know of it besides its options (order dependence, defaults by task count, its paper); the built-in ones register
+themselves in their own modules, imported below.
 
 What the methods share lives here: the lazy mapping, the layout check every merge
-makes before combining vectors, and the parsing of ``key=value`` options
-(``editkit add --param``), typed by each option's default and refused by name when
-the method has no such option.
+makes before combining vectors, and a method's options (``editkit add --param key=value``) with its defaults
+for the number of merged tasks, parsed and typed by the registry's one grammar
+(:meth:`~editkit.core.registry.Record.given`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
@@ -20,20 +22,31 @@ import torch
 from editkit.core.registry import Record, Registry
 from editkit.errors import ConfigError, IncompatibleVectorsError
 
-MERGE_METHODS: Registry[Record] = Registry("merge method")
+
+@dataclass(frozen=True)
+class MergeMethod(Record):
+    """A merge method's record: ``build(vectors, **options)`` and the facts a caller needs about the method."""
+
+    #: The merged vector depends on the order of the task vectors (the method folds them one after another), so a
+    #: report records the order they were merged in.
+    order_dependent: bool = False
+    #: The defaults of its options for a number of merged tasks, where its authors' settings depend on it (CART's).
+    task_count_defaults: Callable[[int], dict[str, Any]] | None = None
+
+    def defaults_for(self, tasks: int | None) -> dict[str, Any]:
+        """Its options' defaults for ``tasks`` merged vectors (None: not known, the method's own defaults)."""
+        counted = self.task_count_defaults(tasks) if tasks is not None and self.task_count_defaults else {}
+        return {**self.defaults(), **counted}
+
+
+MERGE_METHODS: Registry[MergeMethod] = Registry("merge method", MergeMethod)
 """Method name -> record whose ``build(vectors, **options)`` takes the task vectors by name (a mapping that
 may load each one only when it is read, such as :class:`LazyVectors`) and returns the vectors whose sum,
 scaled by one coefficient alpha, is added to theta_0: task arithmetic returns its input unchanged, the other
-methods one merged vector."""
+methods one merged vector. An extension may register a plain :class:`~editkit.core.registry.Record`: it is a
+method of no order dependence and fixed defaults."""
 
 Vector = Mapping[str, torch.Tensor]
-
-#: Method name -> the defaults of its options for a number of merged tasks, where its authors' settings depend on
-#: it (CART's); :func:`method_options` lays them over the method's own defaults when it knows the count.
-TASK_COUNT_DEFAULTS: dict[str, Callable[[int], dict[str, Any]]] = {}
-#: Methods whose merged vector depends on the order of the task vectors (they fold them one after another): a
-#: report records the order they were merged in.
-ORDER_DEPENDENT: set[str] = set()
 
 
 class LazyVectors(Mapping[str, Vector]):
@@ -96,43 +109,14 @@ def vector_norm(vector: Vector) -> float:
 
 def method_options(method: str, given: Mapping[str, Any] | Sequence[str], tasks: int | None = None) -> dict[str, Any]:
     """A merge method's options: its defaults (for ``tasks`` merged vectors, where the method's settings depend on
-    their number: :data:`TASK_COUNT_DEFAULTS`) with ``{key: value}`` or ``["key=value", ...]`` (the command line's
-    form) laid over them, so what was used is what a report records.
+    their number: :attr:`MergeMethod.task_count_defaults`) with ``{key: value}`` or ``["key=value", ...]`` (the
+    command line's form) laid over them, so what was used is what a report records.
 
     Unknown keys are refused with the known ones listed; string values take the type of the
     option's default (``p=0.5`` is a float for DARE, ``seed=3`` an int). Range checks are the
     method's own (its ``build`` refuses what its paper does not define).
     """
-    record = MERGE_METHODS[method]
-    pairs = dict(_split(method, item) for item in given) if not isinstance(given, Mapping) else dict(given)
-    where = f"merge method {method!r}"
-    record.refuse_unknown(pairs, where)
-    defaults = {o.name: o.default for o in record.options}
-    if tasks is not None and method in TASK_COUNT_DEFAULTS:
-        defaults.update(TASK_COUNT_DEFAULTS[method](tasks))
-    return {**defaults, **{key: _typed(value, defaults[key], f"{where}: {key}") for key, value in pairs.items()}}
-
-
-def _split(method: str, item: str) -> tuple[str, str]:
-    key, sep, value = item.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"merge method {method!r}: options are key=value, got {item!r}")
-    return key.strip(), value.strip()
-
-
-def _typed(value: Any, default: Any, what: str) -> Any:
-    """``value`` as the type of ``default`` when it is a string (a value from the command line)."""
-    if not isinstance(value, str) or isinstance(default, str) or default is None:
-        return value
-    if isinstance(default, bool):
-        if value.lower() not in ("true", "false"):
-            raise ConfigError(f"{what} must be true or false, got {value!r}")
-        return value.lower() == "true"
-    try:
-        return type(default)(value)
-    except ValueError:
-        raise ConfigError(f"{what} must be {'an integer' if isinstance(default, int) else 'a number'}, "
-                          f"got {value!r}") from None
+    return MERGE_METHODS.options(method, given, MERGE_METHODS[method].defaults_for(tasks))
 
 
 # the built-in methods register themselves

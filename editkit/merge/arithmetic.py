@@ -18,9 +18,8 @@ import torch
 
 from editkit.bank.store import Bank
 from editkit.core.modes import combined_mode, mode_family
-from editkit.core.registry import Record
 from editkit.errors import ConfigError, IncompatibleVectorsError
-from editkit.merge import MERGE_METHODS, LazyVectors, shapes_of
+from editkit.merge import MERGE_METHODS, LazyVectors, MergeMethod, shapes_of
 
 
 @dataclass
@@ -88,7 +87,8 @@ def _sum_of_vectors(vectors: Mapping[str, Mapping[str, torch.Tensor]]) -> Mappin
     return vectors
 
 
-MERGE_METHODS.register("task-arithmetic", Record.of(_sum_of_vectors, label="task arithmetic"))
+MERGE_METHODS.register("task-arithmetic", MergeMethod.of(_sum_of_vectors, label="task arithmetic",
+                                                            reference_url="https://arxiv.org/abs/2212.04089"))
 
 
 class ScaledVector(Mapping[str, torch.Tensor]):

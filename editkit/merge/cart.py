@@ -37,9 +37,8 @@ from typing import Mapping
 
 import torch
 
-from editkit.core.registry import Record
 from editkit.errors import ConfigError
-from editkit.merge import MERGE_METHODS, TASK_COUNT_DEFAULTS, Vector
+from editkit.merge import MERGE_METHODS, MergeMethod, Vector
 from editkit.merge.spectral import as_matrix, layers, mean_of, rank_of, shaped_like, svd
 
 log = logging.getLogger(__name__)
@@ -102,9 +101,9 @@ def _cart_method(vectors: Mapping[str, Vector], rank_ratio: float = CART_DEFAULT
     return {"cart": cart_merge(vectors, rank_ratio=rank_ratio, lam=lam)}
 
 
-MERGE_METHODS.register("cart", Record.of(_cart_method, label="CART", help={
+MERGE_METHODS.register("cart", MergeMethod.of(_cart_method, label="CART", task_count_defaults=authors_setting,
+                                              reference_url="https://arxiv.org/abs/2412.12153", help={
     "rank_ratio": "fraction of each layer's rank kept of every centered task matrix (default: the authors' for "
                   "the number of tasks: 0.12 for 8, 0.16 for 14, 0.32 for 20, the nearest)",
     "lam": "weight of the summed low-rank centered matrices added to the tasks' average (default: the authors' for "
            "the number of tasks: 2.0 for 8, 1.5 for 14, 1.9 for 20, the nearest)"}))
-TASK_COUNT_DEFAULTS["cart"] = authors_setting

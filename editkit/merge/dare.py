@@ -33,9 +33,8 @@ from typing import Iterable, Mapping
 
 import torch
 
-from editkit.core.registry import Record
 from editkit.errors import ConfigError
-from editkit.merge import MERGE_METHODS, Vector, checked, shapes_of
+from editkit.merge import MERGE_METHODS, MergeMethod, Vector, checked, shapes_of
 from editkit.merge.ties import resolve_signs
 
 log = logging.getLogger(__name__)
@@ -102,7 +101,8 @@ def _dare_method(vectors: Mapping[str, Vector], p: float = DARE_DEFAULT_P, seed:
     return {"dare": dare_merge(vectors.values(), p=p, seed=seed, base=base)}
 
 
-MERGE_METHODS.register("dare", Record.of(_dare_method, label="DARE", help={
+MERGE_METHODS.register("dare", MergeMethod.of(_dare_method, label="DARE",
+                                              reference_url="https://arxiv.org/abs/2311.03099", help={
     "p": "drop rate: each entry of each vector is dropped with probability p, survivors divided by 1 - p",
     "seed": "seed of the random drop",
     "base": "how the sparsified vectors are combined: task-arithmetic (their sum) or ties (sign election, "

@@ -27,9 +27,8 @@ from typing import Mapping
 
 import torch
 
-from editkit.core.registry import Record
 from editkit.errors import ConfigError
-from editkit.merge import MERGE_METHODS, Vector
+from editkit.merge import MERGE_METHODS, MergeMethod, Vector
 from editkit.merge.spectral import as_matrix, is_matrix, layers, mean_of, orthonormalized, rank_of, shaped_like, svd
 
 log = logging.getLogger(__name__)
@@ -95,7 +94,9 @@ def _iso_cts_method(vectors: Mapping[str, Vector],
     return {"iso-cts": isotropic_merge(vectors, common)}
 
 
-MERGE_METHODS.register("iso-c", Record.of(_iso_c_method, label="Iso-C"))
-MERGE_METHODS.register("iso-cts", Record.of(_iso_cts_method, label="Iso-CTS", help={
+#: Both methods' paper (Marczak et al., ICML 2025).
+ISOTROPIC_PAPER = "https://arxiv.org/abs/2502.04959"
+MERGE_METHODS.register("iso-c", MergeMethod.of(_iso_c_method, label="Iso-C", reference_url=ISOTROPIC_PAPER))
+MERGE_METHODS.register("iso-cts", MergeMethod.of(_iso_cts_method, label="Iso-CTS", reference_url=ISOTROPIC_PAPER, help={
     "common": "fraction of each layer's rank given to the summed vectors' top directions; the rest is shared "
               "evenly among the tasks' own"}))

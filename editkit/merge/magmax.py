@@ -25,8 +25,7 @@ from typing import Iterable, Mapping
 
 import torch
 
-from editkit.core.registry import Record
-from editkit.merge import MERGE_METHODS, ORDER_DEPENDENT, Vector, checked
+from editkit.merge import MERGE_METHODS, MergeMethod, Vector, checked
 
 log = logging.getLogger(__name__)
 
@@ -49,5 +48,5 @@ def _magmax_method(vectors: Mapping[str, Vector]) -> dict[str, dict[str, torch.T
     return {"magmax": magmax_merge(vectors.values())}
 
 
-MERGE_METHODS.register("magmax", Record.of(_magmax_method, label="MagMax"))
-ORDER_DEPENDENT.add("magmax")
+MERGE_METHODS.register("magmax", MergeMethod.of(_magmax_method, label="MagMax", order_dependent=True,
+                                                reference_url="https://arxiv.org/abs/2407.06322"))

@@ -47,9 +47,8 @@ from typing import Iterable, Mapping
 
 import torch
 
-from editkit.core.registry import Record
 from editkit.errors import ConfigError
-from editkit.merge import MERGE_METHODS, ORDER_DEPENDENT, Vector, checked, vector_norm
+from editkit.merge import MERGE_METHODS, MergeMethod, Vector, checked, vector_norm
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +108,7 @@ def _opcm_method(vectors: Mapping[str, Vector],
     return {"opcm": opcm_merge(vectors.values(), share=share)}
 
 
-MERGE_METHODS.register("opcm", Record.of(_opcm_method, label="OPCM", help={
+MERGE_METHODS.register("opcm", MergeMethod.of(_opcm_method, label="OPCM", order_dependent=True,
+                                              reference_url="https://arxiv.org/abs/2501.09522", help={
     "share": "cumulative share of singular values whose directions of the merged matrix a new vector may not "
              "enter (the authors' alpha)"}))
-ORDER_DEPENDENT.add("opcm")

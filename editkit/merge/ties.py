@@ -37,9 +37,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from editkit.core.registry import Record
 from editkit.errors import ConfigError
-from editkit.merge import MERGE_METHODS, Vector, checked, shapes_of
+from editkit.merge import MERGE_METHODS, MergeMethod, Vector, checked, shapes_of
 
 log = logging.getLogger(__name__)
 
@@ -130,5 +129,6 @@ def _ties_method(vectors: Mapping[str, Vector], k: float = TIES_DEFAULT_K) -> di
     return {"ties": ties_merge(vectors.values(), k=k)}
 
 
-MERGE_METHODS.register("ties", Record.of(_ties_method, label="TIES-merging",
-                                         help={"k": "fraction of each vector's entries kept by trimming"}))
+MERGE_METHODS.register("ties", MergeMethod.of(_ties_method, label="TIES-merging",
+                                              reference_url="https://arxiv.org/abs/2306.01708",
+                                              help={"k": "fraction of each vector's entries kept by trimming"}))

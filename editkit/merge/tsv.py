@@ -27,8 +27,7 @@ from typing import Mapping
 
 import torch
 
-from editkit.core.registry import Record
-from editkit.merge import MERGE_METHODS, Vector
+from editkit.merge import MERGE_METHODS, MergeMethod, Vector
 from editkit.merge.spectral import as_matrix, is_matrix, layers, mean_of, orthonormalized, rank_of, shaped_like, svd
 
 log = logging.getLogger(__name__)
@@ -61,4 +60,5 @@ def _tsv_method(vectors: Mapping[str, Vector]) -> dict[str, dict[str, torch.Tens
     return {"tsv": tsv_merge(vectors)}
 
 
-MERGE_METHODS.register("tsv", Record.of(_tsv_method, label="TSV-Merge"))
+MERGE_METHODS.register("tsv", MergeMethod.of(_tsv_method, label="TSV-Merge",
+                                            reference_url="https://arxiv.org/abs/2412.00081"))

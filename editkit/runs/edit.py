@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from editkit.core.modes import Mode
-from editkit.merge import ORDER_DEPENDENT, method_options
+from editkit.merge import MERGE_METHODS, method_options
 from editkit.merge.arithmetic import TaskVector, addition_coefficients, combine, merged_vector, negation_coefficients
 from editkit.bank.store import Bank
 from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha_grid, select_negation_alpha
@@ -153,7 +153,7 @@ def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, 
     report = {"operation": "add", "scenario": built.spec.name, "mode": vector.mode, "method": method,
               "options": options, "coefficients": coefficients, "per_task": per_task, "single_task": single,
               **addition_summary(per_task, known)}
-    if method in ORDER_DEPENDENT:  # the merged vector depends on the order the vectors were folded in
+    if MERGE_METHODS[method].order_dependent:  # the merged vector depends on the order the vectors were folded in
         report["order"] = list(coefficients)
     if weights_scores and (weights := _weights_scores(built, vector, tasks, progress, f"evaluating {method}",
                                                       runtime=runtime)) is not None:

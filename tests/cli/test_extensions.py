@@ -1,7 +1,7 @@
 """Extensions from other packages: distributions on the path whose ``entry_points.txt`` names a module in the
 ``editkit.extensions`` group.
 
-``tiny-ext`` registers a backbone family, a task source and a merge method; a stream and a merge run through
+``tiny-ext`` registers a backbone family, a task source and two merge methods; a stream and merges run through
 them from the command line. ``broken-ext`` fails to import and ``dup-ext`` registers a name editkit already has:
 each is named in one warning line, what it registered before failing is taken back, and every other command
 still runs. A fresh process shows the extension's merge method in ``editkit add --help``: extensions load
@@ -29,14 +29,14 @@ from editkit.models import BACKBONES
 runner = CliRunner()
 
 TINY_EXT = '''\
-"""A third-party editkit extension: a backbone family, a task source and a merge method."""
+"""A third-party editkit extension: a backbone family, a task source and merge methods."""
 import torch
 from torch import nn
 
 from editkit.core.registry import Record
 from editkit.data import TASK_SOURCES
 from editkit.data.tasks import tensor_task
-from editkit.merge import MERGE_METHODS
+from editkit.merge import MERGE_METHODS, MergeMethod
 from editkit.models import BACKBONES
 from editkit.models.backbone import Backbone
 
@@ -61,9 +61,15 @@ def halved_sum(vectors):
     return {"halved-sum": {k: sum(vectors[n][k] for n in names) / 2 for k in vectors[names[0]]}}
 
 
+def first_only(vectors):
+    """The first vector alone: a merge whose result depends on the order of the vectors."""
+    return {"first-only": dict(next(iter(vectors.values())))}
+
+
 BACKBONES.register("tiny-mlp", Record.of(tiny_mlp))
 TASK_SOURCES.register("ext-blobs", Record.of(blobs))
 MERGE_METHODS.register("halved-sum", Record.of(halved_sum, label="halved sum"))
+MERGE_METHODS.register("first-only", MergeMethod.of(first_only, order_dependent=True))
 '''
 DUP_EXT = '''\
 from editkit.core.registry import Record
@@ -143,6 +149,10 @@ def test_a_stream_and_a_merge_through_an_extension_package(site, tmp_path, caplo
     invoke("add", "--all", "--alpha", "0.5", "--bank", "bank", "--json", "half.json")
     halved, half = (json.loads((tmp_path / f).read_text()) for f in ("halved.json", "half.json"))
     assert halved["per_task"] == half["per_task"]  # (tau_a + tau_b) / 2 at alpha 1 is the sum at alpha 0.5
+
+    invoke("add", "b", "a", "--method", "first-only", "--bank", "bank", "--json", "first.json")
+    first = json.loads((tmp_path / "first.json").read_text())
+    assert first["order"] == ["b", "a"] and "order" not in halved  # each method's record says whether order counts
 
 
 def test_a_new_process_lists_what_extensions_register_and_names_the_broken_one(site):

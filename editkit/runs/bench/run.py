@@ -95,7 +95,7 @@ from editkit.scenario.spec import ScenarioSpec
 from editkit.errors import BankError, ConfigError, check_choices, IncompatibleVectorsError
 from editkit.util.fields import choice
 from editkit.util.memory import PeakRSS
-from editkit.merge import MERGE_METHODS, ORDER_DEPENDENT, LazyVectors, method_options
+from editkit.merge import MERGE_METHODS, LazyVectors, method_options
 from editkit.merge.ties import TIES_DEFAULT_K
 from editkit.util.progress import NullProgress, Progress
 from editkit.core.adapters import ADAPTERS
@@ -826,7 +826,8 @@ def _report(spec, built, config: BenchConfig, states: Mapping[str, _ModeState], 
         "method_options": {m: options for m, options in _method_options(config, len(tasks)).items()
                            if m in config.methods},
         # the order the vectors were merged in, which the merged vector of these methods depends on
-        "order": {m: list(tasks) for m in config.methods if m in ORDER_DEPENDENT},
+        "order": {m: list(tasks) for m in config.methods if MERGE_METHODS[m].order_dependent},
+        "method_references": {m: MERGE_METHODS[m].reference_url for m in config.methods},
         "run_dir": str(run_dir),
         "addition": {"split": "test", "tuned_on": "val", "columns": list(tasks) + ["absolute", "normalized"], "rows": rows},
         "alpha_search": {m: results[m]["alpha_search"] for m in states},
