@@ -1,8 +1,8 @@
 """Extensions from other packages: distributions on the path whose ``entry_points.txt`` names a module in the
 ``editkit.extensions`` group.
 
-``tiny-ext`` registers a backbone family, a task source and two merge methods; a stream and merges run through
-them from the command line. ``broken-ext`` fails to import and ``dup-ext`` registers a name editkit already has:
+``tiny-ext`` registers a backbone family, a task source, two merge methods and an Avalanche strategy; a stream,
+merges and the strategy run through them, the merges from the command line. ``broken-ext`` fails to import and ``dup-ext`` registers a name editkit already has:
 each is named in one warning line, what it registered before failing is taken back, and every other command
 still runs. A fresh process shows the extension's merge method in ``editkit add --help``: extensions load
 before the first registry lookup, which the CLI's option help makes.
@@ -29,18 +29,20 @@ from editkit.models import BACKBONES
 runner = CliRunner()
 
 TINY_EXT = '''\
-"""A third-party editkit extension: a backbone family, a task source and merge methods."""
+"""A third-party editkit extension: a backbone family, a task source, merge methods and a strategy."""
 import torch
 from torch import nn
 
 from editkit.core.registry import Record
 from editkit.data import TASK_SOURCES
 from editkit.data.tasks import tensor_task
+from editkit.integrations.avalanche.strategies import STRATEGIES
 from editkit.merge import MERGE_METHODS, MergeMethod
 from editkit.models import BACKBONES
 from editkit.models.backbone import Backbone
 
 CALLS = []
+STRATEGY_CALLS = []
 
 
 def tiny_mlp(width: int = 4, seed: int = 0):
@@ -66,10 +68,19 @@ def first_only(vectors):
     return {"first-only": dict(next(iter(vectors.values())))}
 
 
+def naive_twin(marker: int = 0, **fixed):
+    """Avalanche's Naive under another name, recording the option it was given."""
+    from avalanche.training import Naive
+
+    STRATEGY_CALLS.append(marker)
+    return Naive(**fixed)
+
+
 BACKBONES.register("tiny-mlp", Record.of(tiny_mlp))
 TASK_SOURCES.register("ext-blobs", Record.of(blobs))
 MERGE_METHODS.register("halved-sum", Record.of(halved_sum, label="halved sum"))
 MERGE_METHODS.register("first-only", MergeMethod.of(first_only, order_dependent=True))
+STRATEGIES.register("naive-twin", Record.of(naive_twin, label="NaiveTwin"))
 '''
 DUP_EXT = '''\
 from editkit.core.registry import Record
@@ -153,6 +164,27 @@ def test_a_stream_and_a_merge_through_an_extension_package(site, tmp_path, caplo
     invoke("add", "b", "a", "--method", "first-only", "--bank", "bank", "--json", "first.json")
     first = json.loads((tmp_path / "first.json").read_text())
     assert first["order"] == ["b", "a"] and "order" not in halved  # each method's record says whether order counts
+
+
+def test_a_strategy_from_an_extension_package_runs_and_takes_options_in_the_one_grammar(site, tmp_path):
+    from editkit.integrations.avalanche.strategies import STRATEGIES, run_strategy
+    from editkit.scenario.build import build_scenario
+    from editkit.scenario.spec import load_scenario
+    from editkit.train.recipe import Recipe
+
+    (tmp_path / "ext.toml").write_text(SCENARIO)
+    built = build_scenario(load_scenario(str(tmp_path / "ext.toml")))
+    recipes = [Recipe(mode="nonlinear", steps=3, batch_size=8, seed=1)] * 2
+    twin = run_strategy("naive-twin", built, recipes,
+                        options=STRATEGIES.parse_params(["naive-twin.marker=7"])["naive-twin"])
+    assert STRATEGIES.origin("naive-twin") == "tiny-ext" and sys.modules["tiny_ext"].STRATEGY_CALLS == [7]
+    assert twin.options == {"marker": 7} and twin.rows == run_strategy("naive", built, recipes).rows  # Naive's own
+
+    result = runner.invoke(app, ["bench", "--scenario", "ext.toml", "--strategies", "naive-twin",
+                                 "--strategy-params", "naive-twin.marker=x"])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert "strategy 'naive-twin': marker must be an integer, got 'x'" in lines[0]
 
 
 def test_a_new_process_lists_what_extensions_register_and_names_the_broken_one(site):

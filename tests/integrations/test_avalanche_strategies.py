@@ -10,7 +10,7 @@ import torch
 
 from editkit.core.batching import TensorBatching
 from editkit.errors import ConfigError
-from editkit.integrations.avalanche.strategies import STRATEGIES, parse_strategy_params, run_strategy, strategy_options
+from editkit.integrations.avalanche.strategies import STRATEGIES, copying_synaptic_intelligence, run_strategy
 from editkit.models.backbone import Backbone
 from editkit.models.heads import LinearHead
 from editkit.train.recipe import Recipe
@@ -70,7 +70,7 @@ def test_every_strategy_takes_the_recipes_steps_across_epochs_and_scores_every_s
     else:
         assert [list(row) for row in result.rows] == [["t0"], ["t0", "t1"]]
     assert all(0.0 <= v <= 1.0 for row in result.rows for v in row.values())
-    assert result.options == dict(STRATEGIES[name].options) and result.train_seconds > 0
+    assert result.options == STRATEGIES[name].defaults() and result.train_seconds > 0
 
 
 @pytest.mark.parametrize("name", ["naive", "lwf", "replay"])
@@ -94,41 +94,52 @@ def test_a_strategy_is_seeded_by_the_recipe():
     assert run_strategy("naive", stream(), [r.with_overrides(seed=4) for r in recipes(5, 5)]).rows != first.rows
 
 
-def test_options_are_checked_by_name_and_numbers_read_as_numbers():
-    assert parse_strategy_params(["ewc.ewc_lambda=100", "replay.mem_size=500", "ewc.mode=online"]) == {
-        "ewc": {"ewc_lambda": 100, "mode": "online"}, "replay": {"mem_size": 500}}
-    assert strategy_options("lwf", {"alpha": 0.5}) == {"alpha": 0.5, "temperature": 1.0}
-    with pytest.raises(ConfigError, match=r"strategy 'ewc' has no option 'ewc_lamda'; its options: ewc_lambda, mode"):
-        parse_strategy_params(["ewc.ewc_lamda=1"])
-    with pytest.raises(ConfigError, match=r"unknown strategy 'gem' in 'gem.x=1'; choose from naive, ewc, lwf"):
-        parse_strategy_params(["gem.x=1"])
-    with pytest.raises(ConfigError, match="STRATEGY.OPTION=VALUE"):
-        parse_strategy_params(["ewc_lambda=1"])
+def test_options_are_checked_by_name_and_typed_by_their_defaults():
+    given = STRATEGIES.parse_params(["ewc.ewc_lambda=100", "replay.mem_size=500", "ewc.mode=online"])
+    assert given == {"ewc": {"ewc_lambda": 100.0, "mode": "online"}, "replay": {"mem_size": 500}}
+    assert type(given["ewc"]["ewc_lambda"]) is float and type(given["replay"]["mem_size"]) is int
+    assert STRATEGIES.options("lwf", {"alpha": 0.5}) == {"alpha": 0.5, "temperature": 1.0}
+    for values, message in ((["ewc.ewc_lamda=1"], "strategy 'ewc': unknown option 'ewc_lamda'; known: ewc_lambda, mode"),
+                            (["replay.mem_size=1.5"], "strategy 'replay': mem_size must be an integer, got '1.5'"),
+                            (["si.si_lambda=strong"], "strategy 'si': si_lambda must be a number, got 'strong'"),
+                            (["gem.x=1"], "unknown strategy 'gem'; known: agem, ewc, joint, lwf, naive, replay, si"),
+                            (["ewc_lambda=1"], "strategy option 'ewc_lambda=1' is not STRATEGY.OPTION=VALUE")):
+        with pytest.raises(ConfigError) as err:
+            STRATEGIES.parse_params(values)
+        assert str(err.value) == message
     assert run_strategy("replay", stream(), recipes(2, 2), options={"mem_size": 7}).buffer_size == 7
 
 
 def test_synaptic_intelligence_records_the_weights_not_views_of_them():
     """Avalanche's SI stored views of the live weights on a CPU, so its importances and penalty were zero at any
-    lambda (it scored exactly what Naive scores): mended, what it records stays put when the weights move, and a
-    strong lambda holds the first task where Naive forgets it."""
+    lambda (it scored exactly what Naive scores): mended for the run, what it records stays put when the weights
+    move, and a strong lambda holds the first task where Naive forgets it. Outside the run Avalanche's class is its
+    own again (a view, as it was)."""
     from editkit._compat import quiet_avalanche_import
-    from editkit.integrations.avalanche.strategies import mend_synaptic_intelligence
 
     with quiet_avalanche_import():
         from avalanche.training.plugins import SynapticIntelligencePlugin
-    mend_synaptic_intelligence(SynapticIntelligencePlugin)
-    model = torch.nn.Linear(3, 2)
-    target = {n: SimpleNamespace(data=None) for n, _ in model.named_parameters()}
-    SynapticIntelligencePlugin.extract_weights(model, target, set())
-    before = {n: p.detach().clone().flatten() for n, p in model.named_parameters()}
-    with torch.no_grad():
-        model.weight.add_(1.0)
-    assert all(torch.equal(target[n].data, before[n]) for n in before)
+    avalanche_own = SynapticIntelligencePlugin.__dict__["extract_weights"]
+
+    def recorded_after_a_step() -> bool:
+        """Whether what ``extract_weights`` recorded is still the weights before a step once the step is taken."""
+        model = torch.nn.Linear(3, 2)
+        target = {n: SimpleNamespace(data=None) for n, _ in model.named_parameters()}
+        SynapticIntelligencePlugin.extract_weights(model, target, set())
+        before = {n: p.detach().clone().flatten() for n, p in model.named_parameters()}
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        return all(torch.equal(target[n].data, before[n]) for n in before)
+
+    with copying_synaptic_intelligence():
+        assert recorded_after_a_step()
+    assert SynapticIntelligencePlugin.__dict__["extract_weights"] is avalanche_own and not recorded_after_a_step()
 
     naive = run_strategy("naive", stream(), recipes(20, 20))
     held = run_strategy("si", stream(), recipes(20, 20), options={"si_lambda": 1e6})
     assert naive.rows[1]["t0"] < naive.rows[0]["t0"]  # plain fine-tuning on t1 forgets some of t0
     assert held.rows[1]["t0"] == held.rows[0]["t0"] == naive.rows[0]["t0"]  # the penalty holds t0's weights
+    assert SynapticIntelligencePlugin.__dict__["extract_weights"] is avalanche_own  # given back after the run
 
 
 class BagOfTokens(torch.nn.Module):

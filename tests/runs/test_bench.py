@@ -689,8 +689,11 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path):
     refused(base + ["--methods", "ties,magmaxx"], "magmaxx")
     refused(base + ["--grid", "0"], "empty")
     refused(base + ["--seeds", "0"], "at least 1")
-    refused(base + ["--strategies", "naive,gem"], "unknown strategies 'gem'", "naive, ewc, lwf, si, replay, agem, joint")
-    refused(base + ["--strategies", "ewc", "--strategy-params", "ewc.lamda=3"], "no option 'lamda'", "ewc_lambda, mode")
+    refused(base + ["--strategies", "naive,gem"], "unknown strategies 'gem'", "agem, ewc, joint, lwf, naive, replay, si")
+    refused(base + ["--strategies", "ewc", "--strategy-params", "ewc.lamda=3"],
+            "strategy 'ewc': unknown option 'lamda'; known: ewc_lambda, mode")
+    refused(base + ["--strategies", "ewc", "--strategy-params", "ewc.ewc_lambda=strong"],
+            "strategy 'ewc': ewc_lambda must be a number, got 'strong'")
     refused(base + ["--strategies", "ewc", "--strategy-params", "lwf.alpha=2"], "lwf, which --strategies does not run")
     refused(base + ["--grid", "1"], "at least 2")
     refused(base + ["--negation-grid", "0"], "empty")

@@ -19,31 +19,38 @@ fixes is everything the modes fix, so a row differs from a mode's by the strateg
 
 Strategies carry on from the weights the previous experience left, as ``sequential`` does: that is what
 they are. Default options come from ContinualAI's continual-learning-baselines (Avalanche's reproductions)
-where it has the strategy, else Avalanche's defaults; :data:`STRATEGIES` records which.
+where it has the strategy, else Avalanche's defaults; each :class:`Strategy` record says which.
 Avalanche is imported only when a strategy runs (seconds).
+
+The strategies are the registry :data:`STRATEGIES`, so a package adds one through the ``editkit.extensions`` entry
+points as it adds a merge method, and its options are set in the registries' one grammar
+(``--strategy-params ewc.ewc_lambda=100``, typed by each option's default).
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Iterator, Mapping, Sequence
 
 import torch
 
-from editkit.errors import ConfigError
+from editkit.core.registry import Option, Record, Registry
 
 
 @dataclass(frozen=True)
-class StrategySpec:
-    """One of Avalanche's strategies: its class in ``avalanche.training`` and the options editkit gives it."""
+class Strategy(Record):
+    """A continual-learning strategy: ``build(**fixed, **options)`` returns an Avalanche ``SupervisedTemplate``,
+    ``fixed`` being what editkit sets for every strategy alike (``model``, ``optimizer``, ``criterion``,
+    ``train_mb_size``, ``train_epochs``, ``eval_mb_size``, ``device``, ``plugins``, ``evaluator``, ``eval_every``)
+    and ``options`` the strategy's own. ``label`` is its class name, as tables show it."""
 
-    label: str  # the class name, as tables show it
-    options: Mapping[str, Any] = field(default_factory=dict)
-    source: str = "Avalanche's defaults"
+    defaults_from: str = ""  # where the options' defaults come from, for the report (empty: the record's own)
     rehearsal: bool = False  # keeps examples of past tasks (its buffer is part of its cost)
     joint: bool = False  # trains on every task at once: an upper bound, not a continual strategy
+    #: What the strategy's run is wrapped in (a mend of Avalanche's code, given back when the run ends).
+    during: Callable[[], ContextManager[None]] = contextlib.nullcontext
 
     def buffer_size(self, options: Mapping[str, Any], tasks: int) -> int:
         """Examples the strategy keeps: Replay's memory, A-GEM's patterns of every past experience."""
@@ -54,54 +61,78 @@ class StrategySpec:
         return 0
 
 
+STRATEGIES: Registry[Strategy] = Registry("strategy", Strategy)
+"""Strategy name (``--strategies``) -> its :class:`Strategy`; an extension may register a plain
+:class:`~editkit.core.registry.Record`, a strategy that keeps no example and is continual."""
+
+
+def avalanche_class(name: str) -> Callable[..., Any]:
+    """A ``build`` that makes Avalanche's ``avalanche.training.<name>``, importing Avalanche only when it runs."""
+
+    def build(**arguments: Any) -> Any:
+        from editkit._compat import quiet_avalanche_import
+
+        with quiet_avalanche_import():
+            import avalanche.training
+
+        return getattr(avalanche.training, name)(**arguments)
+
+    return build
+
+
+@contextlib.contextmanager
+def copying_synaptic_intelligence() -> Iterator[None]:
+    """Make Avalanche's SI keep copies of the weights, not views of them, until the run ends.
+
+    ``SynapticIntelligencePlugin.extract_weights`` stores ``param.detach().cpu().flatten()``: on a GPU ``.cpu()``
+    copies, but on a CPU it is the parameter itself, so the weights SI records before and after each step are one
+    live tensor, their difference is zero, every importance is zero and the SI penalty is nothing, whatever its
+    lambda (avalanche-lib 0.6.0). Storing a copy is what the method needs and what it gets on a GPU; the rest of
+    the plugin is Avalanche's own. The plugin calls the method through its class, so the class's is replaced (a
+    subclass would not be called), and given back when the run ends: the process's Avalanche is its own again.
+    """
+    from editkit._compat import quiet_avalanche_import
+
+    with quiet_avalanche_import():
+        from avalanche.training.plugins import SynapticIntelligencePlugin as plugin
+
+    @torch.no_grad()
+    def extract_weights(model, target, excluded_parameters) -> None:
+        for name, param in plugin.allowed_parameters(model, excluded_parameters):
+            target[name].data = param.detach().flatten().to("cpu", copy=True)
+
+    avalanche_own = plugin.__dict__["extract_weights"]
+    plugin.extract_weights = staticmethod(extract_weights)
+    try:
+        yield
+    finally:
+        plugin.extract_weights = avalanche_own
+
+
+def _avalanche(name: str, defaults: Mapping[str, Any] | None = None, *,
+               defaults_from: str = "Avalanche's defaults", **facts: Any) -> Strategy:
+    """Avalanche's strategy class ``name`` with ``defaults`` as the options editkit gives it."""
+    options = tuple(Option(key, value) for key, value in (defaults or {}).items())
+    return Strategy(avalanche_class(name), options=options, label=name, defaults_from=defaults_from, **facts)
+
+
 _BASELINES = "continual-learning-baselines"
-STRATEGIES: dict[str, StrategySpec] = {
-    "naive": StrategySpec("Naive"),
-    "ewc": StrategySpec("EWC", {"ewc_lambda": 1.0, "mode": "separate"}, f"{_BASELINES} (permuted_mnist/ewc.py)"),
-    "lwf": StrategySpec("LwF", {"alpha": 1.0, "temperature": 1.0}, f"{_BASELINES} (split_mnist/lwf.py)"),
-    "si": StrategySpec("SynapticIntelligence", {"si_lambda": 1.0, "eps": 0.001},
-                       f"{_BASELINES} (split_mnist/synaptic_intelligence.py)"),
-    "replay": StrategySpec("Replay", {"mem_size": 200}, "Avalanche's defaults", rehearsal=True),
-    "agem": StrategySpec("AGEM", {"patterns_per_exp": 250, "sample_size": 256}, f"{_BASELINES} (permuted_mnist/agem.py)",
-                         rehearsal=True),
-    "joint": StrategySpec("JointTraining", joint=True),
-}
-
-
-def strategy_options(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
-    """The strategy's default options with ``given`` over them; a name it does not take is refused, naming them."""
-    spec = STRATEGIES[name]
-    unknown = sorted(set(given) - set(spec.options))
-    if unknown:
-        known = ", ".join(spec.options) or "none"
-        raise ConfigError(f"strategy {name!r} has no option {', '.join(map(repr, unknown))}; its options: {known}")
-    return {**spec.options, **given}
-
-
-def parse_strategy_params(values: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """``["ewc.ewc_lambda=100", "replay.mem_size=500"]`` -> ``{"ewc": {"ewc_lambda": 100.0}, ...}`` (numbers
-    as numbers), each checked against its strategy's options."""
-    out: dict[str, dict[str, Any]] = {}
-    for value in values:
-        key, sep, raw = value.partition("=")
-        name, dot, option = key.strip().partition(".")
-        if not sep or not dot:
-            raise ConfigError(f"strategy option {value!r} is not STRATEGY.OPTION=VALUE (e.g. ewc.ewc_lambda=100)")
-        if name not in STRATEGIES:
-            raise ConfigError(f"unknown strategy {name!r} in {value!r}; choose from {', '.join(STRATEGIES)}")
-        out.setdefault(name, {})[option] = _number(raw.strip())
-    for name, given in out.items():
-        strategy_options(name, given)
-    return out
-
-
-def _number(raw: str) -> Any:
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
+STRATEGIES.register("naive", _avalanche("Naive"))
+STRATEGIES.register("ewc", _avalanche("EWC", {"ewc_lambda": 1.0, "mode": "separate"},
+                                      defaults_from=f"{_BASELINES} (permuted_mnist/ewc.py)",
+                                      reference_url="https://arxiv.org/abs/1612.00796"))
+STRATEGIES.register("lwf", _avalanche("LwF", {"alpha": 1.0, "temperature": 1.0},
+                                      defaults_from=f"{_BASELINES} (split_mnist/lwf.py)",
+                                      reference_url="https://arxiv.org/abs/1606.09282"))
+STRATEGIES.register("si", _avalanche("SynapticIntelligence", {"si_lambda": 1.0, "eps": 0.001},
+                                     defaults_from=f"{_BASELINES} (split_mnist/synaptic_intelligence.py)",
+                                     reference_url="https://arxiv.org/abs/1703.04200",
+                                     during=copying_synaptic_intelligence))
+STRATEGIES.register("replay", _avalanche("Replay", {"mem_size": 200}, rehearsal=True))
+STRATEGIES.register("agem", _avalanche("AGEM", {"patterns_per_exp": 250, "sample_size": 256},
+                                       defaults_from=f"{_BASELINES} (permuted_mnist/agem.py)", rehearsal=True,
+                                       reference_url="https://arxiv.org/abs/1812.00420"))
+STRATEGIES.register("joint", _avalanche("JointTraining", joint=True))
 
 
 @dataclass
@@ -133,20 +164,18 @@ def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, A
     from editkit.util.progress import NullProgress
 
     with quiet_avalanche_import():
-        import avalanche.training as strategies
-        from avalanche.training.plugins import EvaluationPlugin, SynapticIntelligencePlugin
-    mend_synaptic_intelligence(SynapticIntelligencePlugin)
+        from avalanche.training.plugins import EvaluationPlugin
 
     spec, runtime, progress = STRATEGIES[name], runtime or Runtime(), progress or NullProgress()
-    chosen = strategy_options(name, options or {})
+    chosen = STRATEGIES.options(name, options or {})
     tasks, recipe = list(built.tasks), recipes[0]
     steps = [sum(r.steps for r in recipes)] if spec.joint else [r.steps for r in recipes]
     model = runtime.place(MultiHeadTaskModel(built.backbone, [built.heads[t.name] for t in tasks], mode="nonlinear"))
     model.forward_context = runtime.autocast  # its forwards in the precision editkit's modes train in
     benchmark = benchmark_from_tasks(tasks, built.backbone.batching)
     budget = StepBudget(recipe, steps=steps)
-    with _quiet_strategy(), _seeded(recipe.seed):
-        strategy = getattr(strategies, spec.label)(
+    with _quiet_strategy(), _seeded(recipe.seed), spec.during():
+        strategy = spec.build(
             # a placeholder: StepBudget gives each experience a fresh optimizer with the recipe's schedule
             model=model, optimizer=torch.optim.AdamW(list(model.task_model.theta), lr=recipe.lr),
             criterion=torch.nn.CrossEntropyLoss(), train_mb_size=recipe.batch_size,
@@ -157,27 +186,6 @@ def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, A
                               lambda seen: _scores(model, built, seen, runtime))
     return StrategyResult(name, [own for own, _ in scored], [among for _, among in scored], chosen, budget.seconds,
                           strategy.clock.train_iterations, peak, spec.buffer_size(chosen, len(tasks)))
-
-
-def mend_synaptic_intelligence(plugin) -> None:
-    """Make Avalanche's SI keep copies of the weights, not views of them (idempotent).
-
-    ``SynapticIntelligencePlugin.extract_weights`` stores ``param.detach().cpu().flatten()``: on a GPU ``.cpu()``
-    copies, but on a CPU it is the parameter itself, so the weights SI records before and after each step are one
-    live tensor, their difference is zero, every importance is zero and the SI penalty is nothing, whatever its
-    lambda (avalanche-lib 0.6.0). Storing a copy is what the method needs and what it gets on a GPU; the rest of
-    the plugin is Avalanche's own.
-    """
-    if getattr(plugin.extract_weights, "copies", False):
-        return
-
-    @torch.no_grad()
-    def extract_weights(model, target, excluded_parameters) -> None:
-        for name, param in plugin.allowed_parameters(model, excluded_parameters):
-            target[name].data = param.detach().flatten().to("cpu", copy=True)
-
-    extract_weights.copies = True
-    plugin.extract_weights = staticmethod(extract_weights)
 
 
 @contextlib.contextmanager

@@ -80,7 +80,7 @@ from editkit.eval.accuracy import AdditionSummary, addition_summary
 from editkit.eval.features import EVAL_BATCH_SIZE
 from editkit.settings import default_bank_dir, default_run_dir, torchrun_world, BANKS_DIR, DEFAULT_SCENARIO
 from editkit.train.runtime import Runtime, setup
-from editkit.integrations.avalanche.strategies import STRATEGIES, parse_strategy_params
+from editkit.integrations.avalanche.strategies import STRATEGIES
 from editkit.runs.bench.claims import claims
 from editkit.runs.bench.matrices import method_matrices
 from editkit.runs.bench.strategies import run_strategies, strategy_sections
@@ -111,7 +111,7 @@ log = logging.getLogger(__name__)
 METHODS = tuple(MERGE_METHODS)  # every registered merge method
 #: How tables name each row's method: the merge methods' labels and the two reference rows.
 METHOD_LABELS = {"pretrained": "pretrained", **{m: MERGE_METHODS.label(m) for m in METHODS}, "single-task": "single-task",
-                 **{s: spec.label for s, spec in STRATEGIES.items()}}
+                 **{s: STRATEGIES.label(s) for s in STRATEGIES}}
 DEFAULT_NEGATION_GRID = 11  # 0, 0.1, ..., 1: non-linear negation costs tasks x grid forwards of every validation split
 DEFAULT_XI_GRID = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)
 DEFAULT_XI_SAMPLES = 250
@@ -228,9 +228,9 @@ class BenchConfig:
         """A copy with names parsed and every value checked (raises ConfigError)."""
         modes = parse_names(self.modes, tuple(Mode), "modes")
         methods = parse_names(self.methods, METHODS, "methods")
-        strategies = parse_names(self.strategies, tuple(STRATEGIES), "strategies") if self.strategies else ()
+        strategies = parse_names(self.strategies, STRATEGIES.names(), "strategies") if self.strategies else ()
         params = self.strategy_params.split(",") if isinstance(self.strategy_params, str) else list(self.strategy_params)
-        unasked = sorted(set(parse_strategy_params([p for p in params if p.strip()])) - set(strategies))
+        unasked = sorted(set(STRATEGIES.parse_params([p for p in params if p.strip()])) - set(strategies))
         if unasked:
             raise ConfigError(f"--strategy-params sets options of {', '.join(unasked)}, which --strategies does not run")
         recipe = {k: v for k, v in self.recipe.items() if v is not None}
@@ -499,7 +499,7 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
     t0 = time.perf_counter()
     per_task = task_recipes(spec, **config.recipe)
     strategies = strategy_sections(run_strategies(
-        config.strategies, parse_strategy_params(config.strategy_params), built,
+        config.strategies, STRATEGIES.parse_params(config.strategy_params), built,
         [per_task[n].resolved(len(built.task(n).train)) for n in tasks], runtime=runtime, progress=progress), tasks)
     timings["strategy_seconds"] = time.perf_counter() - t0
 

@@ -41,7 +41,7 @@ def strategy_row(result: StrategyResult, tasks: Sequence[str]) -> dict[str, Any]
         learnt = {t: result.rows[i][t] for i, t in enumerate(tasks)}
         normalized = sum(last[t] / learnt[t] for t in tasks if learnt[t] > 0) / len(tasks)
     among = result.class_rows[-1]
-    return {"method": result.name, "label": STRATEGIES[result.name].label, "mode": None, "variant": VARIANT,
+    return {"method": result.name, "label": STRATEGIES.label(result.name), "mode": None, "variant": VARIANT,
             "coefficient": None, "alpha": None, "per_task": dict(last), "absolute": absolute,
             "normalized": normalized, "class_incremental": sum(among[t] for t in tasks) / len(tasks),
             "class_incremental_per_task": dict(among)}
@@ -61,9 +61,14 @@ def strategy_sections(results: Mapping[str, StrategyResult], tasks: Sequence[str
     return {
         "rows": [strategy_row(r, tasks) for r in results.values()],
         "continual": {name: continual(r, tasks) for name, r in results.items()},
-        "strategies": {name: {"class": STRATEGIES[name].label, "options": r.options,
-                              "defaults_from": STRATEGIES[name].source, "rehearsal": STRATEGIES[name].rehearsal,
-                              "joint": STRATEGIES[name].joint, "rows": r.rows, "class_rows": r.class_rows}
-                       for name, r in results.items()},
+        "strategies": {name: _described(name, r) for name, r in results.items()},
         "strategy_cost": {name: strategy_cost(r) for name, r in results.items()},
     }
+
+
+def _described(name: str, result: StrategyResult) -> dict[str, Any]:
+    """A strategy's entry in the report: its record's facts, the options it ran with and its scores."""
+    record = STRATEGIES[name]
+    return {"class": STRATEGIES.label(name), "options": result.options, "defaults_from": record.defaults_from,
+            "reference_url": record.reference_url, "rehearsal": record.rehearsal, "joint": record.joint,
+            "rows": result.rows, "class_rows": result.class_rows}
