@@ -18,7 +18,7 @@ import typer
 from editkit.cli.options import DEFAULT_BANK, BankOption, Fields, option_for, with_options
 from editkit.merge import MERGE_METHODS
 from editkit.merge.coefficients import NEGATION_RETAIN
-from editkit.runs.bench.run import BenchConfig
+from editkit.runs.bench.config import BenchConfig
 from editkit.scenario.options import BuildOptions
 from editkit.eval.lm_negation import LanguageNegation
 from editkit.settings import default_bank_dir, default_run_dir

@@ -1,6 +1,6 @@
 """Command options generated from dataclass fields, so each setting is declared once.
 
-A field of :class:`~editkit.train.recipe.Recipe`, :class:`~editkit.runs.bench.run.BenchConfig`,
+A field of :class:`~editkit.train.recipe.Recipe`, :class:`~editkit.runs.bench.config.BenchConfig`,
 :class:`~editkit.scenario.options.BuildOptions` or :class:`~editkit.train.runtime.RuntimeOptions`
 says what it means in ``metadata["help"]`` and, for a text field with a fixed set of
 values, lists them in ``metadata["choices"]``. :func:`fields_as_options` turns such a field into a Typer

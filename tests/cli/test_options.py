@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 import typing
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from editkit.cli import app
 from editkit.cli.options import Fields, with_options
 from editkit.errors import ConfigError
 from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS
-from editkit.runs.bench.run import DEFAULT_NEGATION_GRID, BenchConfig
+from editkit.runs.bench.config import DEFAULT_NEGATION_GRID, BenchConfig
 from editkit.runs.edit import recorded_build
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import parse_scenario, task_recipes
@@ -94,6 +96,13 @@ def test_bench_options_carry_the_config_defaults_and_the_shared_constants():
         "cart,dare,iso-c,iso-cts,magmax,opcm,task-arithmetic,ties,tsv")
     assert choices(opts["control"]) == ("auto", "tasks", "imagenet")
     assert options("negate")["min_control"].default == NEGATION_RETAIN
+
+
+def test_the_bench_command_takes_its_options_from_the_config_without_importing_the_runner():
+    code = ("import sys, editkit.cli.compute; "
+            "sys.exit(sorted(m for m in ('editkit.runs.bench.config', 'editkit.runs.bench.run') if m in sys.modules) "
+            "!= ['editkit.runs.bench.config'])")
+    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2]).returncode == 0
 
 
 @pytest.mark.parametrize("name", ["stream", "bench", "add", "negate"])

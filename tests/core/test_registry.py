@@ -13,7 +13,8 @@ from editkit.errors import ConfigError
 from editkit.merge import MERGE_METHODS
 from editkit.merge.ties import TIES_DEFAULT_K, ties_merge
 from editkit.models import BACKBONES, HEADS
-from editkit.runs.bench.run import METHOD_LABELS, METHODS, parse_names
+from editkit.runs.bench.config import METHODS, parse_names
+from editkit.runs.bench.report import METHOD_LABELS
 
 
 def builder(name: str, backbone: object, width: int = 3, scale: float = 1.0, tag: str | None = None) -> tuple:

@@ -26,7 +26,8 @@ from editkit.scenario import build as scenario_mod, spec as scenario_spec
 from editkit.models.backbone import state_fingerprint
 from editkit.bank.store import Bank
 from editkit.runs.bench.claims import verdict
-from editkit.runs.bench.run import BenchConfig, parse_names, run_bench
+from editkit.runs.bench.config import BenchConfig, parse_names
+from editkit.runs.bench.run import run_bench
 from editkit.merge.coefficients import alpha_grid, search_alpha, select_alpha, select_negation_alpha
 from editkit.eval.diagnostics import taujp_matrix
 from editkit.errors import ConfigError

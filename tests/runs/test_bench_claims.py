@@ -8,7 +8,8 @@ from rich.console import Console
 
 from editkit.errors import ConfigError
 from editkit.runs.bench.claims import claims, verdict
-from editkit.runs.bench.run import METHOD_LABELS, BenchConfig
+from editkit.runs.bench.config import BenchConfig
+from editkit.runs.bench.report import METHOD_LABELS
 from editkit.runs.bench.repeats import (Repeat, aggregate, mean_rows, order_repeats, repeat_bank_root, seed_repeats,
                                         spread)
 from editkit.runs.bench.tables import claims_table

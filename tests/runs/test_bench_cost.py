@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from editkit.runs.bench.run import with_step_ratios
+from editkit.runs.bench.report import with_step_ratios
 from editkit.runs.bench.tables import cost_table
 
 

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from editkit.runs.bench.repeats import describe
-from editkit.runs.bench.run import METHOD_LABELS
+from editkit.runs.bench.report import METHOD_LABELS
 from editkit.merge.coefficients import NEGATION_RETAIN
 from editkit.runs.report import pct
 
