@@ -1,6 +1,6 @@
 """Extensions from other packages: the entry-point group ``editkit.extensions``.
 
-A package adds backbone families, task sources, merge methods, scorers... without a line
+A package adds backbone families, task sources, merge methods, strategies, scorers... without a line
 inside editkit: its ``pyproject.toml`` names a module that registers them when imported::
 
     [project.entry-points."editkit.extensions"]

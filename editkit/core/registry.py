@@ -1,7 +1,7 @@
 """Named extensions that announce themselves where they live.
 
-Backbone families, task sources, head kinds, generic unlabeled sources and merge
-methods are each a :class:`Registry` of :class:`Record` s. The module that
+Backbone families, task sources, head kinds, generic unlabeled sources, merge methods,
+continual-learning strategies, loggers... are each a :class:`Registry` of :class:`Record` s. The module that
 implements an extension registers it in one line, so the code that *uses*
 extensions (the scenario builder, the bench) never names a family, source or
 method, and adding one touches no other module. A record carries what a caller
@@ -12,7 +12,9 @@ with a default).
 
 Each registry lives in the layer of what it holds (the backbone families in
 ``editkit.models``, task sources in ``editkit.data``, ...), so registering never
-imports upward.
+imports upward. Facts a caller needs about a thing besides building it (a merge method's order dependence, a
+strategy's rehearsal) are fields of its record: a registry whose records carry such facts holds a subclass of
+:class:`Record` (its ``kind``), never a side table other modules fill in.
 
 Other packages register through the entry-point group ``editkit.extensions``
 (:mod:`editkit.core.extensions`): the first lookup in any registry imports them, and
@@ -62,7 +64,7 @@ class Record:
     #: "kind:dataset"``; a backbone's ``weights``), each with the rule that tells a path from a name: a scenario
     #: file's relative path is read from the scenario file's folder, not the working directory.
     paths: Mapping[str, PathRule] = field(default_factory=dict, hash=False)  # a record stays hashable
-    #: Where the method comes from (its paper), so a listing or a report can cite it.
+    #: Where it comes from (a method's paper), so a listing or a report can cite it.
     reference_url: str = ""
 
     @classmethod

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
+from editkit.core.registry import Record, Registry
 from editkit.errors import ConfigError
 
 PAPER_GRID_POINTS = 21  # linspace(0, 1, 21)
@@ -69,21 +70,23 @@ def _least_target(indices: Sequence[int], alphas: Sequence[float], targets: Sequ
 
 
 @dataclass(frozen=True)
-class PerplexityBound:
-    """A rule for how much control perplexity a negation may cost: ``bound(theta_0's ppl, margin)``."""
+class PerplexityBound(Record):
+    """A rule for how much control perplexity a negation may cost: ``build(theta_0's ppl, margin)`` is the bound,
+    ``margin`` its default margin, ``help`` the rule in words."""
 
-    bound: Callable[[float, float], float]
-    margin: float
-    help: str
+    margin: float = 0.0
+    help: str = ""
 
 
-#: The control-perplexity rules by name, each with its default margin (``--rule``, ``--margin`` of ``editkit negate``).
-PERPLEXITY_RULES: Mapping[str, PerplexityBound] = {
-    "relative": PerplexityBound(lambda ppl_0, tol: (1.0 + tol) * ppl_0, 0.05,
-                                "control perplexity <= (1 + margin) x the pretrained model's"),
-    "absolute": PerplexityBound(lambda ppl_0, slack: ppl_0 + slack, 0.5,
-                                "control perplexity <= the pretrained model's + margin (Ilharco et al.: +0.5)"),
-}
+#: The control-perplexity rules by name (``--rule``, ``--margin`` of ``editkit negate``): a registry, as merge methods
+#: are, so an extension may add one.
+PERPLEXITY_RULES: Registry[PerplexityBound] = Registry("alpha rule", PerplexityBound)
+PERPLEXITY_RULES.register("relative", PerplexityBound(
+    lambda ppl_0, tol: (1.0 + tol) * ppl_0, margin=0.05,
+    help="control perplexity <= (1 + margin) x the pretrained model's"))
+PERPLEXITY_RULES.register("absolute", PerplexityBound(
+    lambda ppl_0, slack: ppl_0 + slack, margin=0.5,
+    help="control perplexity <= the pretrained model's + margin (Ilharco et al.: +0.5)"))
 DEFAULT_PERPLEXITY_RULE = "relative"
 
 
@@ -112,9 +115,7 @@ def select_perplexity_negation_alpha(rows: Sequence[tuple[float, float, float]],
     (``margin`` defaults to the rule's). alpha = 0 is theta_0 itself: it never counts as
     meeting the rule, whatever the grid holds.
     """
-    if rule not in PERPLEXITY_RULES:
-        raise ConfigError(f"unknown alpha rule {rule!r}; choose one of {', '.join(PERPLEXITY_RULES)}")
-    spec = PERPLEXITY_RULES[rule]
+    spec = PERPLEXITY_RULES[rule]  # an unknown rule is refused, naming the known ones
     margin = spec.margin if margin is None else float(margin)
     if not (math.isfinite(margin) and margin >= 0):
         raise ConfigError(f"the margin of the {rule} alpha rule must be a non-negative number, got {margin}")
@@ -124,7 +125,7 @@ def select_perplexity_negation_alpha(rows: Sequence[tuple[float, float, float]],
     tried = [i for i, a in enumerate(alphas) if a > 0]
     if not tried:
         raise ConfigError("choosing a negation alpha needs at least one alpha > 0 on the grid")
-    bound = spec.bound(control_ppl_0, margin)
+    bound = spec.build(control_ppl_0, margin)
     chosen = _least_target(tried, alphas, targets, controls, -bound * (1 + 1e-12))  # the bound's float rounding
     if chosen is not None:
         return PerplexityNegationChoice(alphas[chosen], True, bound, rule, margin)

@@ -64,7 +64,7 @@ def test_equal_targets_go_to_the_lower_control_then_the_smaller_alpha():
 
 
 @pytest.mark.parametrize(("rows", "options", "message"), [
-    (CURVE, {"rule": "relatve"}, "unknown alpha rule 'relatve'; choose one of relative, absolute"),
+    (CURVE, {"rule": "relatve"}, "^unknown alpha rule 'relatve'; known: absolute, relative$"),
     (CURVE, {"margin": -0.1}, "non-negative"),
     ([(0.0, 40.0, 600.0)], {}, "at least one alpha > 0"),
 ])

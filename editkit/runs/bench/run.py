@@ -368,9 +368,10 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
         for coefficient, a in (("1.0", 1.0), ("tuned", chosen)):
             per_task = ev.accuracies(combo_of(a), "test", tasks)
             val = addition_summary(ev.accuracies(combo_of(a), "val", tasks), single["val"])
-            out["rows"].append(addition_row(method, ev, coefficient, a, per_task, single["test"],
-                                    val_absolute=val["absolute"], val_normalized=val["normalized"],
-                                    **class_incremental(ev.class_incremental_accuracies(combo_of(a), "test", tasks))))
+            out["rows"].append(addition_row(
+                method, ev, coefficient, a, per_task, single["test"], val_absolute=val["absolute"],
+                val_normalized=val["normalized"],
+                **class_incremental(ev.class_incremental_accuracies(combo_of(a), "test", tasks))))
 
     for method in (m for m in METHODS if m in config.methods):  # registry order, whatever order they were named in
         start = time.perf_counter()
@@ -390,7 +391,8 @@ def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
                                        config.method_options, progress) if config.matrices else {}
     alone = {t: ev.class_incremental_accuracies({t: 1.0}, "test", [t])[t] for t in tasks}
     out["rows"].append(addition_row("single-task", ev, None, 1.0, single["test"], single["test"],
-                            val_absolute=addition_summary(single["val"], None)["absolute"], **class_incremental(alone)))
+                                    val_absolute=addition_summary(single["val"], None)["absolute"],
+                                    **class_incremental(alone)))
     out["pretrained_class_incremental"] = ev.class_incremental_accuracies({}, "test", tasks)
 
     # merging time: the bank's streamed sum of every vector (median of 3)
