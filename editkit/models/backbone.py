@@ -27,6 +27,28 @@ from editkit.errors import ExportError
 from editkit.models.inputs import IMAGE, ProgramInputs, image_inputs
 
 
+@dataclass(frozen=True)
+class NativeWeights:
+    """How a family's edited weights are written in its own format (:mod:`editkit.io.native` writes them; no
+    code outside the family names it).
+
+    format: the manifest's name for it (``transformers``, ``open_clip``, ``torchvision``...).
+    module: the whole model whose parameters are written (it holds the backbone module's own parameter objects, so
+        an edit of the backbone is an edit of it).
+    loads: what loads it, as code a user types (the model card shows it).
+    file: the safetensors file its state dict goes into; None: the family's library writes the directory itself
+        (``save_pretrained``), with ``tokenizer`` beside it.
+    to_format: the state dict as the family's loader expects it (names, parts the backbone leaves out).
+    """
+
+    format: str
+    module: nn.Module
+    loads: str
+    file: str | None = "weights.safetensors"
+    tokenizer: Any = None
+    to_format: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+
+
 @dataclass
 class Backbone:
     """A feature extractor plus what is needed to feed it and to recognise it.
@@ -79,6 +101,11 @@ class Backbone:
         raise ExportError(f"backbone {self.name} does not say what inputs a program of it takes (no image "
                           "input_spec, no program_inputs of its family): its edited model cannot be written as a "
                           "program")
+
+    def native_weights(self) -> NativeWeights:
+        """The family's own format of its weights; a family that names none: the module's state dict, which the
+        module's class loads."""
+        return NativeWeights("state-dict", self.module, f"`{type(self.module).__name__}.load_state_dict`")
 
     def program_batch(self, dataset: Any, indices: Sequence[int]) -> tuple[torch.Tensor, ...]:
         """The program's inputs for examples ``indices`` of a task split (an image split holds them already)."""

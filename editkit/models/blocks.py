@@ -22,13 +22,13 @@ import contextlib
 import functools
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from editkit.errors import ConfigError
-from editkit.models.backbone import Backbone, state_fingerprint
+from editkit.models.backbone import Backbone, NativeWeights, state_fingerprint
 from editkit.models.packing import Packing, mask_slot, with_mask
 
 #: ``trainable_blocks`` value that makes every block theta.
@@ -171,6 +171,13 @@ class TailBackbone(Backbone):
     #: or ``bf16`` (autocast; whole bf16 weights to sample), whose matrix products a CPU with AVX512-BF16 or AMX
     #: runs several times faster. Set by the scenario's build from the runtime's, which trains in it too.
     precision: str = "fp32"
+    #: The transformers class that loads the whole model's directory.
+    auto_class: ClassVar[str] = "AutoModel"
+
+    def native_weights(self) -> NativeWeights:
+        """The whole model's Hugging Face directory, tokenizer included."""
+        return NativeWeights("transformers", whole_model(self), f"transformers.{self.auto_class}.from_pretrained",
+                             file=None, tokenizer=self.tokenizer)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The context theta_0's own passes run in: bf16 autocast on the model's device, or nothing."""

@@ -25,7 +25,7 @@ Weights are read from local disk only (``editkit.models.lm_weights``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -118,6 +118,7 @@ class CausalLMBackbone(TailBackbone):
 
     lm: nn.Module = field(repr=False, default=None)
     head: LanguageModelHead = field(repr=False, default=None)
+    auto_class: ClassVar[str] = "AutoModelForCausalLM"
 
     def fingerprint(self) -> str:
         """Identity of the whole model (prefix, tail and head): a tail alone could sit on another prefix."""

@@ -52,7 +52,7 @@ from editkit.util.hub import hf_endpoint, hf_hub_cache, host_reachable
 from editkit.util.paths import always_a_path
 from editkit.models import BACKBONES
 from editkit.models.heads import ZeroShotHead
-from editkit.models.backbone import Backbone, state_fingerprint
+from editkit.models.backbone import Backbone, NativeWeights, state_fingerprint
 from editkit.models.inputs import ON_PIL, image_spec
 from editkit.models.clip_keys import OPENAI_SCALARS
 
@@ -461,6 +461,12 @@ class ClipBackbone(Backbone):
         super().__post_init__()
         if self.clip_model is not None:
             self.clip_model.eval()
+
+    def native_weights(self) -> NativeWeights:
+        """The whole open_clip model (text tower included, the image tower edited), as open_clip loads it."""
+        return NativeWeights("open_clip", self.clip_model,
+                             f"open_clip.create_model_and_transforms({self.model_name!r}, pretrained=PATH)",
+                             file="open_clip_model.safetensors")
 
     @property
     def logit_scale(self) -> float:

@@ -22,7 +22,7 @@ from torch import nn
 from editkit.core.registry import Record
 from editkit.errors import MissingResourceError
 from editkit.models import BACKBONES
-from editkit.models.backbone import Backbone
+from editkit.models.backbone import Backbone, NativeWeights
 from editkit.models.inputs import image_spec, images_to_tensor
 
 FEATURE_DIM = 1280
@@ -87,6 +87,11 @@ class EfficientNetBackbone(Backbone):
     objects, plus the ImageNet classifier ``_fc``), whose state dict is this family's own checkpoint format."""
 
     network: nn.Module | None = field(default=None, repr=False)
+
+    def native_weights(self) -> NativeWeights:
+        """The package network's state dict, ImageNet classifier included."""
+        return NativeWeights("efficientnet", self.network,
+                             '`efficientnet_lite_pytorch.EfficientNet.from_name("efficientnet-lite0").load_state_dict`')
 
 
 def build(image_size: int = 32, pretrained: bool = True) -> EfficientNetBackbone:

@@ -46,7 +46,7 @@ from editkit.core.batching import IGNORE_INDEX, Seq2SeqBatching
 from editkit.core.registry import Record
 from editkit.errors import ConfigError
 from editkit.models import BACKBONES, HEADS
-from editkit.models.backbone import Backbone, state_fingerprint
+from editkit.models.backbone import Backbone, NativeWeights, state_fingerprint
 from editkit.models.blocks import ALL_BLOCKS, resolve_blocks
 from editkit.models.lm_weights import MODEL_PATHS, load_pretrained, weights_check
 from editkit.models.causal_lm import final_norm
@@ -167,6 +167,11 @@ class Seq2SeqBackbone(Backbone):
     def fingerprint(self) -> str:
         """Identity of the whole model: a set of decoder blocks alone could sit on another encoder."""
         return state_fingerprint(self.model.state_dict())
+
+    def native_weights(self) -> NativeWeights:
+        """The whole model's Hugging Face directory, tokenizer included."""
+        return NativeWeights("transformers", self.model, "transformers.AutoModelForSeq2SeqLM.from_pretrained",
+                             file=None, tokenizer=self.tokenizer)
 
     def teacher_forcing(self, labels: torch.Tensor) -> torch.Tensor:
         """The decoder input of a labelled example: the start token, then the labels but the last."""

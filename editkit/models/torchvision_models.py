@@ -31,7 +31,7 @@ from torch import nn
 from editkit.core.registry import Record
 from editkit.errors import ConfigError, MissingResourceError
 from editkit.models import BACKBONES
-from editkit.models.backbone import Backbone
+from editkit.models.backbone import Backbone, NativeWeights
 from editkit.models.inputs import image_spec, images_to_tensor
 
 RANDOM = "random"
@@ -44,6 +44,11 @@ class TorchvisionBackbone(Backbone):
 
     arch: str = ""
     classifier: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def native_weights(self) -> NativeWeights:
+        """The whole torchvision model's state dict, its classification layer as it came."""
+        return NativeWeights("torchvision", self.module, f"`torchvision.models.get_model({self.arch!r}).load_state_dict`",
+                             to_format=lambda state: torchvision_state(self, state))
 
 
 def _known_models() -> list[str]:
