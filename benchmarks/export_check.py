@@ -162,7 +162,8 @@ def baseline_program(built: Any, tasks: list[str], path: Path) -> Path:
     import torch
 
     from editkit.merge.arithmetic import TaskVector
-    from editkit.runs.export.program import quiet_export, trace
+    from editkit.io.layout import quiet_export
+    from editkit.io.program import trace
 
     program, _ = trace(built.backbone, TaskVector({}, "nonlinear"), {task: built.heads[task] for task in tasks})
     with quiet_export():
@@ -216,7 +217,8 @@ def family_cost(family: str, out: Path) -> dict[str, Any]:
 
     from editkit.merge.arithmetic import TaskVector
     from editkit.models.heads import LinearHead
-    from editkit.runs.export.program import PROGRAM_FILE, quiet_export, trace
+    from editkit.io.layout import PROGRAM_FILE, quiet_export
+    from editkit.io.program import trace
     from editkit.scenario.build import build_backbone
     import tomllib
 

@@ -46,8 +46,8 @@ _PUBLIC: dict[str, str] = {
     "export_vectors": "editkit.runs.export",
     "export_edit": "editkit.runs.export",
     "predict": "editkit.runs.predict",
-    "read_export": "editkit.runs.export.read",
-    "import_peft_adapter": "editkit.runs.export.peft_io",
+    "read_export": "editkit.io.read",
+    "import_peft_adapter": "editkit.io.peft",
     # scenario files
     "load_scenario": "editkit.scenario.spec",
     "known_scenarios": "editkit.scenario.spec",
@@ -69,7 +69,9 @@ _PUBLIC: dict[str, str] = {
     "MERGE_METHODS": "editkit.merge",
     "TOXICITY_SCORERS": "editkit.eval.toxicity",
     "LOGGERS": "editkit.runs.loggers",
+    "STRATEGIES": "editkit.integrations.avalanche.strategies",
     "Backbone": "editkit.models.backbone",
+    "NativeWeights": "editkit.models.backbone",
     "TaskData": "editkit.data.tasks",
     # inside an Avalanche script
     "TauJpPlugin": "editkit.integrations.avalanche.plugin",

@@ -23,6 +23,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"eval"}),
     frozenset({"integrations"}),
     frozenset({"scenario"}),
+    frozenset({"io"}),
     frozenset({"runs"}),
     frozenset({"cli"}),
     frozenset({"__main__"}),

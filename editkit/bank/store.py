@@ -39,7 +39,6 @@ of its problem list; :meth:`Bank.orphans` lists them.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import logging
@@ -52,9 +51,12 @@ from typing import TYPE_CHECKING, Any
 
 from safetensors import safe_open
 
+from editkit.bank.entries import VectorEntry, check_mode, checked_fields, json_copy, short_fingerprint
+from editkit.bank.summing import (VectorReader, check_bases, common_family, header_shapes, in_merge_space,
+                                  sum_files)
 from editkit.util.atomic import TMP_MARKER, atomic_path, atomic_write_bytes, fsync_dir
-from editkit.core.adapters import LoraSpec, LoraWeights
-from editkit.core.modes import Family, Mode, families_help
+from editkit.core.adapters import LoraSpec
+from editkit.core.modes import Family
 from editkit.errors import BankError, CorruptVectorError, IncompatibleVectorsError
 
 if TYPE_CHECKING:  # torch is imported where tensors are written or summed: reading the manifest needs none
@@ -79,122 +81,7 @@ WRITER_NAME = ".writer"
 _HASH_CHUNK = 1 << 20
 
 
-def _check_mode(mode: str) -> None:
-    if mode not in tuple(Mode):
-        raise BankError(f"unknown vector mode {mode!r}; expected one of {', '.join(Mode)}")
-
-
-def _short(fingerprint: str | None) -> str:
-    """Enough of a fingerprint for a human to tell two apart in an error message."""
-    if fingerprint is None:
-        return "<none>"
-    algo, sep, digest = fingerprint.partition(":")
-    return f"{algo}:{digest[:12]}" if sep else fingerprint[:19]
-
-
 # --------------------------------------------------------------------------- entries
-
-#: Provenance keys that manifests written before ``provenance`` existed kept inside ``metrics``.
-LEGACY_PROVENANCE_KEYS = ("scenario_file", "build")
-
-
-@dataclass(frozen=True)
-class VectorEntry:
-    """One manifest entry: everything needed to find, trust and describe a vector.
-
-    ``metrics`` holds what was measured; ``provenance`` what the vector was made from
-    beyond its recipe (the run writes ``scenario_file`` and ``build``, the backbone and
-    data options it was given), so the scenario can be rebuilt around it later.
-    """
-
-    name: str
-    task: str
-    mode: str
-    base: str
-    file: str
-    checksum: str
-    created: str
-    scenario: str | None = None
-    step: int | None = None
-    recipe: dict = field(default_factory=dict)
-    metrics: dict = field(default_factory=dict)
-    provenance: dict = field(default_factory=dict)
-    #: The task's curvature at theta_0 banked beside the vector (the data-free penalty's input), as the bank wrote
-    #: it: its ``file`` and ``checksum``, and what :meth:`editkit.core.curvature.Curvature.describe` says of it.
-    #: Empty when none was computed.
-    curvature: dict = field(default_factory=dict)
-
-    @property
-    def family(self) -> Family:
-        return Mode(self.mode).family
-
-    @property
-    def adapter(self) -> LoraSpec | None:
-        """The LoRA adapter the vector is (its recipe's), or None for a full vector."""
-        return LoraSpec.from_fields(self.recipe)
-
-    @property
-    def weight_updates(self) -> bool:
-        """A plain-LoRA vector: its factors are scaled and merged as weight updates s * B A."""
-        return self.adapter is not None and not Mode(self.mode).linearized
-
-    def to_json(self) -> dict[str, Any]:
-        """The entry as the manifest stores it; without ``curvature`` where it has none (as written before it
-        existed)."""
-        values = dataclasses.asdict(self)
-        if not values["curvature"]:
-            del values["curvature"]
-        return values
-
-    @classmethod
-    def from_json(cls, data: Any) -> VectorEntry:
-        """Parse one entry, refusing anything a hand edit or a bug could have mangled.
-
-        An entry without ``provenance`` (written before it existed) has its provenance
-        read out of ``metrics``, where those manifests kept it.
-        """
-        if not isinstance(data, dict):
-            raise BankError(f"manifest entry is not an object: {data!r:.80}")
-        missing = [key for key in REQUIRED_FIELDS if not isinstance(data.get(key), str)]
-        if missing:
-            label = data.get("name", "<unnamed>")
-            raise BankError(f"manifest entry {label!r} lacks string field(s): {', '.join(missing)}")
-        described = {key: data[key] for key in DESCRIBED_FIELDS if data.get(key) is not None}
-        if "provenance" not in data and isinstance(described.get("metrics"), dict):
-            metrics = described["metrics"]
-            described["provenance"] = {k: metrics[k] for k in LEGACY_PROVENANCE_KEYS if metrics.get(k) is not None}
-            described["metrics"] = {k: v for k, v in metrics.items() if k not in LEGACY_PROVENANCE_KEYS}
-        _check_mode(data["mode"])
-        return cls(**{key: data[key] for key in REQUIRED_FIELDS},
-                   **_described(described, f"manifest entry {data['name']!r}"))
-
-
-#: The fields every entry has (the bank sets ``file``, ``checksum`` and ``created`` itself) and the
-#: optional ones a writer may give :meth:`Bank.append`, both as :class:`VectorEntry` declares them.
-REQUIRED_FIELDS = tuple(f.name for f in dataclasses.fields(VectorEntry) if f.default is dataclasses.MISSING
-                        and f.default_factory is dataclasses.MISSING)
-DESCRIBED_FIELDS = tuple(f.name for f in dataclasses.fields(VectorEntry) if f.name not in REQUIRED_FIELDS)
-
-
-def _described(values: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """An entry's optional fields, checked the same way when appended and when read back.
-
-    Refuses unknown names, a ``step`` that is not an integer and a ``scenario`` that is
-    not a string (either may be None); ``recipe``, ``metrics`` and ``provenance`` are
-    JSON objects, copied (None: empty), so a refused value never reaches the disk.
-    """
-    unknown = sorted(set(values) - set(DESCRIBED_FIELDS))
-    if unknown:
-        raise BankError(f"{where}: unknown entry field(s) {unknown}; known: {', '.join(DESCRIBED_FIELDS)}")
-    step, scenario = values.get("step"), values.get("scenario")
-    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
-        raise BankError(f"{where}: step must be an integer or null")
-    if scenario is not None and not isinstance(scenario, str):
-        raise BankError(f"{where}: scenario must be a string or null")
-    objects = {key: _json_copy(values.get(key), f"{where}: {key}")
-               for key in ("recipe", "metrics", "provenance", "curvature")}
-    return {"scenario": scenario, "step": step, **objects}
-
 
 @dataclass
 class _Manifest:
@@ -433,10 +320,10 @@ class Bank:
         """
         curvature = described.pop("curvature", None)
         _check_name(name)
-        _check_mode(mode)
+        check_mode(mode)
         if not isinstance(base, str) or not base:
             raise BankError("base must be the base model's fingerprint string")
-        described = _described(described, f"vector {name!r}")
+        described = checked_fields(described, f"vector {name!r}")
         if not tensors:
             raise BankError(f"vector {name!r} has no tensors")
         cpu = _cpu_tensors(tensors)
@@ -472,8 +359,8 @@ class Bank:
                 "use a separate bank")
         if manifest.base is not None and manifest.base != base:
             raise IncompatibleVectorsError(
-                f"vector {name!r} was fine-tuned from base {_short(base)} but bank {self.root} holds "
-                f"vectors of base {_short(manifest.base)}; use a separate bank per base model"
+                f"vector {name!r} was fine-tuned from base {short_fingerprint(base)} but bank {self.root} holds "
+                f"vectors of base {short_fingerprint(manifest.base)}; use a separate bank per base model"
             )
 
     def _write_curvature(self, name: str, curvature: Curvature) -> dict[str, Any]:
@@ -499,7 +386,7 @@ class Bank:
 
     def update_metrics(self, name: str, metrics: dict) -> VectorEntry:
         """Merge ``metrics`` into a vector's metrics (e.g. accuracies measured after training)."""
-        new = _json_copy(metrics, "metrics")
+        new = json_copy(metrics, "metrics")
         self.get(name)  # refuse unknown names before touching the directory
         with self._locked():
             manifest = self._read_manifest()
@@ -537,27 +424,27 @@ class Bank:
         """The tensors of one vector, after checking its checksum (and base, when given)."""
         manifest = self._read_manifest()
         entry = self._get(manifest, name)
-        _check_bases([entry], base)
+        check_bases([entry], base)
         path = self._verify_file(entry)
         try:
             with safe_open(str(path), framework="pt") as fh:
                 return {key: fh.get_tensor(key) for key in fh.keys()}
         except Exception as exc:  # safetensors raises its own types
-            raise CorruptVectorError(f"vector file {path} is truncated or unreadable ({exc})") from exc
+            raise CorruptVectorError(f"vector file {path} is truncated or unreadable") from exc
 
     def reader(self, name: str, *, base: str | None = None) -> VectorReader:
         """One vector whose tensors are read from its file one at a time, when asked for, after checking its
         checksum (and base, when given) once: what a merge that works layer by layer holds instead of the
         whole vector. A plain-LoRA vector reads as its weight updates (see :meth:`merge`)."""
         entry = self._get(self._read_manifest(), name)
-        _check_bases([entry], base)
+        check_bases([entry], base)
         path = self._verify_file(entry)
-        return _in_merge_space(entry, VectorReader(path, _header_shapes(path, name)))
+        return in_merge_space(entry, VectorReader(path, header_shapes(path, name)))
 
     def shapes(self, name: str) -> dict[str, tuple[int, ...]]:
         """Tensor names and shapes of one vector, read from its file's header alone (cheap: no data, no
         checksum), for checking that a vector fits a backbone before anything is loaded."""
-        return _header_shapes(self._path_of(self.get(name)), name)
+        return header_shapes(self._path_of(self.get(name)), name)
 
     def _verify_file(self, entry: VectorEntry, path: Path | None = None, checksum: str | None = None) -> Path:
         """Raise CorruptVectorError unless the entry's file (or ``path``, recorded with ``checksum``) exists and
@@ -568,7 +455,7 @@ class Bank:
         except FileNotFoundError as exc:
             raise CorruptVectorError(f"vector file {path} of {entry.name!r} is missing") from exc
         except OSError as exc:
-            raise CorruptVectorError(f"vector file {path} is truncated or unreadable ({exc})") from exc
+            raise CorruptVectorError(f"vector file {path} is truncated or unreadable") from exc
         if actual != checksum:
             raise CorruptVectorError(self._mismatch_message(path, checksum, actual))
         return path
@@ -586,7 +473,7 @@ class Bank:
                 header = fh.metadata() or {}
                 tensors = {key: fh.get_tensor(key) for key in fh.keys()}
         except Exception as exc:  # safetensors raises its own types
-            raise CorruptVectorError(f"curvature file {path} is truncated or unreadable ({exc})") from exc
+            raise CorruptVectorError(f"curvature file {path} is truncated or unreadable") from exc
         try:
             return Curvature.from_tensors(tensors, header)
         except (KeyError, ValueError) as exc:
@@ -600,9 +487,9 @@ class Bank:
                 fh.keys()
         except Exception:  # safetensors raises its own types
             return (f"vector file {path} is truncated or unreadable "
-                    f"(checksum mismatch: manifest {_short(checksum)}, file {_short(actual)})")
-        return (f"vector file {path}: checksum mismatch (manifest {_short(checksum)}, "
-                f"file {_short(actual)}); the file was modified or damaged after it was stored")
+                    f"(checksum mismatch: manifest {short_fingerprint(checksum)}, file {short_fingerprint(actual)})")
+        return (f"vector file {path}: checksum mismatch (manifest {short_fingerprint(checksum)}, "
+                f"file {short_fingerprint(actual)}); the file was modified or damaged after it was stored")
 
     def verify(self) -> list[str]:
         """Problems that make the bank untrustworthy; an empty list means healthy.
@@ -618,8 +505,8 @@ class Bank:
         problems: list[str] = []
         for entry in manifest.vectors:
             if entry.base != manifest.base:
-                problems.append(f"vector {entry.name!r} has base {_short(entry.base)}, "
-                                f"bank has {_short(manifest.base)}")
+                problems.append(f"vector {entry.name!r} has base {short_fingerprint(entry.base)}, "
+                                f"bank has {short_fingerprint(manifest.base)}")
             try:
                 self._verify_file(entry)
                 if entry.curvature:
@@ -648,8 +535,8 @@ class Bank:
         """Refuse, by name, a selection whose vectors live in different spaces (families, adapters, bases)."""
         manifest = self._read_manifest()
         entries = [self._get(manifest, name) for name in names]
-        family = _common_family(entries)
-        _check_bases(entries, None)
+        family = common_family(entries)
+        check_bases(entries, None)
         return family
 
     def merge(self, coefficients: Mapping[str, float], *, base: str | None = None) -> dict[str, torch.Tensor]:
@@ -666,58 +553,12 @@ class Bank:
         manifest = self._read_manifest()
         entries = [self._get(manifest, name) for name in coefficients]
         alphas = [float(coefficients[e.name]) for e in entries]
-        _common_family(entries)
-        _check_bases(entries, base)
-        paths = [self._verify_file(e) for e in entries]
-        if entries[0].weight_updates:
-            return _merge_views([_in_merge_space(e, VectorReader(p, _header_shapes(p, e.name)))
-                                 for e, p in zip(entries, paths)], alphas)
-        with contextlib.ExitStack() as stack:
-            handles = [self._open(stack, p) for p in paths]
-            keys = _check_layouts(entries, handles)
-            merged = {key: _merge_key(key, handles, alphas) for key in keys}
+        common_family(entries)
+        check_bases(entries, base)
+        merged = sum_files(entries, [self._verify_file(e) for e in entries], alphas)
         logger.info("bank %s: merged %s", self.root,
                     ", ".join(f"{a:+g}*{e.name}" for a, e in zip(alphas, entries)))
         return merged
-
-    @staticmethod
-    def _open(stack: contextlib.ExitStack, path: Path) -> Any:
-        try:
-            return stack.enter_context(safe_open(str(path), framework="pt"))
-        except Exception as exc:  # safetensors raises its own types
-            raise CorruptVectorError(f"vector file {path} is truncated or unreadable ({exc})") from exc
-
-
-def _header_shapes(path: Path, name: str) -> dict[str, tuple[int, ...]]:
-    """Tensor names and shapes of vector ``name``'s file, read from its header alone."""
-    try:
-        with safe_open(str(path), framework="pt") as fh:
-            return {key: tuple(fh.get_slice(key).get_shape()) for key in fh.keys()}
-    except Exception as exc:  # safetensors raises its own types
-        raise CorruptVectorError(f"vector file {path} of {name!r} is missing or unreadable ({exc})") from exc
-
-
-class VectorReader(Mapping[str, "torch.Tensor"]):
-    """A banked vector's tensors by parameter name, each read from the (already verified) file when it is
-    asked for and not kept; ``shapes`` comes from the file's header."""
-
-    def __init__(self, path: Path, shapes: dict[str, tuple[int, ...]]) -> None:
-        self.path, self.shapes = path, shapes
-
-    def __getitem__(self, key: str) -> torch.Tensor:
-        if key not in self.shapes:
-            raise KeyError(key)
-        try:
-            with safe_open(str(self.path), framework="pt") as fh:
-                return fh.get_tensor(key)
-        except Exception as exc:  # safetensors raises its own types
-            raise CorruptVectorError(f"vector file {self.path} is truncated or unreadable ({exc})") from exc
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.shapes)
-
-    def __len__(self) -> int:
-        return len(self.shapes)
 
 
 def open_bank(path: str | Path) -> Bank:
@@ -740,108 +581,3 @@ def _check_name(name: str) -> None:
         )
 
 
-def _json_copy(value: dict | None, what: str) -> dict:
-    """A private JSON-safe copy, so a refused value never reaches the disk half-written."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise BankError(f"{what} must be a dict, got {type(value).__name__}")
-    try:
-        return json.loads(json.dumps(value))
-    except (TypeError, ValueError) as exc:
-        raise BankError(f"{what} must be JSON-serialisable: {exc}") from exc
-
-
-def _in_merge_space(entry: VectorEntry, vector: VectorReader) -> Mapping[str, torch.Tensor]:
-    """The vector as merges and coefficients act on it: as stored, or a plain-LoRA vector's weight updates."""
-    return LoraWeights(vector, entry.adapter.scaling) if entry.weight_updates else vector
-
-
-def _merge_views(views: list[Mapping[str, torch.Tensor]], alphas: list[float]) -> dict[str, torch.Tensor]:
-    """sum_i alpha_i view_i, one parameter at a time (the views compute each tensor when read)."""
-    keys = list(views[0])
-    for i, view in enumerate(views[1:], 1):
-        if view.shapes != views[0].shapes:
-            raise BankError(f"vectors 0 and {i} adapt different layers or shapes")
-    return {key: sum(alpha * view[key] for view, alpha in zip(views, alphas)) for key in keys}
-
-
-def _common_family(entries: list[VectorEntry]) -> Family:
-    if not entries:
-        raise BankError("no vectors selected")
-    adapters = {e.adapter for e in entries}
-    if len(adapters) > 1:
-        listing = ", ".join(f"{e.name} ({e.adapter.describe() if e.adapter else 'full'})" for e in entries)
-        raise IncompatibleVectorsError(f"cannot combine vectors of different adapters (or adapter and full "
-                                       f"vectors): {listing}")
-    families = {e.family for e in entries}
-    if len(families) > 1:
-        listing = ", ".join(f"{e.name} ({e.mode})" for e in entries)
-        raise IncompatibleVectorsError(
-            f"cannot combine non-linear and linearized vectors: {listing}; "
-            f"select vectors of one family ({families_help()})"
-        )
-    return families.pop()
-
-
-def _check_bases(entries: list[VectorEntry], base: str | None) -> None:
-    bases = {e.base for e in entries}
-    if len(bases) > 1:
-        listing = ", ".join(f"{e.name} ({_short(e.base)})" for e in entries)
-        raise IncompatibleVectorsError(f"vectors come from different base models: {listing}")
-    if base is not None and bases != {base}:
-        bad = ", ".join(sorted({e.name for e in entries if e.base != base}))
-        raise IncompatibleVectorsError(
-            f"vector(s) {bad} were fine-tuned from base {_short(bases.pop())}, "
-            f"not from the requested base {_short(base)}"
-        )
-
-
-def _check_layouts(entries: list[VectorEntry], handles: list[Any]) -> list[str]:
-    """Identical key sets and shapes across vectors, checked from headers only."""
-    first, keys = entries[0], list(handles[0].keys())
-    shapes = {k: handles[0].get_slice(k).get_shape() for k in keys}
-    for entry, handle in zip(entries[1:], handles[1:]):
-        other = set(handle.keys())
-        if other != set(keys):
-            extra, lacking = sorted(other - set(keys)), sorted(set(keys) - other)
-            raise BankError(
-                f"vectors {first.name!r} and {entry.name!r} have different parameters: "
-                f"only in {entry.name!r}: {extra[:5]}, only in {first.name!r}: {lacking[:5]}"
-            )
-        for key in keys:
-            shape = handle.get_slice(key).get_shape()
-            if shape != shapes[key]:
-                raise BankError(
-                    f"parameter {key!r} has shape {tuple(shapes[key])} in {first.name!r} "
-                    f"but {tuple(shape)} in {entry.name!r}"
-                )
-    return keys
-
-
-def _merge_key(key: str, handles: list[Any], alphas: list[float]) -> torch.Tensor:
-    """alpha-weighted sum of one parameter, holding one input tensor at a time."""
-    import torch
-
-    acc: torch.Tensor | None = None
-    out_dtype: torch.dtype | None = None
-    for handle, alpha in zip(handles, alphas):
-        tensor = handle.get_tensor(key)
-        out_dtype = tensor.dtype if out_dtype is None else torch.promote_types(out_dtype, tensor.dtype)
-        if acc is None:
-            acc = torch.zeros(tensor.shape, dtype=_acc_dtype(tensor.dtype))
-        elif _acc_dtype(tensor.dtype) == torch.float64 and acc.dtype != torch.float64:
-            acc = acc.double()
-        acc.add_(tensor.to(acc.dtype), alpha=alpha)
-    assert acc is not None and out_dtype is not None
-    if not out_dtype.is_floating_point and not out_dtype.is_complex:
-        acc = acc.round()
-    return acc.to(out_dtype)
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    import torch
-
-    if dtype == torch.float64 or not dtype.is_floating_point:
-        return torch.float64
-    return torch.float32

@@ -149,11 +149,11 @@ def add(
     from editkit.runs.stream import process_runtime
     from editkit.errors import ConfigError
 
+    writes_model = _check_out(out, tau_only, force)  # refused before the bank is read
     store = open_bank(bank)
     if all_ and names:
         raise ConfigError("give vector names or --all, not both")
     selection = store.names() if all_ or not names else names
-    writes_model = _check_out(out, tau_only, force)
     try:
         alphas = [float(a) for a in alpha.split(",")]
     except ValueError:
@@ -173,7 +173,7 @@ def add(
                                      summary={"absolute": w["absolute"], "normalized": w["normalized"]}))
     if writes_model:
         _export(result, store, out, method=method, force=force, build=BuildOptions(**build))
-    _save_outputs(result, out if tau_only else None, json_path)
+    _save_outputs(result, out if tau_only else None, json_path, force=force)
 
 
 @with_options(build=REBUILD, runtime_options=RUNTIME, language=LANGUAGE)
@@ -279,7 +279,7 @@ def generate(
     from editkit.errors import ConfigError
     from editkit.bank.store import Bank
     from editkit.runs.generate import from_bank, from_directory, generate as generate_text, read_prompts
-    from editkit.runs.negate_lm import language_scenario, refuse_stale
+    from editkit.runs.negate_lm import check_fresh, language_scenario
     from editkit.runs.report import write_json
 
     if (name is None) == (model is None):
@@ -294,7 +294,7 @@ def generate(
         if bank is None:
             bank = (default_bank_dir(spec.name, mode or spec.recipe.mode) if spec is not None else DEFAULT_BANK)
         if spec is not None and name in (store := Bank(bank)).names():  # the scenario's vector: as it trains it now
-            refuse_stale(store, name, spec, mode=mode)
+            check_fresh(store, name, spec, mode=mode)
         models = from_bank(bank, name, -alpha if negate else alpha)
     result = generate_text(models, given, scorer=scorer, count=prompts, samples_per_prompt=samples_per_prompt,
                            max_new_tokens=max_new_tokens, seed=seed, progress=RichProgress())
@@ -332,7 +332,7 @@ def _negate_vision(name: str, bank: Path, alpha: float, *, tune_alpha: bool, min
         console.print(f"control set: {r['control_set']}")
     if writes_model:
         _export(result, store, out, force=force, build=build)
-    _save_outputs(result, None if writes_model else out, json_path)
+    _save_outputs(result, None if writes_model else out, json_path, force=force)
 
 
 def _negate_language(name: str, spec, bank: Path, *, alpha: Optional[float], mode: Optional[str],
@@ -375,12 +375,12 @@ def _check_out(out: Optional[Path], tau_only: bool, force: bool) -> bool:
     """Whether ``--out`` writes a model (not ``--tau-only``'s vector); a target it may not write to is refused now,
     before any work."""
     from editkit.errors import ConfigError
-    from editkit.runs.export import check_target
+    from editkit.io.targets import check_file_target, check_target
 
     if tau_only and out is None:
         raise ConfigError("--tau-only says what --out writes: give --out too")
-    if out is not None and not tau_only:
-        check_target(out, force=force)
+    if out is not None:
+        (check_file_target if tau_only else check_target)(out, force=force)
     return out is not None and not tau_only
 
 
@@ -395,17 +395,13 @@ def _export(result, store, out: Path, *, force: bool, build: BuildOptions, metho
                   f"(editkit predict --model {written} INPUTS)")
 
 
-def _save_outputs(result, out: Optional[Path], json_path: Optional[Path]) -> None:
-    from safetensors.torch import save_file
-
-    from editkit.util.atomic import atomic_path
+def _save_outputs(result, out: Optional[Path], json_path: Optional[Path], *, force: bool) -> None:
     from editkit.cli.console import console
+    from editkit.io.tau import write_tau
     from editkit.runs.report import write_json
 
     if out is not None:
-        with atomic_path(out) as tmp:
-            save_file({k: v.contiguous() for k, v in result.vector.tensors.items()}, str(tmp),
-                      metadata={"mode": result.mode, "coefficients": str(result.coefficients)})
+        write_tau(result.vector.tensors, out, mode=result.mode, coefficients=result.coefficients, force=force)
         console.print(f"task vector written to {out}")
     if json_path is not None:
         write_json(json_path, result.report)
@@ -432,14 +428,14 @@ def bank_import(
 ) -> None:
     from editkit.cli.console import console
     from editkit.errors import ConfigError
-    from editkit.runs.checkpoints import IMPORTED, import_checkpoint
+    from editkit.io.checkpoints import IMPORTED, import_checkpoint
     from editkit.scenario.spec import load_scenario
 
     if (finetuned is None) == (peft is None):
         raise ConfigError("give the fine-tuned model: --finetuned CHECKPOINT or --peft ADAPTER_DIR (one of them)")
     bank = bank or default_bank_dir(load_scenario(scenario).name, IMPORTED)
     if peft is not None:
-        from editkit.runs.export.peft_io import import_peft_adapter
+        from editkit.io.peft import import_peft_adapter
 
         if base is not None:
             raise ConfigError("--base is for --finetuned checkpoints: a PEFT adapter is its own difference")

@@ -31,14 +31,13 @@ from editkit.merge.arithmetic import TaskVector, addition_coefficients, combine,
 from editkit.bank.store import Bank
 from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS, alpha_grid, select_negation_alpha
 from editkit.train.runtime import Runtime, default_runtime
-from editkit.train.recipe import attach_adapter
-from editkit.errors import BankError, ConfigError, IncompatibleVectorsError
+from editkit.errors import ConfigError
 from editkit.eval.accuracy import ClassificationScorer, addition_summary, evaluate_vector, negation_summary
 from editkit.eval.scorers import task_scorer
 from editkit.util.progress import NullProgress, Progress
-from editkit.scenario.spec import ScenarioSpec, known_scenarios, load_scenario
-from editkit.scenario.build import BuiltScenario, build_scenario
+from editkit.scenario.build import BuiltScenario
 from editkit.scenario.options import BuildOptions
+from editkit.scenario.provenance import bank_scenario, recorded_build
 
 log = logging.getLogger(__name__)
 
@@ -63,40 +62,6 @@ class EditResult:
     @property
     def backbone(self) -> Any:
         return None if self.built is None else self.built.backbone
-
-
-def recorded_build(bank: Bank, name: str, given: BuildOptions | None = None) -> BuildOptions:
-    """The build options vector ``name``'s stream recorded, with the ``given`` ones laid over them."""
-    recorded = BuildOptions.from_json(bank.get(name).provenance.get("build"))
-    return (given or BuildOptions()).over(recorded)
-
-
-def scenario_of(bank: Bank, names: Sequence[str], progress: Progress, *, build: BuildOptions,
-                runtime: Runtime) -> BuiltScenario:
-    """Rebuild the scenario the selected vectors were fine-tuned in, on ``runtime``'s device, and check
-    its base model. ``build``: the options to build with (see :func:`recorded_build`)."""
-    entries = [bank.get(n) for n in names]
-    scenarios = {e.scenario for e in entries}
-    if len(scenarios) != 1 or None in scenarios:
-        raise BankError(f"vectors {list(names)} come from different or unknown scenarios {sorted(map(str, scenarios))}")
-    seed = int(entries[0].recipe.get("seed", 0))
-    spec = find_scenario(scenarios.pop(), entries[0].provenance.get("scenario_file"))
-    built = build_scenario(spec, seed=seed, progress=progress, build=build, device=str(runtime.device),
-                           precision=runtime.precision)
-    attach_adapter(built.backbone.module, [e.recipe for e in entries])
-    runtime.place(built.backbone.module)
-    if built.backbone.fingerprint() != bank.base:
-        raise IncompatibleVectorsError(
-            f"bank {bank.root} was built on another base model than scenario {built.spec.name!r}'s {built.backbone.name}"
-        )
-    return built
-
-
-def find_scenario(name: str, recorded_file: str | None) -> ScenarioSpec:
-    """By name among the known scenarios, else the file the stream recorded in the bank."""
-    if name in known_scenarios() or not recorded_file or not Path(recorded_file).is_file():
-        return load_scenario(name)
-    return load_scenario(recorded_file)
 
 
 def _evaluate(built: BuiltScenario, vector: TaskVector | None, mode: str, tasks: Sequence[str], progress: Progress,
@@ -144,8 +109,7 @@ def add(bank: Bank, names: Sequence[str], alpha: float | Sequence[float] = 1.0, 
     coefficients = addition_coefficients(list(names), alpha)
     options = method_options(method, params or {}, tasks=len(coefficients))
     vector = merged_vector(bank, coefficients, method, options)
-    first = next(iter(coefficients))
-    built = scenario_of(bank, list(coefficients), progress, build=recorded_build(bank, first, build), runtime=runtime)
+    built = bank_scenario(bank, list(coefficients), build, progress=progress, runtime=runtime)
     tasks = [bank.get(n).task for n in coefficients]
     per_task = _evaluate(built, vector, vector.mode, tasks, progress, f"evaluating {method}", runtime=runtime)
     single = {bank.get(n).task: bank.get(n).metrics.get("single_task") for n in coefficients}
@@ -201,7 +165,7 @@ def negate(
     coefficients = negation_coefficients(name, alpha)
     vector = combine(bank, coefficients)  # reads and verifies the vector before anything is built
     build = recorded_build(bank, name, build)
-    built = scenario_of(bank, [name], progress, build=build, runtime=runtime)
+    built = bank_scenario(bank, name, build, progress=progress, runtime=runtime)
     if hasattr(built.backbone, "prefix"):  # scored by accuracy below, which a language model has none of
         raise ConfigError(f"vector {name!r} was fine-tuned on a language model: give its scenario a [negation] "
                           "table to negate it (perplexities and sampled text)")

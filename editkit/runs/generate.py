@@ -25,8 +25,8 @@ from editkit.eval.language import EXAMPLES, sample_continuations, scored_example
 from editkit.eval.lm_negation import LanguageNegation, SAMPLE_BATCH, edited_weights, in_precision
 from editkit.eval.toxicity import TOXICITY_SCORERS
 from editkit.merge.arithmetic import combine
-from editkit.runs.edit import find_scenario
-from editkit.runs.export import MANIFEST_FILE, bank_backbone
+from editkit.io.layout import MANIFEST_FILE
+from editkit.scenario.provenance import bank_backbone, find_scenario, recorded_scenario
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import ScenarioSpec
 from editkit.util.progress import NullProgress, Progress
@@ -76,7 +76,7 @@ def from_bank(bank: Bank | Path | str, name: str, alpha: float, *, build: BuildO
         raise BankError(f"bank {bank.root} has no vector {name!r}: run `editkit negate {name}` (or `editkit stream`) "
                         "first, or pass --bank DIR")
     entry = bank.get(name)
-    spec = find_scenario(entry.scenario, entry.provenance.get("scenario_file"))
+    spec = recorded_scenario(entry)
     if spec.backbone.get("family") != "causal-lm":
         raise ConfigError(f"vector {name!r} was fine-tuned on a {spec.backbone.get('family')} backbone: "
                           "editkit generate samples text from causal language models only")

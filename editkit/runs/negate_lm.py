@@ -32,13 +32,13 @@ from torch.utils.data import Subset
 from editkit.bank.store import Bank
 from editkit.core.modes import Mode
 from editkit.data.text import TokenSequences, corpus_split, pooled_sequences
-from editkit.errors import BankError, ConfigError, IncompatibleVectorsError
+from editkit.errors import ConfigError
 from editkit.eval.lm_negation import (LanguageNegation, neutral_prompts, sampled, scaled, split_perplexity,
                                       split_perplexity_by_group, task_model)
 from editkit.eval.toxicity import TOXICITY_SCORERS, provenance
 from editkit.merge.arithmetic import combine
 from editkit.merge.coefficients import select_perplexity_negation_alpha
-from editkit.runs.edit import find_scenario, recorded_build, scenario_of
+from editkit.scenario.provenance import bank_scenario, check_base, recorded_scenario, refuse_stale, staleness
 from editkit.runs.report import pyplot
 from editkit.scenario.build import BuiltScenario, build_scenario, require_scenario
 from editkit.scenario.options import BuildOptions
@@ -269,14 +269,13 @@ def negate_language(bank: Bank, name: str, *, alpha: float | None = None, settin
     runtime = runtime or default_runtime()
     vector = combine(bank, {name: 1.0})  # tau, read and verified before anything is built
     if evaluation is None:
-        built = scenario_of(bank, [name], progress, build=recorded_build(bank, name, build), runtime=runtime)
+        built = bank_scenario(bank, name, build, progress=progress, runtime=runtime)
         if not hasattr(built.backbone, "prefix"):
             raise ConfigError(f"vector {name!r} was not fine-tuned on a language model: use `editkit negate` "
                               "without language-model options")
         evaluation = NegationEvaluation(built, bank.get(name).task, negation_settings(built, settings), progress)
-    elif evaluation.built.backbone.fingerprint() != bank.base:
-        raise IncompatibleVectorsError(f"bank {bank.root} was built on another base model than "
-                                       f"{evaluation.built.backbone.name}")
+    else:
+        check_base(bank, evaluation.built.backbone)
     tuning = None
     before = dict(evaluation.seconds)
     started = time.perf_counter()
@@ -312,7 +311,7 @@ def ensure_vector(spec: ScenarioSpec, name: str, bank_dir: Path, *, progress: Pr
     bank = Bank(bank_dir)
     if bank.exists() and name in bank.names():
         ran = runtime.precision if runtime is not None else resolve_precision(None, resolve_device(), spec.precision)
-        refuse_stale(bank, name, spec, build, precision=ran, **recipe)
+        check_fresh(bank, name, spec, build, precision=ran, **recipe)
     else:
         from editkit.runs.stream import run_scenario
 
@@ -336,7 +335,7 @@ def negate_scenario(spec: ScenarioSpec, name: str, bank_dir: Path, *, alpha: flo
     runtime = runtime or default_runtime(precision=spec.precision)
     bank = Bank(bank_dir)
     if bank.exists() and name in bank.names():
-        refuse_stale(bank, name, spec, build, precision=runtime.precision, **recipe)
+        check_fresh(bank, name, spec, build, precision=runtime.precision, **recipe)
         return negate_language(bank, name, alpha=alpha, settings=settings, progress=progress, build=build,
                                runtime=runtime)
     require_scenario(spec, build)  # before the model is loaded, as the stream would
@@ -352,12 +351,11 @@ def negate_scenario(spec: ScenarioSpec, name: str, bank_dir: Path, *, alpha: flo
     return report
 
 
-def refuse_stale(bank: Bank, name: str, spec: ScenarioSpec, build: BuildOptions | None = None,
+def check_fresh(bank: Bank, name: str, spec: ScenarioSpec, build: BuildOptions | None = None,
                  precision: str | None = None, **recipe: Any) -> None:
     """Refuse (one line, each differing field banked and now) vector ``name`` of ``bank`` when a stream of ``spec``
     with ``recipe`` laid over its own, its steps in ``precision`` (None: not compared), would fine-tune another one
-    (:func:`editkit.runs.stream.stale_fields`)."""
-    from editkit.runs.stream import stale_fields
+    (:func:`editkit.scenario.provenance.staleness`)."""
     from editkit.scenario.spec import task_recipes
 
     wanted = task_recipes(spec, **recipe)[name] if name in spec.task_names else spec.recipe.with_overrides(**recipe)
@@ -365,10 +363,10 @@ def refuse_stale(bank: Bank, name: str, spec: ScenarioSpec, build: BuildOptions 
     # steps they came to being the train split's to say
     resolved = wanted.resolved(1)
     wanted = resolved if wanted.epochs is None else dataclasses.replace(resolved, steps=bank.get(name).recipe["steps"])
-    if differences := stale_fields(bank.get(name), spec, wanted, build or BuildOptions(), precision):
-        raise BankError(f"bank {bank.root} holds {name!r} fine-tuned otherwise than scenario {spec.name!r} asks for "
-                        f"now ({differences}): pass --bank DIR to fine-tune it there, or remove it "
-                        f"(editkit bank remove {name} --bank {bank.root}) to fine-tune it here again")
+    entry = bank.get(name)
+    refuse_stale(bank, entry, staleness(entry, wanted, scenario=spec, build=build, precision=precision),
+                 f"pass --bank DIR to fine-tune it there, or remove it (editkit bank remove {name} --bank {bank.root}) "
+                 "to fine-tune it here again")
 
 
 def language_scenario(name: str) -> ScenarioSpec | None:
@@ -388,7 +386,7 @@ def is_language_vector(bank: Bank, name: str) -> bool:
         return False
     entry = bank.get(name)
     try:
-        spec = find_scenario(entry.scenario, entry.provenance.get("scenario_file"))
+        spec = recorded_scenario(entry)
     except ConfigError:  # neither known nor on disk: the vision path says so when it rebuilds
         return False
     return spec.negation is not None

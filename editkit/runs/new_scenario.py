@@ -34,6 +34,7 @@ from editkit.data.tables import TEXT_COLUMN, format_of, read_splits
 from editkit.data.user_data import IMAGE_COLUMN, LABEL_COLUMN
 from editkit.data.user_images import class_dirs, image_suffixes, split_dirs
 from editkit.errors import ConfigError
+from editkit.io.targets import check_file_target
 from editkit.models import BACKBONES
 from editkit.scenario.spec import known_scenarios, load_scenario
 from editkit.train.recipe import Recipe
@@ -211,8 +212,7 @@ def new_scenario(data: str | os.PathLike, out: str | os.PathLike | None = None, 
     tasks = find_tasks(data)
     name = name or Path(data).resolve().stem
     out = Path(out) if out is not None else Path(f"{name}.toml")
-    if out.exists() and not force:
-        raise ConfigError(f"{out} exists: pass --force to replace it, or name another file with --out")
+    check_file_target(out, force=force)
     if model is not None and "model" not in load_scenario(TEMPLATES[tasks[0].modality]).backbone:
         raise ConfigError(f"--model applies to text backbones; {tasks[0].modality} use the "
                           f"{TEMPLATES[tasks[0].modality]} backbone (edit [backbone] to change it)")

@@ -25,7 +25,7 @@ import torch
 
 from editkit.errors import ConfigError, DataError
 from editkit.models.inputs import IMAGE, TEXT, image_transform, pad_right
-from editkit.runs.export.read import Export, read_export
+from editkit.io.read import Export, read_export
 from editkit.util.progress import NullProgress, Progress
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})

@@ -28,7 +28,6 @@ optimizer step and each finished experience (``editkit.runs.loggers``).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ from torch.utils.data import Dataset
 
 from editkit.integrations.avalanche.benchmark import Experience, experiences, task_experiences
 from editkit.models.backbone import Backbone
-from editkit.bank.store import Bank, VectorEntry
+from editkit.bank.store import Bank
 from editkit.merge.continual import StreamMerge, default_merge, starting_vector, stream_merge
 from editkit.train.runtime import Runtime, default_runtime, setup, teardown
 from editkit.errors import BankError, ConfigError
@@ -53,12 +52,13 @@ from editkit.eval.scorers import task_scorer
 from editkit.util.progress import NullProgress, Progress
 from editkit.runs.loggers import RunLogger, open_loggers, parse_loggers
 from editkit.runs.records import MergedScores, StepRecord, StreamResult, StreamStepCallback, TrainingCost
-from editkit.train.recipe import Recipe, attach_adapter, describe_differences
+from editkit.train.recipe import Recipe, attach_adapter
 from editkit.core.adapters import trainable_names
 from editkit.core.curvature import Curvature, CurvatureRegularizer, source_curvature
 from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
 from editkit.scenario.options import BuildOptions
+from editkit.scenario.provenance import check_base, refuse_stale, scenario_provenance, staleness
 from editkit.scenario.spec import ScenarioSpec
 
 if TYPE_CHECKING:  # annotations only
@@ -289,15 +289,9 @@ class StreamRunner:
         if name not in self.bank:
             return None
         entry = self.bank.get(name)
-        wanted = self.recipe_for(t).to_dict()
-        if entry.scenario != self.scenario:
-            why = f"scenario {entry.scenario!r}, not {self.scenario!r}"
-        elif differences := describe_differences(entry.recipe, wanted):
-            why = f"recipe: {differences}"
-        else:
-            return StepRecord.from_dict(entry.metrics)
-        raise BankError(f"bank {self.bank.root} holds a vector {name!r} from another run ({why}); "
-                        f"use another --bank directory or remove it")
+        refuse_stale(self.bank, entry, staleness(entry, self.recipe_for(t), scenario=self.scenario),
+                     "use another --bank directory or remove it")
+        return StepRecord.from_dict(entry.metrics)
 
     def run(self, *, resume: bool, on_step: StreamStepCallback | None = None) -> StreamResult:
         self._check_processes()
@@ -348,8 +342,7 @@ class StreamRunner:
                 f"bank {self.bank.root} already holds {', '.join(self.bank.names())}; pass --resume to continue "
                 "that run, or choose another --bank directory"
             )
-        if self.bank.base is not None and self.bank.base != self.base:
-            raise BankError(f"bank {self.bank.root} was built on another base model than {self.backbone.name}")
+        check_base(self.bank, self.backbone, self.base)
 
 
 def run_stream(
@@ -533,42 +526,6 @@ def run_scenario(
             write_json(out_dir / "report.json", report)
         runtime.barrier()
         return result, report
-
-
-def scenario_provenance(spec: ScenarioSpec, build: BuildOptions) -> dict[str, Any]:
-    """What a banked vector records so ``add`` / ``negate`` / ``bench`` can rebuild its scenario: the scenario
-    file and the build options it was made with; and every task's source options as the run used them, so a later
-    run can tell a vector made from other data (:func:`stale_fields`)."""
-    from editkit.scenario.build import task_options
-
-    options = {t.name: json.loads(json.dumps(task_options(spec, t, build), default=str)) for t in spec.tasks}
-    return {"scenario_file": str(spec.path.resolve()) if spec.path else None, "build": build.to_json(),
-            "task_options": options}
-
-
-def stale_fields(entry: VectorEntry, spec: ScenarioSpec, recipe: Recipe, build: BuildOptions,
-                 precision: str | None = None) -> str:
-    """Each field whose banked value is not the one the scenario asks for now, as one line (``"lam 1.0 banked, 3.0
-    now, task option focus_words None banked, 'profanity' now"``): the recipe's fields, the task's source options
-    and the precision the steps ran in, each where the bank recorded it (vectors banked before it did are compared
-    by recipe alone). Empty when the vector is what a run of ``spec`` with ``recipe``, ``build`` and ``precision``
-    would fine-tune now."""
-    banked = entry.provenance.get("precision")
-    differs = None not in (banked, precision) and banked != precision
-    ran = f"precision {banked} banked, {precision} now" if differs else ""
-    return ", ".join(part for part in (describe_differences(entry.recipe, recipe.to_dict()),
-                                       task_option_differences(entry, spec, build), ran) if part)
-
-
-def task_option_differences(entry: VectorEntry, spec: ScenarioSpec, build: BuildOptions) -> str:
-    """The task's source options whose banked value is not the scenario's now, as one line (empty where they agree,
-    or where the bank recorded none: vectors banked before it did)."""
-    recorded = (entry.provenance.get("task_options") or {}).get(entry.task)
-    if recorded is None:
-        return ""
-    current = scenario_provenance(spec, build)["task_options"].get(entry.task, {})
-    return ", ".join(f"task option {key} {recorded.get(key)!r} banked, {current.get(key)!r} now"
-                     for key in sorted(set(recorded) | set(current)) if recorded.get(key) != current.get(key))
 
 
 @contextlib.contextmanager

@@ -248,12 +248,12 @@ def test_flipped_byte_is_caught_by_load_merge_and_verify(bank: Bank, monkeypatch
     flip_last_byte(bank.root / "bad.safetensors")
     with pytest.raises(CorruptVectorError, match="bad.safetensors.*checksum mismatch"):
         bank.load("bad")
-    import editkit.bank.store as bank_module
+    import editkit.bank.summing as bank_module
 
     def must_not_sum(*args, **kwargs):
         raise AssertionError("merge summed before verifying every checksum")
 
-    monkeypatch.setattr(bank_module, "_merge_key", must_not_sum)
+    monkeypatch.setattr(bank_module, "merge_key", must_not_sum)
     with pytest.raises(CorruptVectorError, match="checksum mismatch"):
         bank.merge({"good": 1.0, "bad": 1.0})
     problems = bank.verify()

@@ -97,13 +97,13 @@ def assert_the_program_scores_teacher_forced_as_reported(out: Path, bank: Bank, 
     from transformers import AutoModelForSeq2SeqLM
 
     from editkit.core.batching import IGNORE_INDEX
-    from editkit.runs import export
-    from editkit.runs.export.read import read_export
+    from editkit.scenario import provenance
+    from editkit.io.read import read_export
 
     manifest = json.loads((out / "editkit.json").read_text())
     assert manifest["input"]["kind"] == "text-to-text" and manifest["weights"]["format"] == "transformers"
     assert [t["name"] for t in manifest["tasks"]] == TASKS and manifest["tasks"][0]["head"] == "identity"
-    built = export.bank_scenario(bank, "cola")
+    built = provenance.bank_scenario(bank, "cola")
     tau = {n: sum(bank.load(name)[n] for name in TASKS) for n in bank.load("cola")}
     loaded = AutoModelForSeq2SeqLM.from_pretrained(out)
     theta0 = dict(built.backbone.model.named_parameters())

@@ -21,7 +21,7 @@ from editkit.cli.options import Fields, with_options
 from editkit.errors import ConfigError
 from editkit.merge.coefficients import NEGATION_RETAIN, PAPER_GRID_POINTS
 from editkit.runs.bench.config import DEFAULT_NEGATION_GRID, BenchConfig
-from editkit.runs.edit import recorded_build
+from editkit.scenario.provenance import recorded_build
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import parse_scenario, task_recipes
 from editkit.train.recipe import Recipe

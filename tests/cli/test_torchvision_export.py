@@ -85,7 +85,7 @@ def test_negate_out_writes_theta0_minus_alpha_tau_as_a_torchvision_state_dict(of
     from editkit.runs import edit
 
     with monkeypatch.context() as patched:  # a directory with content: refused before anything is built
-        patched.setattr(edit, "scenario_of", lambda *a, **k: pytest.fail("work started"))
+        patched.setattr(edit, "bank_scenario", lambda *a, **k: pytest.fail("work started"))
         result = runner.invoke(app, ["negate", "bugs", "--bank", "bank", "--out", "negated"])
     one_line_refusal(result, "error: --out negated is a directory that is not empty: pass --force to replace it")
     assert (tmp_path / "negated" / "older.txt").read_bytes() == b"an older file"

@@ -184,7 +184,7 @@ def test_a_written_module_is_the_plain_module_with_the_updates_merged():
     """``--out`` of a backbone without a format of its own writes the module's state dict: without the adapter,
     each adapted weight W + s B A (plain LoRA merged as weight updates), loadable into the plain module."""
     from editkit.models.backbone import Backbone
-    from editkit.runs.export.native import edited, plain_state
+    from editkit.io.native import edited, plain_state
 
     module = adapted_mlp()
     tau = random_like(trainable_names(module), module, seed=4)

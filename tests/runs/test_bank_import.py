@@ -29,8 +29,8 @@ from editkit.bank.store import Bank
 from editkit.cli import app
 from editkit.errors import BankError, IncompatibleVectorsError
 from editkit.models.clip import TINY_CLIP_CONFIG
-from editkit.runs.checkpoints import import_checkpoint, module_parameters
-from editkit.runs.stream import scenario_provenance
+from editkit.io.checkpoints import import_checkpoint, module_parameters
+from editkit.scenario.provenance import scenario_provenance
 from editkit.scenario.build import build_backbone
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import load_scenario

@@ -22,9 +22,11 @@ import torch
 import editkit  # noqa: F401  (torchvision shim before open_clip)
 from editkit.bank.store import Bank
 from editkit.errors import ConfigError, IncompatibleVectorsError
+from editkit.io import targets
+from editkit.io import export as io_export
 from editkit.runs import export
 from editkit.merge.arithmetic import TaskVector
-from editkit.runs.stream import scenario_provenance
+from editkit.scenario.provenance import scenario_provenance
 from editkit.scenario.build import BuiltScenario, build_backbone
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.spec import load_scenario
@@ -116,7 +118,7 @@ def test_force_replaces_and_a_crash_leaves_the_target_untouched(language, tmp_pa
     def broken(manifest):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(export, "model_card", broken)
+    monkeypatch.setattr(io_export, "model_card", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         export.export_vectors(bank, {"rude": -1.0}, out, force=True)
     assert sorted(p.name for p in out.iterdir()) == ["old.txt"]
@@ -138,8 +140,8 @@ def test_a_vector_of_another_base_model_is_refused_by_fingerprint(language, tmp_
     other_llama = models.char_llama_checkpoint(tmp_path / "other-llama", seed=1)
     other = build_backbone(load_scenario(root / "export-rude.toml"), BuildOptions(model=str(other_llama)))
     built = BuiltScenario(load_scenario(root / "export-rude.toml"), other, [], {})
-    with pytest.raises(IncompatibleVectorsError, match="not from .* the model written would be theta_0 of another"):
-        export.write_export(built, TaskVector(bank.load("rude"), "taujp"), tmp_path / "out", base=bank.base,
+    with pytest.raises(IncompatibleVectorsError, match="was built on another base model than .*: its vectors were fine-tuned from"):
+        io_export.write_export(built, TaskVector(bank.load("rude"), "taujp"), tmp_path / "out", base=bank.base,
                             provenance={}, tasks=[])
     assert not (tmp_path / "out").exists()
 
@@ -157,7 +159,7 @@ def test_a_gpt2_export_holds_theta0_plus_delta_and_its_logits(tmp_path):
     torch.manual_seed(3)
     delta = {n: 0.1 * torch.randn_like(p) for n, p in backbone.module.named_parameters()}
     theta0 = {n: p.clone() for n, p in lm.named_parameters()}
-    export.write_export(BuiltScenario(None, backbone, [], {}), TaskVector(delta, "nonlinear"), tmp_path / "gpt2",
+    io_export.write_export(BuiltScenario(None, backbone, [], {}), TaskVector(delta, "nonlinear"), tmp_path / "gpt2",
                         base=backbone.fingerprint(), provenance=_provenance(), tasks=[])
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "gpt2").eval()
     full = backbone.tail_parameters()
@@ -282,19 +284,19 @@ def test_add_out_refuses_a_non_empty_directory_before_any_work(tmp_path, monkeyp
     (out / "x").write_text("x")
     from editkit.runs import edit
 
-    monkeypatch.setattr(edit, "scenario_of", lambda *a, **k: pytest.fail("work started"))
+    monkeypatch.setattr(edit, "bank_scenario", lambda *a, **k: pytest.fail("work started"))
     result = invoke("add", "digits", "--bank", bank.root, "--out", out)
     one_line_refusal(result, "is a directory")
 
 
 def test_check_target_refusals(tmp_path):
     with pytest.raises(ConfigError, match="is a file: --out names the directory"):
-        export.check_target(Path(__file__), force=True)  # a file is never replaced by a directory
+        targets.check_target(Path(__file__), force=True)  # a file is never replaced by a directory
     (tmp_path / "x").write_text("x")
     with pytest.raises(ConfigError, match="is a directory that is not empty: pass --force"):
-        export.check_target(tmp_path)
-    assert export.check_target(tmp_path, force=True) == tmp_path
-    assert export.check_target(tmp_path / "new") == tmp_path / "new"
+        targets.check_target(tmp_path)
+    assert targets.check_target(tmp_path, force=True) == tmp_path
+    assert targets.check_target(tmp_path / "new") == tmp_path / "new"
 
 
 def _write(path: Path, text: str) -> Path:

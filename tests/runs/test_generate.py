@@ -19,7 +19,7 @@ from editkit.errors import ConfigError
 from editkit.eval.language import sample_continuations, scored_examples
 from editkit.eval.lm_negation import SAMPLE_BATCH, edited_weights
 from editkit.runs import export
-from editkit.runs.export import bank_backbone
+from editkit.scenario.provenance import bank_backbone
 from helpers.cli import invoke, one_line_refusal
 from helpers.scenarios import write_language_scenario
 from helpers.text import record_sampled_dtypes, registered_bang_scorer, registered_corpora

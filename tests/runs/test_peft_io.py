@@ -17,7 +17,7 @@ import editkit  # noqa: F401  (torchvision shim before transformers)
 from editkit.bank.store import Bank
 from editkit.errors import BankError, IncompatibleVectorsError
 from editkit.runs import export
-from editkit.runs.export.peft_io import import_peft_adapter
+from editkit.io.peft import import_peft_adapter
 from helpers.cli import invoke
 from helpers.exports import negated_out_matches_report, rude_scenario
 
@@ -144,7 +144,7 @@ def test_adapter_configs_a_vector_cannot_hold_are_refused_by_name(tmp_path, key,
     from safetensors.torch import save_file
 
     from editkit.errors import ConfigError, MissingResourceError
-    from editkit.runs.export.peft_io import read_adapter_config
+    from editkit.io.peft import read_adapter_config
 
     with pytest.raises(MissingResourceError, match="lacks adapter_config.json, adapter_model.safetensors"):
         read_adapter_config(tmp_path)

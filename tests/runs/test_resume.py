@@ -49,7 +49,7 @@ def test_the_reg_batches_matter_to_the_vectors(tmp_path, monkeypatch):
 def test_a_resume_with_another_recipe_is_refused_by_field_and_changes_nothing(tmp_path):
     stream(tmp_path / "bank", names=NAMES[:2])
     before = vectors(tmp_path / "bank")
-    with pytest.raises(BankError, match=r"vector 'a' from another run \(recipe: lam 0\.1 banked, 0\.5 now, "
-                                        r"lr 0\.05 banked, 0\.01 now\)"):
+    with pytest.raises(BankError, match=r"holds 'a', fine-tuned with another recipe or data than this run's "
+                                        r"\(lam 0\.1 banked, 0\.5 now, lr 0\.05 banked, 0\.01 now\)"):
         stream(tmp_path / "bank", resume=True, recipe_fields={"lam": 0.5, "lr": 1e-2})
     assert bit_equal(vectors(tmp_path / "bank"), before)

@@ -24,8 +24,10 @@ from safetensors.torch import load_file
 from editkit.bank.store import Bank
 from editkit.errors import ExportError
 from editkit.merge.arithmetic import combine
+from editkit.io import export as io_export
 from editkit.runs import export
-from editkit.runs.export.read import read_export
+from editkit.scenario import provenance
+from editkit.io.read import read_export
 from helpers.benchmarks import benchmark_script
 from helpers.cli import invoke, one_line_refusal
 from helpers.labelled import registered_datasets, scenario_file as text_scenario_file
@@ -51,7 +53,7 @@ def assert_plain_process_scores_as_reported(model_dir: Path, report: dict) -> No
     """The program in a process without editkit: each task's accuracy over its whole test split is the reported
     one, its logits editkit's own."""
     bank = Bank(model_dir.parent / "bank")
-    built = export.bank_scenario(bank, bank.names()[0])
+    built = provenance.bank_scenario(bank, bank.names()[0])
     tasks = list(report["per_task"])
     plain, logits = check.run_plain(model_dir, check.payload(built, tasks))
     assert plain["editkit_imported"] is False
@@ -98,7 +100,7 @@ def test_the_directory_holds_the_program_the_weights_the_heads_and_says_how_to_u
     from efficientnet_lite_pytorch import EfficientNet
 
     bank = Bank(root / "bank")
-    built = export.bank_scenario(bank, "digits")
+    built = provenance.bank_scenario(bank, "digits")
     delta = {n: bank.load("digits")[n] + bank.load("mnist")[n] for n in bank.load("digits")}
     network = EfficientNet.from_name("efficientnet-lite0")
     network.load_state_dict(load_file(str(model_dir / "weights.safetensors")))
@@ -147,7 +149,7 @@ def test_predict_reads_image_files_as_editkit_preprocesses_them(vision, tmp_path
     assert [Path(r["input"]).name for r in rows] == [f"{i}.png" for i in range(6)]
     assert {r["task"] for r in rows} == {"digits"}
 
-    built = export.bank_scenario(Bank(root / "bank"), "digits")
+    built = provenance.bank_scenario(Bank(root / "bank"), "digits")
     with torch.inference_mode():
         logits = read_export(model_dir).program()(built.backbone.preprocess_arrays(images))["digits"]
     probabilities = torch.softmax(logits.double(), dim=-1)
@@ -166,7 +168,7 @@ def test_negate_out_writes_the_negated_model_with_the_heads_it_scored(vision, tm
     manifest = json.loads((out / "editkit.json").read_text())
     assert [t["name"] for t in manifest["tasks"]] == ["digits", "mnist"] and manifest["alpha"] == 0.5
     assert manifest["program"]["computes"].endswith("delta = -0.5 * tau[digits]")
-    built = export.bank_scenario(Bank(root / "bank"), "digits")
+    built = provenance.bank_scenario(Bank(root / "bank"), "digits")
     program = read_export(out).program()
     for task in ("digits", "mnist"):
         test = built.task(task).test
@@ -196,7 +198,7 @@ def test_a_text_program_tokenizes_in_plain_transformers_and_scores_as_the_report
                         "--column", "review", "--json", json_path)
         assert result.exit_code == 0, result.output
         rows = json.loads(json_path.read_text())
-        built = export.bank_scenario(Bank(tmp_path / "bank"), "sentiment")
+        built = provenance.bank_scenario(Bank(tmp_path / "bank"), "sentiment")
         tokenizer = built.backbone.tokenizer
         ids = [torch.tensor(tokenizer(t)["input_ids"]) for t in texts]
         from editkit.models.inputs import pad_right
@@ -284,7 +286,7 @@ def test_out_refusals_come_before_any_work_and_a_refused_program_leaves_nothing(
     from editkit.runs import edit
 
     with monkeypatch.context() as patch:
-        patch.setattr(edit, "scenario_of", lambda *a, **k: pytest.fail("work started"))
+        patch.setattr(edit, "bank_scenario", lambda *a, **k: pytest.fail("work started"))
         one_line_refusal(invoke("add", "--all", "--bank", bank, "--out", a_file),
                          f"--out {a_file} is a file: --out names the directory")
         one_line_refusal(invoke("add", "--all", "--bank", bank, "--out", taken),
@@ -300,7 +302,7 @@ def test_out_refusals_come_before_any_work_and_a_refused_program_leaves_nothing(
         inputs = backbone.program_inputs()
         return torch.export.export(Wrong(), inputs.example, dynamic_shapes=inputs.dynamic), inputs
 
-    monkeypatch.setattr(export, "trace", wrong_trace)
+    monkeypatch.setattr(io_export, "trace", wrong_trace)
     with pytest.raises(ExportError, match="does not reproduce editkit's scoring"):
         export.export_vectors(Bank(bank), {"digits": 1.0}, taken, force=True)
     assert sorted(p.name for p in taken.iterdir()) == ["keep.txt"]  # the old content, whole

@@ -10,11 +10,11 @@ from typing import Any, Mapping, Sequence
 
 from torch import nn
 
-from editkit.bank.store import Bank, _short
+from editkit.bank.store import Bank
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError
 from editkit.scenario.options import BuildOptions
+from editkit.scenario.provenance import check_base, refuse_stale, staleness
 from editkit.scenario.spec import ScenarioSpec
-from editkit.train.recipe import describe_differences
 
 
 def check_bank(bank: Bank, *, scenario: str, tasks: Sequence[str], mode: str, recipes: Mapping[str, Mapping[str, Any]],
@@ -26,11 +26,7 @@ def check_bank(bank: Bank, *, scenario: str, tasks: Sequence[str], mode: str, re
     do not fit the backbone."""
     if not bank.exists() or not len(bank):
         return
-    if bank.base != base:
-        raise IncompatibleVectorsError(
-            f"bank {bank.root} holds vectors fine-tuned from base {_short(bank.base)}, not from scenario "
-            f"{scenario!r}'s {backbone} ({_short(base)}); pass another --bank-root or remove that bank"
-        )
+    check_base(bank, backbone, base)
     for entry in bank.entries():
         where = f"bank {bank.root} holds vector {entry.name!r}"
         if entry.name not in tasks or entry.task != entry.name:
@@ -38,17 +34,9 @@ def check_bank(bank: Bank, *, scenario: str, tasks: Sequence[str], mode: str, re
                             f"({', '.join(tasks)}); pass another --bank-root or remove it")
         if entry.mode != mode:
             raise BankError(f"{where} of mode {entry.mode!r}, expected {mode!r}; pass another --bank-root")
-        if entry.scenario != scenario:
-            raise BankError(f"{where} from scenario {entry.scenario!r}, not {scenario!r}; pass another --bank-root")
-        wanted = dict(recipes[entry.name])
-        if detail := describe_differences(entry.recipe, wanted):
-            raise BankError(f"{where} fine-tuned with another recipe ({detail}); use the same recipe options "
-                            "(--steps, --seed...) or another --bank-root")
-        from editkit.runs.stream import task_option_differences  # imported where used, as the stream is here
-
-        if spec is not None and (detail := task_option_differences(entry, spec, build or BuildOptions())):
-            raise BankError(f"{where} fine-tuned on other data ({detail}); pass another --bank-root, or remove it "
-                            f"(editkit bank remove {entry.name} --bank {bank.root})")
+        refuse_stale(bank, entry, staleness(entry, recipes[entry.name], scenario=spec or scenario, build=build),
+                     f"use the same recipe options (--steps, --seed...), another --bank-root, or remove it (editkit "
+                     f"bank remove {entry.name} --bank {bank.root})")
         if shapes is not None:
             _check_layout(bank, entry, shapes, backbone)
 

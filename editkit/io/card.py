@@ -6,7 +6,7 @@ The manifest holds everything needed to use the directory without editkit and to
   editkit's own logits when written;
 - ``input``: how to make the inputs, as data (:mod:`editkit.models.inputs`);
 - ``tasks``: in the program's output order, each with its class names and head;
-- ``weights``: the family's own format beside the program (:mod:`editkit.runs.export.native`) and the heads file;
+- ``weights``: the family's own format beside the program (:mod:`editkit.io.native`) and the heads file;
 - the provenance: base model and fingerprint, vectors, coefficients, mode, method, alpha, editkit version;
 - ``scores``: the accuracies measured by the command that wrote it (the program's and the weights' own).
 """
@@ -19,16 +19,12 @@ from typing import Any, Mapping
 import editkit
 from editkit.bank.store import Bank
 from editkit.core.modes import Mode
-from editkit.runs.edit import find_scenario, recorded_build
-from editkit.runs.export.native import AUTO_CLASSES, OPEN_CLIP, TRANSFORMERS
-from editkit.runs.export.program import PROGRAM_FILE
+from editkit.io.layout import EXPORT_FORMAT, FORMAT_VERSION, MANIFEST_FILE, PROGRAM_FILE
+from editkit.io.native import OPEN_CLIP, TRANSFORMERS
 from editkit.scenario.build import backbone_options
 from editkit.scenario.options import BuildOptions
+from editkit.scenario.provenance import recorded_build, recorded_scenario
 
-MANIFEST_FILE = "editkit.json"
-CARD_FILE = "README.md"
-#: What ``editkit.json`` says it is; a reader refuses another format or a newer version.
-EXPORT_FORMAT, FORMAT_VERSION = "editkit-export", 1
 #: The numbers of an addition's or an accuracy-scored negation's report its export records.
 SCORE_KEYS = ("per_task", "pretrained", "absolute", "normalized", "target", "target_pretrained", "control",
               "control_pretrained", "weights")
@@ -53,7 +49,7 @@ def provenance_of(bank: Bank, coefficients: Mapping[str, float], *, operation: s
     records it), the vectors and their coefficients, the operation, mode, method, alpha, measured numbers, version."""
     first = next(iter(coefficients))
     entry = bank.get(first)
-    spec = find_scenario(entry.scenario, entry.provenance.get("scenario_file"))
+    spec = recorded_scenario(entry)
     family, backbone_opts = backbone_options(spec, recorded_build(bank, first, build))
     vectors = {name: {"coefficient": float(c), "task": bank.get(name).task, "mode": bank.get(name).mode,
                       "checksum": bank.get(name).checksum} for name, c in coefficients.items()}
@@ -194,7 +190,7 @@ def _weights_lines(manifest: Mapping[str, Any]) -> list[str]:
                 f"pretrained=\"{weights['files'][0]}\")", "```", "",
                 "(with the base model's QuickGELU setting: `force_quick_gelu=True` for OpenAI weights)."]
     elif fmt == TRANSFORMERS:
-        auto = AUTO_CLASSES.get(manifest.get("family"), "AutoModel")
+        auto = weights["loads"].split(".")[1]  # transformers.<its auto class>.from_pretrained
         load = ["```python", f"from transformers import {auto}, AutoTokenizer", "",
                 f"model = {auto}.from_pretrained(DIR)", "tokenizer = AutoTokenizer.from_pretrained(DIR)", "```"]
     else:

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from editkit.errors import ExportError
-from editkit.runs.export.card import EXPORT_FORMAT, FORMAT_VERSION, MANIFEST_FILE
-from editkit.runs.export.program import PROGRAM_FILE, quiet_export
+from editkit.io.layout import EXPORT_FORMAT, FORMAT_VERSION, MANIFEST_FILE, PROGRAM_FILE, quiet_export
 
 
 @dataclass(frozen=True)

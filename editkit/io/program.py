@@ -14,10 +14,9 @@ Which values stand for theta, theta_0 and delta comes from the task model the sc
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import warnings
-from typing import Any, Iterator, Mapping
+import logging
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -27,26 +26,18 @@ from editkit.core.linearize import build_task_model
 from editkit.core.modes import Mode
 from editkit.core.tangents import LinearizedGraph, core_graph, with_aliases
 from editkit.errors import ExportError
+from editkit.io.layout import quiet_export
 from editkit.merge.arithmetic import TaskVector
 from editkit.models.backbone import Backbone, names_in
 from editkit.models.inputs import ProgramInputs
 
-PROGRAM_FILE = "model.pt2"
+log = logging.getLogger(__name__)
+
 #: Examples per task the program is checked on before an export is kept.
 VERIFY_EXAMPLES = 32
 #: Largest difference from editkit's own logits, relative to their largest magnitude, that an export may show:
 #: float rounding of the same operations in another order (measured: ~1e-7); a wrong program is far above it.
 VERIFY_TOLERANCE = 1e-4
-
-
-@contextlib.contextmanager
-def quiet_export() -> Iterator[None]:
-    """torch.export's own deprecation warning from deep-copying its tree specs (torch 2.13, inside torch) is not
-    the user's to read."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-                                category=FutureWarning)
-        yield
 
 
 class TaskHeads(nn.Module):
@@ -110,9 +101,10 @@ def trace(backbone: Backbone, vector: TaskVector, heads: Mapping[str, nn.Module]
             return torch.export.export(model, inputs.example, dynamic_shapes=(inputs.dynamic,)), inputs
     except ExportError:  # an op without a tangent rule, a family without program inputs: already one line
         raise
-    except Exception as exc:  # torch.export's own errors: say which model and why, in one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ExportError(f"torch.export could not trace the edited {backbone.name}: {first}") from exc
+    except Exception as exc:  # torch.export's own errors: which model, in editkit's words; torch's text in the log
+        log.info("torch.export failed on %s: %s", backbone.name, exc)
+        raise ExportError(f"torch.export could not trace the edited {backbone.name} ({type(exc).__name__}): the "
+                          "family's forward is not capturable as a program; nothing was written") from exc
 
 
 def verify(program: Any, backbone: Backbone, vector: TaskVector, heads: Mapping[str, nn.Module],

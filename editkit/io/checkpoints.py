@@ -36,10 +36,9 @@ from editkit.errors import BankError, ConfigError, IncompatibleVectorsError, Mis
 from editkit.merge import vector_norm
 from editkit.models.clip import is_torchscript_archive
 from editkit.models.clip_keys import TowerState, from_hugging_face, from_open_clip, is_hugging_face, is_open_clip
-from editkit.runs.stream import scenario_provenance
 from editkit.scenario.build import build_backbone
 from editkit.scenario.options import BuildOptions
-from editkit.scenario.spec import ScenarioSpec, load_scenario
+from editkit.scenario.provenance import import_target, scenario_provenance
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +112,8 @@ def _load(path: Path) -> object:
                             "does not unpickle: load it where it was made and save its state_dict()") from exc
         raise BankError(f"checkpoint {path} is truncated or not a torch file") from exc
     except Exception as exc:  # safetensors, zip and torch readers raise their own types
-        raise BankError(f"checkpoint {path} is truncated or unreadable ({_first_line(exc)})") from exc
+        raise BankError(f"checkpoint {path} is truncated or unreadable: neither safetensors, TorchScript nor a "
+                        "torch file") from exc
 
 
 def module_parameters(path: Path | str, module: nn.Module,
@@ -169,17 +169,6 @@ def first_difference(given: Mapping[str, torch.Tensor], reference: Mapping[str, 
 # --------------------------------------------------------------------------- import
 
 
-def scenario_task(scenario: str | Path, name: str, task: str | None) -> tuple[ScenarioSpec, str]:
-    """The scenario an imported vector belongs to and its task (default: the vector's name), refused by name
-    when the scenario has no such task."""
-    spec = load_scenario(scenario)
-    task = task or name
-    if task not in spec.task_names:
-        raise ConfigError(f"scenario {spec.name!r} has no task {task!r} (tasks: {', '.join(spec.task_names)}); "
-                          "name the vector after one or pass its task")
-    return spec, task
-
-
 def import_checkpoint(bank: Bank | Path | str, scenario: str | Path, name: str, finetuned: Path | str, *,
                       base: Path | str | None = None, task: str | None = None,
                       build: BuildOptions | None = None) -> VectorEntry:
@@ -193,7 +182,7 @@ def import_checkpoint(bank: Bank | Path | str, scenario: str | Path, name: str, 
     Parameters a layout has no place for (a ``CLIPVisionModel``'s missing projection) get tau = 0.
     Nothing is written when anything is refused.
     """
-    spec, task = scenario_task(scenario, name, task)
+    spec, task = import_target(scenario, name, task)
     build = build or BuildOptions()
     backbone = build_backbone(spec, build)
     theta0 = {n: p.detach() for n, p in backbone.module.named_parameters()}
@@ -229,8 +218,3 @@ def _source(path: Path | str, layout: str) -> dict[str, str]:
 def _names(names: list[str]) -> str:
     shown = ", ".join(names[:NAMES_SHOWN])
     return shown + (f", ... ({len(names) - NAMES_SHOWN} more)" if len(names) > NAMES_SHOWN else "")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -35,10 +35,9 @@ from editkit.errors import BankError, ConfigError, MissingResourceError
 from editkit.merge import vector_norm
 from editkit.models.backbone import Backbone, names_in
 from editkit.models.blocks import whole_model
-from editkit.runs.checkpoints import scenario_task
-from editkit.runs.stream import scenario_provenance
 from editkit.scenario.build import build_backbone
 from editkit.scenario.options import BuildOptions
+from editkit.scenario.provenance import import_target, scenario_provenance
 from editkit.train.recipe import Recipe, attach_adapter
 from editkit.util.atomic import atomic_dir
 
@@ -51,7 +50,6 @@ CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 #: What PEFT puts before the whole model's module paths in a saved adapter.
 PEFT_PREFIX = "base_model.model."
 #: Where an exported model directory keeps the PEFT adapter of its vectors.
-ADAPTER_SUBDIR = "adapter"
 #: adapter_config.json keys whose non-default values editkit cannot represent, with the value it needs.
 UNSUPPORTED = {"use_dora": False, "bias": "none", "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {}}
 
@@ -164,7 +162,7 @@ def import_peft_adapter(bank: Bank | Path | str, scenario: str | Path, name: str
     (default: ``name``): the adapter itself, on the scenario's backbone carrying the adapter's configuration.
     Nothing is written when anything is refused."""
     directory = Path(directory)
-    spec, task = scenario_task(scenario, name, task)
+    spec, task = import_target(scenario, name, task)
     lora = read_adapter_config(directory)
     recipe = Recipe(mode=Mode.NONLINEAR, adapter="lora", lora_rank=lora.rank, lora_alpha=lora.alpha,
                     lora_dropout=lora.dropout, lora_targets=lora.targets, lora_rslora=lora.rslora)
