@@ -107,6 +107,9 @@ class RichProgress:
         with Progress(*columns, console=self.console, transient=True) as progress:
             yield _RichTask(progress, progress.add_task(description, total=total, info=""))
 
+    def note(self, line: str) -> None:
+        self.console.print(line, markup=False, highlight=False)
+
     @contextlib.contextmanager
     def _line(self, description: str, total: int) -> Iterator[_CountedTask]:
         counted, start = _CountedTask(), time.perf_counter()

@@ -18,6 +18,9 @@ class ProgressTask(Protocol):
 class Progress(Protocol):
     def task(self, description: str, total: int) -> contextlib.AbstractContextManager[ProgressTask]: ...
 
+    def note(self, line: str) -> None:
+        """One line of what happened (a distributed unit queued, started, done), beside the bars."""
+
 
 class _NullTask:
     def advance(self, n: int = 1, **fields: float) -> None:
@@ -30,3 +33,6 @@ class NullProgress:
     @contextlib.contextmanager
     def task(self, description: str, total: int) -> Iterator[ProgressTask]:
         yield _NullTask()
+
+    def note(self, line: str) -> None:
+        return None

@@ -132,6 +132,13 @@ class BenchConfig:
         "cli": False, "help": "Coefficients of each vector on the disentanglement grid."})
     xi_samples: int = field(default=DEFAULT_XI_SAMPLES, metadata={
         "help": "Test inputs per task for the disentanglement error."})
+    ray: str | None = field(default=None, metadata={
+        "help": "Run the bench's units (each mode's stream per seed or order, each strategy, each repeat's "
+                "evaluation) as tasks of a Ray cluster: 'auto' (the one running here, else a local one) or its "
+                "address. Banks and run directory must be on a filesystem every node sees. Needs the ray extra."})
+    unit_cpus: int = field(default=1, metadata={
+        "help": "With --ray: CPUs each unit asks for, its torch threads (the rows equal the plain command's run "
+                "with --threads of this number)."})
     batch_size: int = field(default=EVAL_BATCH_SIZE, metadata={"cli": False, "help": "Evaluation batch size."})
     build: BuildOptions = field(default_factory=BuildOptions, metadata={
         "cli": False, "help": "Backbone and data options laid over the scenario file's."})
@@ -156,7 +163,7 @@ class BenchConfig:
             negation_alphas=tuple(negation_alphas), negation_max=max(negation_alphas), ties_k=float(self.ties_k),
             negation_retain=float(self.negation_retain), claim_margin=float(self.claim_margin),
             xi_pair=self._xi_pair(), xi_grid=tuple(float(a) for a in self.xi_grid), xi_samples=int(self.xi_samples),
-            batch_size=int(self.batch_size), seeds=seeds, orders=orders,
+            batch_size=int(self.batch_size), seeds=seeds, orders=orders, unit_cpus=int(self.unit_cpus),
         )
 
     def _strategies(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -216,6 +223,8 @@ class BenchConfig:
             raise ConfigError("the xi grid is empty")
         if self.xi_samples < 1 or self.batch_size < 1:
             raise ConfigError("xi_samples and batch_size must be >= 1")
+        if int(self.unit_cpus) < 1:
+            raise ConfigError(f"--unit-cpus must be >= 1, got {self.unit_cpus}")
 
     def _xi_pair(self) -> tuple[str, str] | None:
         if self.xi_pair is None:

@@ -65,33 +65,30 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
 from editkit.bank.store import Bank
-from editkit.merge.coefficients import search_alpha
-from editkit.eval.accuracy import AdditionSummary, addition_summary
 from editkit.eval.features import EVAL_BATCH_SIZE
 from editkit.settings import default_bank_dir, torchrun_world
 from editkit.train.runtime import Runtime, setup
 from editkit.integrations.avalanche.strategies import STRATEGIES
 from editkit.runs.bench.checks import check_bank, refuse_unswept_heads
-from editkit.runs.bench.config import METHODS, BenchConfig
-from editkit.runs.bench.matrices import method_matrices
-from editkit.runs.bench.report import (METHOD_LABELS, RSS_METRIC, ModeState, addition_row, bench_report,
-                                       class_incremental, write_outputs)
+from editkit.runs.bench.config import BenchConfig
+from editkit.runs.bench.addition import evaluate_mode
+from editkit.runs.bench.report import (RSS_METRIC, ModeState, bench_report,
+                                       write_outputs)
 from editkit.runs.bench.strategies import run_strategies, strategy_sections
 from editkit.runs.bench.sections import FIRST_REPEAT_ONLY, diagnostic_sections, negation_section
-from editkit.runs.bench.repeats import aggregate, order_repeats, repeat_bank_root, seed_repeats
+from editkit.runs.bench.cluster import Unit, check_shared, connect, run_units
+from editkit.runs.bench.repeats import Repeat, aggregate, order_repeats, repeat_bank_root, seed_repeats
 from editkit.runs.records import StepRecord
 from editkit.runs.report import jsonable
 from editkit.scenario.spec import ScenarioSpec
 from editkit.errors import ConfigError
 from editkit.util.memory import PeakRSS
-from editkit.merge import MERGE_METHODS, LazyVectors
 from editkit.util.progress import NullProgress, Progress
 from editkit.train.recipe import Recipe
 from editkit.eval.sweep import SPLITS, ModeEvaluator, SharedModels, TaskSplits
@@ -127,15 +124,27 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
         raise ConfigError("editkit bench runs in one process; start it without torchrun")
     spec = load_scenario(config.scenario)
     runtime = runtime or setup(preferred_precision=spec.precision)
+    if config.ray is not None:
+        return _run_on_cluster(config, spec, runtime, progress)
     if config.seeds > 1 or config.orders > 1:
         return _run_repeats(config, spec, runtime, progress)
     return _bench_once(config, spec, runtime, progress)
 
 
+@dataclass
+class _Done:
+    """What a repeat's other units did before its evaluation (``--ray``): each stream's tasks trained and its
+    seconds, each strategy's result."""
+
+    streams: dict[str, tuple[list[str], float]]
+    strategies: dict[str, Any]
+
+
 def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: Progress, *,
-                extras: bool = True) -> BenchResult:
+                extras: bool = True, done: _Done | None = None) -> BenchResult:
     """One bench of ``spec`` (its tasks in the order it lists them), with a validated ``config``; without
-    ``extras``, no negation and no diagnostics (a repeat whose report only the repeated one reads)."""
+    ``extras``, no negation and no diagnostics (a repeat whose report only the repeated one reads). ``done``: its
+    streams and strategies ran as units of their own (their banks filled, the streams here only resume)."""
     from editkit.scenario.spec import task_recipes
     from editkit.scenario.build import require_scenario
 
@@ -157,10 +166,12 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
     timings["build_seconds"] = time.perf_counter() - t0
 
     _run_streams(config, spec, states, progress, runtime, run_dir, arms)
+    if done is not None:
+        _adopt_streams(states, done.streams)
     timings["stream_seconds"] = {m: s.stream_seconds for m, s in states.items()}
     t0 = time.perf_counter()
     per_task = task_recipes(spec, **config.recipe)
-    strategies = strategy_sections(run_strategies(
+    strategies = strategy_sections(done.strategies if done is not None else run_strategies(
         config.strategies, STRATEGIES.parse_params(config.strategy_params), built,
         [per_task[n].resolved(len(built.task(n).train)) for n in tasks], runtime=runtime, progress=progress), tasks)
     timings["strategy_seconds"] = time.perf_counter() - t0
@@ -190,7 +201,7 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
         ev.adopt_tangents("test", state.stream.tangents)  # what the stream's scoring computed: not computed again
         state.stream.tangents = {}
         evaluators[label] = ev
-        mode_results[label] = _evaluate_mode(ev, config, tasks, pretrained_all, control, progress)
+        mode_results[label] = evaluate_mode(ev, config, tasks, pretrained_all, control, progress)
         if extras:
             negation[label] = negation_section(ev, tasks, pretrained_all, control.name if control else None, progress,
                                                alphas=config.negation_alphas, retain=config.negation_retain)
@@ -254,25 +265,123 @@ def _build_checked(config: BenchConfig, spec: ScenarioSpec, states: Mapping[str,
     return built, arms, bases
 
 
-def _run_repeats(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: Progress) -> BenchResult:
-    """One whole bench per seed or task order (:mod:`editkit.runs.bench.repeats`), then their means and
-    spreads; a run that fails stops the bench before the aggregated report is written."""
+def _repeats(config: BenchConfig, spec: ScenarioSpec) -> tuple[str, list[Repeat], list[tuple[BenchConfig, ScenarioSpec]]]:
+    """(what the bench repeats over, its repeats, each one's config and reordered scenario): a bench of one seed and
+    one order is one repeat whose config is the bench's own."""
+    if config.seeds == 1 and config.orders == 1:
+        return "", [], [(config, spec)]
     seed = int(config.recipe.get("seed", spec.recipe.seed))
     over = "seeds" if config.seeds > 1 else "orders"
     repeats = (seed_repeats(seed, config.seeds, spec.task_names) if over == "seeds"
                else order_repeats(spec.task_names, config.orders, seed))
     run_dir = config.run_directory(spec.recipe, spec.name)
-    runs = [run_dir / repeat.name for repeat in repeats]
+    return over, repeats, [(replace(config, seeds=1, orders=1, recipe={**config.recipe, "seed": repeat.seed},
+                                    run_dir=run_dir / repeat.name,
+                                    bank_root=repeat_bank_root(config.bank_root, repeat, repeats[0])),
+                            spec.reordered(repeat.order)) for repeat in repeats]
+
+
+def _run_repeats(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: Progress) -> BenchResult:
+    """One whole bench per seed or task order (:mod:`editkit.runs.bench.repeats`), then their means and
+    spreads; a run that fails stops the bench before the aggregated report is written."""
+    over, repeats, ones = _repeats(config, spec)
     results = []
-    for repeat, run in zip(repeats, runs):
+    for repeat, (one, reordered) in zip(repeats, ones):
         log.info("bench %s: %s (%s)", spec.name, repeat.name, ", ".join(repeat.order))
-        one = replace(config, seeds=1, orders=1, recipe={**config.recipe, "seed": repeat.seed}, run_dir=run,
-                      bank_root=repeat_bank_root(config.bank_root, repeat, repeats[0]))
-        results.append(_bench_once(one, spec.reordered(repeat.order), runtime, progress, extras=repeat == repeats[0]))
-    report = jsonable(aggregate([r.report for r in results], repeats, over, runs, config.claim_margin))
+        results.append(_bench_once(one, reordered, runtime, progress, extras=repeat == repeats[0]))
+    return _aggregated(config, spec, over, repeats, [r.report for r in results])
+
+
+def _aggregated(config: BenchConfig, spec: ScenarioSpec, over: str, repeats: Sequence[Repeat],
+                reports: Sequence[Mapping[str, Any]]) -> BenchResult:
+    """The repeated report: every row's mean and spread over the repeats' reports, written at the end."""
+    run_dir = config.run_directory(spec.recipe, spec.name)
+    report = jsonable(aggregate(reports, repeats, over, [run_dir / r.name for r in repeats], config.claim_margin))
     report["run_dir"] = str(run_dir)
     write_outputs(report, run_dir)
     return BenchResult(report, run_dir)
+
+
+# --------------------------------------------------------------------------- on a cluster (--ray)
+
+
+def _run_on_cluster(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: Progress) -> BenchResult:
+    """The bench's grid as Ray tasks (:mod:`editkit.runs.bench.cluster`): every repeat's streams and strategies
+    at once, then every repeat's evaluation over its filled banks; the report assembled as one process does."""
+    joined = connect(config.ray)
+    over, repeats, ones = _repeats(config, spec)
+    for one, reordered in ones:  # every refusal a one-process bench makes, before any unit starts
+        _bench_checks(one, reordered, runtime)
+    check_shared([config.bank_root, config.run_directory(spec.recipe, spec.name)])
+    progress.note(f"bench {spec.name} on {joined}: {len(ones)} repeat(s)")
+    options = {"device": str(runtime.device), "precision": runtime.precision, "workers": runtime.workers,
+               "channels_last": runtime.channels_last}
+    gpus = 1.0 if runtime.device.type == "cuda" else 0.0
+    prefix = [f"{r.name}/" for r in repeats] or [""]
+    labels = [list(config.variants(reordered.recipe)) for _, reordered in ones]
+    trained = run_units([Unit(f"{p}{label} stream", _stream_unit, (one, reordered, label, options), config.unit_cpus,
+                              gpus) for p, (one, reordered), modes in zip(prefix, ones, labels) for label in modes]
+                        + [Unit(f"{p}{name}", _strategy_unit, (one, reordered, name, options), config.unit_cpus, gpus)
+                           for p, (one, reordered) in zip(prefix, ones) for name in config.strategies], progress)
+    streams, strategies = iter(trained[:sum(map(len, labels))]), iter(trained[sum(map(len, labels)):])
+    done = [_Done({label: next(streams) for label in modes}, {name: next(strategies) for name in config.strategies})
+            for modes in labels]
+    reports = run_units([Unit(f"{p}evaluation", _evaluation_unit, (one, reordered, i == 0, d, options),
+                              config.unit_cpus, gpus) for i, (p, (one, reordered), d) in enumerate(zip(prefix, ones, done))],
+                        progress)
+    if not repeats:
+        return BenchResult(reports[0], config.run_directory(spec.recipe, spec.name))
+    return _aggregated(config, spec, over, repeats, reports)
+
+
+def _bench_checks(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime) -> None:
+    """What :func:`_bench_once` refuses before training, for one repeat (its banks and scenario)."""
+    from editkit.scenario.build import require_scenario
+
+    states, _ = _mode_states(config, spec)
+    require_scenario(spec, config.build)
+    _build_checked(config, spec, states, runtime, NullProgress())
+
+
+def _stream_unit(config: BenchConfig, spec: ScenarioSpec, label: str, options: dict) -> tuple[list[str], float]:
+    """One mode's stream of one repeat, as :func:`_run_streams` runs it: (the tasks it trained, its seconds). A
+    re-run (its worker died) resumes from the vectors its bank already holds."""
+    runtime = setup(**options)
+    states, run_dir = _mode_states(config, spec)
+    states = {label: states[label]}
+    _, arms, _ = _build_checked(config, spec, states, runtime, NullProgress())
+    _run_streams(config, spec, states, NullProgress(), runtime, run_dir, arms)
+    return states[label].trained, states[label].stream_seconds
+
+
+def _strategy_unit(config: BenchConfig, spec: ScenarioSpec, name: str, options: dict) -> Any:
+    """One strategy's run over one repeat's stream (its result, as the report reads it)."""
+    from editkit.scenario.build import build_scenario
+    from editkit.scenario.spec import task_recipes
+
+    runtime = setup(**options)
+    per_task = task_recipes(spec, **config.recipe)
+    built = build_scenario(spec, seed=spec.recipe.with_overrides(**config.recipe).seed, build=config.build,
+                           device=str(runtime.device), precision=runtime.precision)
+    return run_strategies([name], STRATEGIES.parse_params(config.strategy_params), built,
+                          [per_task[n].resolved(len(built.task(n).train)) for n in spec.task_names], runtime=runtime,
+                          progress=NullProgress())[name]
+
+
+def _evaluation_unit(config: BenchConfig, spec: ScenarioSpec, extras: bool, done: _Done, options: dict
+                     ) -> dict[str, Any]:
+    """One repeat's evaluation over the banks its stream units filled: its report (written to its run dir)."""
+    return _bench_once(config, spec, setup(**options), NullProgress(), extras=extras, done=done).report
+
+
+def _adopt_streams(states: Mapping[str, ModeState], streams: Mapping[str, tuple[list[str], float]]) -> None:
+    """What each stream unit did, as if this process had run the stream: the tasks it trained (not "reused"),
+    its seconds."""
+    for label, (trained, seconds) in streams.items():
+        state = states[label]
+        state.trained, state.stream_seconds = list(trained), seconds
+        for step in state.stream.steps:
+            step.resumed = step.task not in trained
 
 
 def _arms(spec, built: BuiltScenario, states: Mapping[str, ModeState]) -> dict[str, BuiltScenario]:
@@ -335,71 +444,3 @@ def _control_task(built, config: BenchConfig) -> _ControlTask | None:
         return None
     report_split, tune_split = found
     return _ControlTask(report_split.name, report_split.head, tune_split.dataset, report_split.dataset)
-
-
-def _single_task(ev: ModeEvaluator, tasks: Sequence[str], split: str) -> dict[str, float]:
-    return {t: ev.accuracies({t: 1.0}, split, [t])[t] for t in tasks}
-
-
-def _evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
-                   pretrained: Mapping[str, Mapping[str, float]], control: _ControlTask | None,
-                   progress: Progress) -> dict[str, Any]:
-    mode, alphas = ev.label, list(config.alphas)
-    if ev.linearized:
-        with progress.task(f"{mode}: tangents J·tau (one jvp per input)", total=ev.tangent_batches(tasks)) as bar:
-            ev.compute_tangents(tasks, bar=bar)
-    out: dict[str, Any] = {"alpha_search": {}, "rows": [], "merge_seconds": None, "method_seconds": {}}
-    single = {s: _single_task(ev, tasks, s) for s in SPLITS}
-    out["single"] = single
-
-    def addition(method: str, combo_of: Callable[[float], dict[str, float]]) -> None:
-        summaries: list[AdditionSummary] = []
-
-        def validation_absolute(a: float) -> float:
-            summaries.append(addition_summary(ev.accuracies(combo_of(a), "val", tasks), single["val"]))
-            bar.advance(1)
-            return summaries[-1]["absolute"]
-
-        with progress.task(f"{mode}: {METHOD_LABELS[method]} — coefficient search on validation", total=len(alphas)) as bar:
-            chosen, val_abs = search_alpha(alphas, validation_absolute)
-        val_norm = [s["normalized"] for s in summaries]
-        out["alpha_search"][method] = {"alphas": alphas, "val_absolute": val_abs, "val_normalized": val_norm,
-                                       "chosen": chosen}
-        for coefficient, a in (("1.0", 1.0), ("tuned", chosen)):
-            per_task = ev.accuracies(combo_of(a), "test", tasks)
-            val = addition_summary(ev.accuracies(combo_of(a), "val", tasks), single["val"])
-            out["rows"].append(addition_row(
-                method, ev, coefficient, a, per_task, single["test"], val_absolute=val["absolute"],
-                val_normalized=val["normalized"],
-                **class_incremental(ev.class_incremental_accuracies(combo_of(a), "test", tasks))))
-
-    for method in (m for m in METHODS if m in config.methods):  # registry order, whatever order they were named in
-        start = time.perf_counter()
-        merged = MERGE_METHODS[method].build(LazyVectors(tasks, ev.vector),
-                                             **config.method_options(len(tasks))[method])
-        built = [name for name in merged if name not in tasks]  # vectors the method made (TIES...: its merged one)
-        for name in built:
-            ev.add_vector(name, merged[name])
-        out["method_seconds"][method] = time.perf_counter() - start
-        if built and ev.linearized:
-            with progress.task(f"{mode}: tangents of the {METHOD_LABELS[method]} vector",
-                               total=ev.tangent_batches(built)) as bar:
-                ev.compute_tangents(built, bar=bar)
-        names = built or list(tasks)
-        addition(method, lambda a, names=names: {n: a for n in names})
-    out["continual"] = method_matrices(ev, [m for m in METHODS if m in config.methods], tasks, out["rows"],
-                                       config.method_options, progress) if config.matrices else {}
-    alone = {t: ev.class_incremental_accuracies({t: 1.0}, "test", [t])[t] for t in tasks}
-    out["rows"].append(addition_row("single-task", ev, None, 1.0, single["test"], single["test"],
-                                    val_absolute=addition_summary(single["val"], None)["absolute"],
-                                    **class_incremental(alone)))
-    out["pretrained_class_incremental"] = ev.class_incremental_accuracies({}, "test", tasks)
-
-    # merging time: the bank's streamed sum of every vector (median of 3)
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        ev.bank.merge({t: 1.0 for t in tasks}, base=ev.base)
-        times.append(time.perf_counter() - start)
-    out["merge_seconds"] = float(np.median(times))
-    return out

@@ -1,0 +1,125 @@
+"""``editkit bench --ray``: on a local Ray cluster the same rows as one process, banks whole when a worker dies,
+bad input refused before any work."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from editkit.bank.store import Bank
+from editkit.cli import app
+from editkit.errors import ConfigError, MissingResourceError
+from editkit.runs.bench.cluster import connect
+from editkit.runs.bench.config import BenchConfig
+from editkit.runs.bench.run import run_bench
+from helpers.scenarios import write_scenario
+
+ray = pytest.importorskip("ray")
+runner = CliRunner()
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, logging_level="ERROR", log_to_driver=False, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def _config(root, scenario, run: str, **extra) -> BenchConfig:
+    return BenchConfig(scenario=str(scenario), modes=("linear", "taujp"), methods=("task-arithmetic", "ties"),
+                       strategies=("naive",), recipe={"steps": STEPS}, bank_root=root / f"banks-{run}",
+                       run_dir=root / run, seeds=2, negation_grid=3, xi_grid=(0.0, 1.0), xi_samples=8, **extra)
+
+
+def _numbers(report: dict) -> dict:
+    """What a bench computes, without what it measured of time and memory."""
+    return {"rows": report["addition"]["rows"], "continual": report["continual"],
+            "strategies": {n: s["rows"] for n, s in report.get("strategies", {}).items()},
+            "claims": report.get("claims")}
+
+
+def test_a_missing_extra_and_an_unreachable_address_are_refused_in_one_line(tmp_path, monkeypatch):
+    """Run first in this module, before its cluster starts: a bench never joins a cluster it was not asked for."""
+    scenario = write_scenario(tmp_path)
+    result = runner.invoke(app, ["bench", "--scenario", str(scenario), "--ray", "127.0.0.1:9", "--bank-root",
+                                 str(tmp_path / "banks"), "--run-dir", str(tmp_path / "run"), "--steps", "1"])
+    assert result.exit_code == 1 and "no Ray cluster answers there" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert not (tmp_path / "banks").exists() and not (tmp_path / "run").exists()  # nothing started
+    monkeypatch.setitem(__import__("sys").modules, "ray", None)
+    with pytest.raises(MissingResourceError, match=r'--ray needs Ray, an optional extra: pip install -e "\.\[ray\]"'):
+        connect("auto")
+    with pytest.raises(ConfigError, match="--unit-cpus must be >= 1"):
+        BenchConfig(unit_cpus=0).validated()
+
+
+@pytest.mark.slow
+def test_a_bench_on_ray_gives_the_rows_of_one_process(cluster, tmp_path):
+    """Two seeds, two modes, a strategy: streams, strategy runs and evaluations as Ray units with 1 CPU each equal
+    the plain bench run with one torch thread, row for row, in every repeat and in the means."""
+    scenario = write_scenario(tmp_path, train_size=48, test_size=24)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        plain = run_bench(_config(tmp_path, scenario, "plain")).report
+    finally:
+        torch.set_num_threads(threads)
+    distributed = run_bench(_config(tmp_path, scenario, "ray", ray="auto")).report
+    assert _numbers(distributed) == _numbers(plain)
+    for seed in ("seed-0", "seed-1"):
+        one = json.loads((tmp_path / "plain" / seed / "report.json").read_text())
+        other = json.loads((tmp_path / "ray" / seed / "report.json").read_text())
+        assert _numbers(other) == _numbers(one)
+        assert other["cost"]["taujp"]["trained_now"] == one["cost"]["taujp"]["trained_now"] == ["digits", "mnist"]
+        for mode in ("linear", "taujp"):
+            banks = [Bank(tmp_path / f"banks-{run}" / ("" if seed == "seed-0" else seed) / f"bench-mini-{mode}")
+                     for run in ("plain", "ray")]
+            assert all(torch.equal(banks[0].load(n)[k], banks[1].load(n)[k])
+                       for n in banks[0].names() for k in banks[0].load(n))
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_rerun_and_resumes_from_its_bank(cluster, tmp_path):
+    """The taujp stream's worker is killed once its bank holds the first vector; Ray runs the unit again, which
+    resumes from that vector: the bank ends whole and bit for bit the one an uninterrupted run writes."""
+    scenario = write_scenario(tmp_path, train_size=48, test_size=24)
+    config = BenchConfig(scenario=str(scenario), modes=("taujp",), methods=("task-arithmetic",),
+                         recipe={"steps": 12}, negation_grid=3, xi_grid=(0.0, 1.0), xi_samples=8)
+    bank = tmp_path / "banks-killed" / "bench-mini-taujp"
+    killed: list[int] = []
+
+    def kill_once() -> None:
+        deadline = time.time() + 300
+        while time.time() < deadline and not killed:
+            if len(Bank(bank)) if Bank(bank).exists() else 0:
+                for process in psutil.process_iter(["cmdline"]):
+                    if "taujp stream" in " ".join(process.info["cmdline"] or []):
+                        os.kill(process.pid, signal.SIGKILL)
+                        killed.append(process.pid)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_once)
+    watcher.start()
+    run_bench(BenchConfig(**{**config.__dict__, "bank_root": tmp_path / "banks-killed", "run_dir": tmp_path / "k",
+                             "ray": "auto"}))
+    watcher.join()
+    assert killed, "the stream's worker was never seen"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_bench(BenchConfig(**{**config.__dict__, "bank_root": tmp_path / "banks-whole", "run_dir": tmp_path / "w"}))
+    finally:
+        torch.set_num_threads(threads)
+    whole = Bank(tmp_path / "banks-whole" / "bench-mini-taujp")
+    resumed = Bank(bank)
+    assert resumed.names() == whole.names() == ["digits", "mnist"] and resumed.verify() == []
+    assert all(torch.equal(resumed.load(n)[k], whole.load(n)[k]) for n in whole.names() for k in whole.load(n))
