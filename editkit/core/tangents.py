@@ -14,7 +14,7 @@ So the tangent is computed here instead, one op at a time, as ordinary operation
    zero: values that do not depend on delta). Parameters named in ``delta`` start with their tangent; every op
    with a tangent input gets its output's tangent from its rule in :data:`RULES` (the op's derivative applied to
    the input tangents);
-3. tracing the interpreter (:func:`editkit.runs.export.program`) records the primal and the tangent ops and
+3. tracing the interpreter (:mod:`editkit.io.program`) records the primal and the tangent ops and
    nothing else: a core-ATen program with a symbolic batch, loaded by ``torch.export.load`` alone.
 
 Rules read an op's operands by position: an operand the graph passes by keyword where the op's schema has a

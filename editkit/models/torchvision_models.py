@@ -14,7 +14,7 @@ name (``IMAGENET1K_V1``, ``DEFAULT``) read from the torch hub cache only (never 
 input of the model's last ``nn.Linear`` (its classification layer, replaced by an identity), so a probe
 head sits on top as on the other non-CLIP backbones; the replaced layer's weights are kept aside, so
 ``editkit add --out`` and ``editkit negate --out`` write a state dict the torchvision model loads whole
-(:mod:`editkit.runs.export`). Images are resized to ``image_size`` and ImageNet-normalized, as the
+(:meth:`TorchvisionBackbone.native_weights`). Images are resized to ``image_size`` and ImageNet-normalized, as the
 EfficientNet family does.
 """
 
