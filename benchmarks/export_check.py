@@ -10,7 +10,11 @@ For a bank of a scenario (default: the one ``editkit stream`` writes for ``offli
    the same printed digits), the logits with editkit's own to 1e-5;
 4. reports the cost: the program's size, its load time, and inference milliseconds per example in that process,
    beside theta_0's plain forward: the program of f(x; theta_0) with the same heads, written the same way and
-   timed in the same process on the same batches (both alternate, after a warm-up call each).
+   timed in the same process on the same batches (both alternate, after a warm-up call each);
+5. does steps 2-4 again for ``DIR/model.onnx`` in a process that imports onnxruntime and numpy alone (the inputs
+   made by this process: pixels, or the texts tokenized by the saved tokenizer and padded per batch, as numpy
+   arrays): each task's accuracy against the reported one, the logits against editkit's own, the file's size and
+   ONNX Runtime's milliseconds per example on the same batch.
 
     python benchmarks/export_check.py [--scenario offline-vision] [--bank banks/offline-vision-taujp]
                                       [--out runs/export-check/model] [--json runs/export-check/report.json]
@@ -99,6 +103,40 @@ PLAIN = STANDALONE_SHIM + textwrap.dedent("""
 """)
 
 
+#: The ONNX user's process: onnxruntime and numpy only; the inputs come as numpy arrays, batch by batch.
+ONNX_PLAIN = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    import onnxruntime
+    directory, batches_path, logits_path, timed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    manifest = json.load(open(f"{directory}/editkit.json"))
+    started = time.perf_counter()
+    session = onnxruntime.InferenceSession(f"{directory}/{manifest['onnx']['file']}")
+    load_seconds = time.perf_counter() - started
+    names = [i.name for i in session.get_inputs()]
+    arrays = np.load(batches_path)
+    tasks = [t["name"] for t in manifest["tasks"] if f"{t['name']}/labels" in arrays]
+    out, logits = {}, {}
+    for task in tasks:
+        count = len([k for k in arrays if k.startswith(f"{task}/") and k.endswith(f"/{names[0]}")])
+        rows = [session.run([task], {n: arrays[f"{task}/{i}/{n}"] for n in names})[0] for i in range(count)]
+        logits[task] = np.concatenate(rows)
+        labels = arrays[f"{task}/labels"]
+        out[task] = {"correct": int((logits[task].argmax(axis=1) == labels).sum()), "total": len(labels)}
+    example = {n: arrays[f"{tasks[0]}/0/{n}"] for n in names}
+    session.run(None, example)  # warm-up
+    began = time.perf_counter()
+    for _ in range(timed):
+        session.run(None, example)
+    seconds = time.perf_counter() - began
+    np.savez(logits_path, **logits)
+    print(json.dumps({"tasks": out, "load_seconds": load_seconds,
+                      "ms_per_example": 1000 * seconds / (max(timed, 1) * len(example[names[0]])),
+                      "threads": session.get_session_options().intra_op_num_threads,
+                      "others_imported": sorted({m.split(".")[0] for m in sys.modules} & {"torch", "editkit"})}))
+""")
+
+
 def payload(built: Any, tasks: list[str]) -> dict[str, dict[str, Any]]:
     """Each task's whole test split as the user's process reads it: pixels as the program takes them, or the raw
     texts with the length they were cut at; and the labels."""
@@ -133,6 +171,53 @@ def run_plain(directory: Path, data: Mapping[str, Any], baseline: Path | None = 
         if done.returncode != 0:
             raise RuntimeError(f"the plain process failed:\n{done.stderr}")
         return json.loads(done.stdout.strip().splitlines()[-1]), torch.load(logits_path)
+
+
+def onnx_batches(directory: Path, data: Mapping[str, Any], batch: int = BATCH) -> dict[str, Any]:
+    """:func:`payload`'s inputs as the ONNX process reads them: ``<task>/<batch>/<input>`` numpy arrays (texts
+    tokenized by the tokenizer saved in ``directory`` and padded on the right per batch) and ``<task>/labels``."""
+    import torch
+
+    manifest = json.loads((Path(directory) / "editkit.json").read_text())
+    spec, names = manifest["input"], manifest["onnx"]["inputs"]
+    tokenizer = None
+    if spec["kind"] == "text":
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(Path(directory) / spec["tokenizer"]))
+    arrays = {}
+    for task, data_of_task in data.items():
+        arrays[f"{task}/labels"] = data_of_task["labels"].numpy()
+        for index, start in enumerate(range(0, len(data_of_task["labels"]), batch)):
+            if tokenizer is None:
+                inputs = (data_of_task["pixels"][start:start + batch],)
+            else:
+                from editkit.models.inputs import pad_right
+
+                ids = tokenizer(data_of_task["texts"][start:start + batch], truncation=True,
+                                max_length=data_of_task["max_length"], add_special_tokens=True)["input_ids"]
+                inputs = pad_right([torch.tensor(i, dtype=torch.long) for i in ids], spec["pad_id"])
+            arrays.update({f"{task}/{index}/{name}": value.numpy() for name, value in zip(names, inputs)})
+    return arrays
+
+
+def run_onnx(directory: Path, data: Mapping[str, Any], *, batch: int = BATCH, timed: int = TIMED
+             ) -> tuple[dict[str, Any], dict]:
+    """(what the ONNX process measured, its logits per task) for ``directory/model.onnx``."""
+    import numpy as np
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="editkit-onnx-check-") as scratch:
+        batches_path, logits_path = Path(scratch) / "batches.npz", Path(scratch) / "logits.npz"
+        np.savez(batches_path, **onnx_batches(directory, data, batch))
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        done = subprocess.run([sys.executable, "-c", ONNX_PLAIN, str(Path(directory).resolve()), str(batches_path),
+                               str(logits_path), str(timed)], env=env, capture_output=True, text=True, timeout=1800,
+                              cwd=scratch)
+        if done.returncode != 0:
+            raise RuntimeError(f"the ONNX process failed:\n{done.stderr}")
+        with np.load(logits_path) as logits:
+            return json.loads(done.stdout.strip().splitlines()[-1]), {k: torch.from_numpy(logits[k]) for k in logits}
 
 
 def editkit_logits(built: Any, vector: Any, tasks: list[str], batch: int = BATCH) -> dict:
@@ -187,20 +272,28 @@ def check(bank_dir: Path, out: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="editkit-baseline-") as scratch:
         plain, logits = run_plain(out, data, baseline_program(result.built, tasks, Path(scratch) / "theta0.pt2"))
     own = editkit_logits(result.built, result.vector, tasks)
+    onnx, onnx_logits = run_onnx(out, data)
     rows = {}
     for task in tasks:
-        counted = plain["tasks"][task]
+        counted, counted_onnx = plain["tasks"][task], onnx["tasks"][task]
         reported = result.report["per_task"][task]
         rows[task] = {"reported": reported, "program": counted["correct"] / counted["total"],
-                      "max_abs_logit_difference": float((logits[task] - own[task]).abs().max())}
+                      "onnx": counted_onnx["correct"] / counted_onnx["total"],
+                      "max_abs_logit_difference": float((logits[task] - own[task]).abs().max()),
+                      "onnx_max_abs_logit_difference": float((onnx_logits[task] - own[task]).abs().max())}
     size = (out / "model.pt2").stat().st_size
     report = {"scenario": result.report["scenario"], "mode": result.mode, "tasks": rows,
               "same_accuracy": all(r["reported"] == r["program"] for r in rows.values()),
+              "onnx_same_accuracy": all(r["reported"] == r["onnx"] for r in rows.values()),
               "max_abs_logit_difference": max(r["max_abs_logit_difference"] for r in rows.values()),
-              "editkit_imported": plain["editkit_imported"], "program_mb": size / 2**20,
-              "load_seconds": plain["load_seconds"], "program_ms_per_example": plain["ms_per_example"],
+              "onnx_max_abs_logit_difference": max(r["onnx_max_abs_logit_difference"] for r in rows.values()),
+              "editkit_imported": plain["editkit_imported"], "onnx_process_imported": onnx["others_imported"],
+              "program_mb": size / 2**20, "onnx_mb": (out / "model.onnx").stat().st_size / 2**20,
+              "load_seconds": plain["load_seconds"], "onnx_load_seconds": onnx["load_seconds"],
+              "program_ms_per_example": plain["ms_per_example"], "onnx_ms_per_example": onnx["ms_per_example"],
               "plain_ms_per_example": plain["baseline_ms_per_example"], "threads": torch.get_num_threads()}
     report["program_over_plain"] = report["program_ms_per_example"] / report["plain_ms_per_example"]
+    report["onnx_over_plain"] = report["onnx_ms_per_example"] / report["plain_ms_per_example"]
     return report
 
 
@@ -265,8 +358,13 @@ def main() -> None:
         for task, row in report["tasks"].items():
             print(f"{task:>14}: reported {100 * row['reported']:.1f}, program {100 * row['program']:.1f}, "
                   f"max |logit difference| {row['max_abs_logit_difference']:.2g}")
-        print(f"same accuracy on every task: {report['same_accuracy']}; editkit imported by the user's process: "
-              f"{report['editkit_imported']}")
+            print(f"{'':>14}  ONNX Runtime {100 * row['onnx']:.1f}, max |logit difference| "
+                  f"{row['onnx_max_abs_logit_difference']:.2g}")
+        print(f"same accuracy on every task: {report['same_accuracy']} (ONNX: {report['onnx_same_accuracy']}); "
+              f"editkit imported by the user's process: {report['editkit_imported']}; torch or editkit by the ONNX "
+              f"process: {report['onnx_process_imported'] or 'none'}")
+        print(f"model.onnx {report['onnx_mb']:.1f} MiB, loaded in {report['onnx_load_seconds']:.2f} s; "
+              f"{report['onnx_ms_per_example']:.2f} ms/example ({report['onnx_over_plain']:.2f}x theta_0's program)")
     print(f"program {report['program_mb']:.1f} MiB, loaded in {report['load_seconds']:.2f} s; "
           f"{report['program_ms_per_example']:.2f} ms/example against theta_0's plain forward "
           f"{report['plain_ms_per_example']:.2f} ms/example ({report['program_over_plain']:.2f}x), "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 
@@ -238,12 +238,14 @@ def predict(
                                              "the model does)."),
     column: str = typer.Option("text", help="The column of a .csv / .jsonl file that holds the texts."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the predictions as JSON."),
+    runtime: Literal["torch", "onnx"] = typer.Option("torch", "--runtime", help="torch: the program (model.pt2); "
+                                                     "onnx: model.onnx in ONNX Runtime (editkit's onnx extra)."),
 ) -> None:
     from editkit.cli.console import RichProgress, console, prediction_table
     from editkit.runs.predict import predict as predict_inputs
     from editkit.runs.report import write_json
 
-    predictions = predict_inputs(model, inputs, tasks=task, column=column, progress=RichProgress())
+    predictions = predict_inputs(model, inputs, tasks=task, column=column, runtime=runtime, progress=RichProgress())
     console.print(prediction_table(f"{model}: {len(predictions)} predictions", predictions))
     if json_path is not None:
         write_json(json_path, [p.to_json() for p in predictions])
@@ -386,13 +388,21 @@ def _check_out(out: Optional[Path], tau_only: bool, force: bool) -> bool:
 
 def _export(result, store, out: Path, *, force: bool, build: BuildOptions, method: str = "task-arithmetic") -> None:
     """Write the scored model into ``out`` and say what is there."""
+    import json
+
+    from rich.markup import escape
+
     from editkit.cli.console import console
+    from editkit.io.layout import MANIFEST_FILE
     from editkit.runs.export import export_edit
 
     written = export_edit(result, store, out, method=method, force=force, build=build)
+    onnx = json.loads((written / MANIFEST_FILE).read_text(encoding="utf-8")).get("onnx") or {}
     console.print(f"model written to {written}: model.pt2 (the scored model, every task's head; torch.export.load "
-                  f"runs it), its weights in the family's own format, editkit.json, README.md  "
-                  f"(editkit predict --model {written} INPUTS)")
+                  f"runs it){', model.onnx (ONNX Runtime runs it)' if 'file' in onnx else ''}, its weights in the "
+                  f"family's own format, editkit.json, README.md  (editkit predict --model {written} INPUTS)")
+    if "skipped" in onnx:
+        console.print(f"[yellow]{escape(onnx['skipped'])}[/yellow]", highlight=False, soft_wrap=True)
 
 
 def _save_outputs(result, out: Optional[Path], json_path: Optional[Path], *, force: bool) -> None:

@@ -180,6 +180,23 @@ def _program_lines(manifest: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _onnx_lines(manifest: Mapping[str, Any]) -> list[str]:
+    """How to run ``model.onnx`` with ONNX Runtime alone, or why there is none."""
+    onnx = manifest.get("onnx")
+    if not onnx:
+        return []
+    if "skipped" in onnx:
+        return ["## ONNX", "", f"No ONNX model: {onnx['skipped']}.", ""]
+    feeds = ", ".join(f'"{name}": {name}' for name in onnx["inputs"])
+    verified = onnx["verified"]
+    return ["## Use it with ONNX Runtime", "", "```python", "import onnxruntime", "",
+            f'session = onnxruntime.InferenceSession("{onnx["file"]}")',
+            f"logits = dict(zip({onnx['outputs']!r}, session.run(None, {{{feeds}}})))", "```", "",
+            f"The same inputs as numpy arrays, the same program (opset {onnx['opset']}); written, it gave editkit's own "
+            f"logits to {verified['max_abs_logit_difference']:.2g} on {verified['examples']} test examples "
+            f"({verified['runtime']}).", ""]
+
+
 def _weights_lines(manifest: Mapping[str, Any]) -> list[str]:
     weights = manifest.get("weights") or {}
     fmt = weights.get("format")
@@ -214,6 +231,7 @@ def model_card(manifest: Mapping[str, Any]) -> str:
     else:
         lines += [f"Weights: **{manifest['edit']}**, written by `editkit {manifest['operation']}`.", ""]
     lines += _program_lines(manifest)
+    lines += _onnx_lines(manifest)
     lines += ["## Measured", "", *_score_lines(manifest), ""]
     lines += _weights_lines(manifest)
     lines += ["## Provenance", "",

@@ -5,6 +5,9 @@
 - ``model.pt2``: the model that was scored, heads included, as a ``torch.export`` program (:mod:`editkit.io.program`):
   f_lin for linearized vectors, f at theta_0 + delta otherwise; checked against editkit's own logits before the
   directory is kept;
+- ``model.onnx``: the same program for ONNX Runtime (:mod:`editkit.io.onnx`), checked against the same logits; one
+  that cannot be converted, differs, or lacks the optional packages is not written, and the manifest's ``onnx``
+  says why in one line;
 - the family's own format of the weights theta_0 + delta and ``heads.safetensors`` (:mod:`editkit.io.native`); for
   a LoRA vector, its PEFT adapter in ``adapter/`` (:mod:`editkit.io.peft`);
 - ``editkit.json`` and ``README.md`` (:mod:`editkit.io.card`): inputs, tasks, provenance and numbers.
@@ -30,9 +33,10 @@ import torch
 
 from editkit.io.card import computes, model_card
 from editkit.io.layout import ADAPTER_SUBDIR, CARD_FILE, HEADS_FILE, MANIFEST_FILE, PROGRAM_FILE, quiet_export
+from editkit.io.onnx import write_onnx
 from editkit.io.native import head_kind, write_heads, write_weights
 from editkit.io.peft import Adapter, write_adapter
-from editkit.io.program import trace, verify
+from editkit.io.program import expected_logits, trace, verify
 from editkit.merge.arithmetic import TaskVector
 from editkit.scenario.build import BuiltScenario
 from editkit.scenario.provenance import check_base
@@ -56,8 +60,9 @@ def _tasks(built: BuiltScenario, names: list[str]) -> list[dict[str, Any]]:
 
 
 def _write_program(tmp: Path, built: BuiltScenario, vector: TaskVector, names: list[str]) -> dict[str, Any] | None:
-    """``model.pt2`` of the scored model with the heads of ``names``, checked on their test splits; the manifest's
-    ``program``, ``input`` and ``tasks`` (None: the family's own directory is the model)."""
+    """``model.pt2`` of the scored model with the heads of ``names``, checked on their test splits, and
+    ``model.onnx`` beside it where it converts and reproduces the same logits; the manifest's ``program``, ``onnx``,
+    ``input`` and ``tasks`` (None: the family's own directory is the model)."""
     backbone = built.backbone
     heads = {name: built.heads[name] for name in names}
     probe = backbone.program_inputs()
@@ -69,7 +74,9 @@ def _write_program(tmp: Path, built: BuiltScenario, vector: TaskVector, names: l
     with quiet_export():
         torch.export.save(program, tmp / PROGRAM_FILE)
         loaded = torch.export.load(tmp / PROGRAM_FILE).module()
-    checked = verify(loaded, backbone, vector, heads, {name: built.task(name).test for name in names})
+    expected = expected_logits(backbone, vector, heads, {name: built.task(name).test for name in names})
+    checked = verify(loaded, backbone, expected)
+    onnx = write_onnx(program, inputs.spec["names"], names, tmp, inputs.dynamic, expected)
     tasks = _tasks(built, names)
     spec = dict(inputs.spec)
     lengths = {t["max_length"] for t in tasks if "max_length" in t}
@@ -78,7 +85,7 @@ def _write_program(tmp: Path, built: BuiltScenario, vector: TaskVector, names: l
     return {"program": {"file": PROGRAM_FILE, "inputs": spec.get("names"),
                         "outputs": "a dict: each task's name -> its logits (batch, classes), in the order of tasks",
                         "verified": checked},
-            "input": spec, "tasks": tasks}
+            "onnx": onnx, "input": spec, "tasks": tasks}
 
 
 def write_export(built: BuiltScenario, vector: TaskVector, out: Path | str, *, base: str | None,

@@ -10,6 +10,10 @@ import warnings
 from typing import Iterator
 
 PROGRAM_FILE = "model.pt2"
+#: The program converted for ONNX Runtime (:mod:`editkit.io.onnx`), when it reproduces the scoring.
+ONNX_FILE = "model.onnx"
+#: How a user gets the optional packages ``model.onnx`` needs (written and run).
+ONNX_EXTRA = "pip install 'editkit[onnx]'"
 MANIFEST_FILE = "editkit.json"
 CARD_FILE = "README.md"
 HEADS_FILE = "heads.safetensors"

@@ -9,13 +9,15 @@ as editkit's own linearized forward. For the other modes it is f(x; theta_0 + de
 
 Which values stand for theta, theta_0 and delta comes from the task model the scorer itself builds
 (:func:`~editkit.core.linearize.build_task_model`), so the program is the scored model by construction, and
-:func:`verify` runs it on test examples of every task against editkit's own logits before the export is kept.
+:func:`verify` runs it on test examples of every task against editkit's own logits (:func:`expected_logits`, computed
+once, which ``model.onnx`` is checked against too) before the export is kept.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
@@ -107,25 +109,53 @@ def trace(backbone: Backbone, vector: TaskVector, heads: Mapping[str, nn.Module]
                           "family's forward is not capturable as a program; nothing was written") from exc
 
 
-def verify(program: Any, backbone: Backbone, vector: TaskVector, heads: Mapping[str, nn.Module],
-           tests: Mapping[str, Dataset], examples: int = VERIFY_EXAMPLES) -> dict[str, Any]:
-    """Run the (loaded) ``program`` on the first test examples of each task and compare its logits with editkit's
-    own scoring of the same model; refuse (:class:`~editkit.errors.ExportError`) a program that differs by more
-    than :data:`VERIFY_TOLERANCE` of the logits' magnitude. Returns what was measured."""
+@dataclass(frozen=True)
+class Expected:
+    """editkit's own scoring of the edited model on the first test examples of each task: the examples as a program
+    takes them, and the logits the scorer gives them. Computed once; every written form of the model (the program,
+    ``model.onnx``) is checked against it."""
+
+    inputs: dict[str, tuple[torch.Tensor, ...]]
+    logits: dict[str, torch.Tensor]
+
+
+def expected_logits(backbone: Backbone, vector: TaskVector, heads: Mapping[str, nn.Module],
+                    tests: Mapping[str, Dataset], examples: int = VERIFY_EXAMPLES) -> Expected:
+    """The :class:`Expected` logits of theta_0 edited by ``vector`` on the first ``examples`` of each test split."""
     model = _task_model(backbone, vector)
-    worst, scale, count = 0.0, 0.0, 0
+    inputs, logits = {}, {}
     with torch.no_grad():
         for task, dataset in tests.items():
             indices = list(range(min(examples, len(dataset))))
             batch = backbone.batching.collate([dataset[i][0] for i in indices])
-            expected = heads[task](backbone.batching.run(model, batch).float())
-            got = program(*backbone.program_batch(dataset, indices))[task]
-            worst = max(worst, float((got - expected).abs().max()))
-            scale = max(scale, float(expected.abs().max()))
-            count += len(indices)
-    if worst > VERIFY_TOLERANCE * max(scale, 1.0):
-        raise ExportError(f"the program of the edited {backbone.name} does not reproduce editkit's scoring: its "
-                          f"logits differ by up to {worst:.3g} (largest logit {scale:.3g}) on {count} test examples; "
-                          "nothing was written")
+            logits[task] = heads[task](backbone.batching.run(model, batch).float())
+            inputs[task] = tuple(backbone.program_batch(dataset, indices))
+    return Expected(inputs, logits)
+
+
+def logit_difference(program: Any, expected: Expected) -> dict[str, Any]:
+    """Run ``program`` (any callable of the program's inputs returning ``{task: logits}``) on the expected examples:
+    its largest difference from editkit's logits, their largest magnitude, and whether it is within
+    :data:`VERIFY_TOLERANCE` of it."""
+    worst, scale, count = 0.0, 0.0, 0
+    with torch.no_grad():
+        for task, want in expected.logits.items():
+            got = program(*expected.inputs[task])[task]
+            worst = max(worst, float((got - want).abs().max()))
+            scale = max(scale, float(want.abs().max()))
+            count += len(want)
     return {"examples": count, "max_abs_logit_difference": worst, "largest_abs_logit": scale,
+            "within_tolerance": worst <= VERIFY_TOLERANCE * max(scale, 1.0),
             "against": "editkit's own scoring of the same model (first test examples of each task)"}
+
+
+def verify(program: Any, backbone: Backbone, expected: Expected) -> dict[str, Any]:
+    """Refuse (:class:`~editkit.errors.ExportError`) a (loaded) ``program`` whose logits differ from editkit's own by
+    more than :data:`VERIFY_TOLERANCE` of their magnitude. Returns what was measured."""
+    measured = logit_difference(program, expected)
+    if not measured["within_tolerance"]:
+        raise ExportError(f"the program of the edited {backbone.name} does not reproduce editkit's scoring: its "
+                          f"logits differ by up to {measured['max_abs_logit_difference']:.3g} (largest logit "
+                          f"{measured['largest_abs_logit']:.3g}) on {measured['examples']} test examples; nothing was "
+                          "written")
+    return measured

@@ -1,8 +1,10 @@
-"""Reading an export directory back: its manifest checked, its program and tokenizer loaded.
+"""Reading an export directory back: its manifest checked, its model (the program, or ``model.onnx`` in ONNX Runtime)
+and tokenizer loaded.
 
 What ``editkit predict`` (and anything else that receives a directory ``--out`` wrote) starts from. It needs the
 directory alone: no bank, no scenario. A directory that is not an export, or one of a newer format, is refused by
-name before anything is loaded.
+name before anything is loaded; so is ``--runtime onnx`` where no ``model.onnx`` was written (the manifest says why)
+or ONNX Runtime is not installed.
 """
 
 from __future__ import annotations
@@ -12,8 +14,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from editkit.errors import ExportError
-from editkit.io.layout import EXPORT_FORMAT, FORMAT_VERSION, MANIFEST_FILE, PROGRAM_FILE, quiet_export
+from editkit.errors import ExportError, MissingResourceError
+from editkit.io.layout import (EXPORT_FORMAT, FORMAT_VERSION, MANIFEST_FILE, ONNX_EXTRA, ONNX_FILE, PROGRAM_FILE,
+                               quiet_export)
+
+#: What ``editkit predict --runtime`` runs: the ``torch.export`` program, or ``model.onnx`` in ONNX Runtime.
+RUNTIMES = ("torch", "onnx")
+
+
+class OnnxModel:
+    """``model.onnx`` in an ONNX Runtime session (CPU), called as the program is: the inputs as tensors, in the
+    program's order; ``{task: logits}`` back as tensors."""
+
+    def __init__(self, path: Path) -> None:
+        import onnxruntime
+
+        self.session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.outputs = [o.name for o in self.session.get_outputs()]
+
+    def __call__(self, *inputs: Any) -> dict[str, Any]:
+        import torch
+
+        feeds = {name: value.numpy(force=True) for name, value in zip(self.inputs, inputs)}
+        return {name: torch.from_numpy(logits)
+                for name, logits in zip(self.outputs, self.session.run(self.outputs, feeds))}
 
 
 @dataclass(frozen=True)
@@ -39,6 +64,24 @@ class Export:
 
         with quiet_export():
             return torch.export.load(self.directory / PROGRAM_FILE).module()
+
+    def model(self, runtime: str = "torch") -> Any:
+        """The model as a callable of the program's inputs returning ``{task: logits}``: the program, or
+        ``model.onnx`` in ONNX Runtime (``runtime="onnx"``), refused in one line where there is none."""
+        if runtime == "torch":
+            return self.program()
+        if runtime != "onnx":
+            raise ExportError(f"runtime {runtime!r} is not one of {', '.join(RUNTIMES)}")
+        onnx = self.manifest.get("onnx") or {"skipped": f"it was written before editkit wrote {ONNX_FILE}"}
+        if "skipped" in onnx:
+            raise ExportError(f"{self.directory} has no {ONNX_FILE}: {onnx['skipped']}")
+        if not (self.directory / onnx["file"]).is_file():
+            raise ExportError(f"{self.directory} lacks {onnx['file']}, which its {MANIFEST_FILE} names")
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            raise MissingResourceError(f"--runtime onnx needs ONNX Runtime: {ONNX_EXTRA}") from None
+        return OnnxModel(self.directory / onnx["file"])
 
     def tokenizer(self) -> Any:
         """The tokenizer saved beside a text program."""

@@ -1,7 +1,8 @@
 """``editkit predict``: an exported model's predictions on your inputs, from its directory alone.
 
-The directory ``--out`` wrote holds the program and, in ``editkit.json``, how its inputs are made
-(:mod:`editkit.models.inputs`); nothing else is read: no bank, no scenario. Inputs:
+The directory ``--out`` wrote holds the program (and ``model.onnx``, which ``runtime="onnx"`` runs in ONNX Runtime
+instead) and, in ``editkit.json``, how its inputs are made (:mod:`editkit.models.inputs`); nothing else is read: no
+bank, no scenario. Inputs:
 
 - an image model: image files, or folders of them (read recursively, in name order; other files in a folder are
   passed over); each image is preprocessed as the manifest says, whatever its size or mode;
@@ -153,8 +154,9 @@ def _batches(export: Export, inputs: Sequence[Path | str], column: str) -> tuple
 
 
 def predict(directory: Path | str, inputs: Sequence[Path | str], *, tasks: Sequence[str] | None = None,
-            column: str = "text", progress: Progress | None = None) -> list[Prediction]:
-    """The predictions of the model in ``directory`` on ``inputs`` for ``tasks`` (default: every task it does)."""
+            column: str = "text", runtime: str = "torch", progress: Progress | None = None) -> list[Prediction]:
+    """The predictions of the model in ``directory`` on ``inputs`` for ``tasks`` (default: every task it does), run
+    by ``runtime`` (:data:`~editkit.io.read.RUNTIMES`: the program, or ``model.onnx`` in ONNX Runtime)."""
     export = read_export(directory)
     known = [t["name"] for t in export.tasks]
     chosen = list(tasks or known)
@@ -164,8 +166,8 @@ def predict(directory: Path | str, inputs: Sequence[Path | str], *, tasks: Seque
     if not inputs:
         raise ConfigError("give the inputs to predict: image files or folders, or a text file")
     classes = {t["name"]: t["classes"] for t in export.tasks}
+    program = export.model(runtime)
     names, batches = _batches(export, inputs, column)
-    program = export.program()
     predictions: list[Prediction] = []
     with (progress or NullProgress()).task("predicting", total=-(-len(names) // BATCH)) as bar, torch.inference_mode():
         for batch in batches:
