@@ -11,10 +11,21 @@ events:
   task's own vector's score on the task, and the merged model's score on every task
   seen so far with its absolute and normalized summary.
 
-Loggers are a registry (:data:`LOGGERS`), so one module adds another (W&B, MLflow)
-with one ``LOGGERS.register(name, Record.of(cls))``: ``cls(directory, tasks)`` builds
-it, and it has the three methods of :class:`RunLogger`. Heavy libraries are imported
-inside the builder, so a run without loggers imports nothing new.
+- at the end, the run's ``report.json`` (its recipe, final numbers and plots), to loggers
+  that keep it (W&B, MLflow: the recipe as the run's config, the numbers, the file and
+  the plots as artifacts).
+
+Loggers are a registry (:data:`LOGGERS`), so one module adds another with one
+``LOGGERS.register(name, Record.of(cls))``: ``cls(directory, tasks)`` builds it, and it
+has the methods of :class:`RunLogger`. Heavy libraries are imported inside the builder,
+so a run without loggers imports nothing new. A logger whose package is not installed
+(:class:`~editkit.errors.MissingResourceError` from its builder) is left out with one
+warning line; the run and the other loggers go on.
+
+W&B and MLflow write locally, so nothing needs a network: W&B in its offline mode under
+``<directory>/wandb/`` (``wandb sync`` uploads it later; ``WANDB_MODE=online`` logs live),
+MLflow into a SQLite store under ``<directory>/mlflow/`` (``MLFLOW_TRACKING_URI`` names
+another store or server), where a new run marks the earlier ones deleted.
 
 Each run replaces the logs it finds in its directory: a resumed run logs the banked
 experiences again, marked resumed, and the steps it trains.
@@ -24,11 +35,19 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
+import logging
+import os
+import shutil
+import time
 from pathlib import Path
 from typing import IO, Any, Iterator, Mapping, Protocol, Sequence
 
 from editkit.core.registry import Record, Registry
+from editkit.errors import MissingResourceError
 from editkit.runs.records import StepRecord
+
+log = logging.getLogger(__name__)
 
 LOGGERS: Registry[Record] = Registry("logger")
 """Every logger a run can be given by name (``--log tensorboard,csv``): name -> record whose
@@ -47,6 +66,13 @@ class RunLogger(Protocol):
     def close(self) -> None: ...
 
 
+class ReportLogger(RunLogger, Protocol):
+    """A logger that also keeps the run's final report (optional: the stream tells those that have ``report``)."""
+
+    def report(self, report: Mapping[str, Any]) -> None:
+        """The run is done: its ``report.json`` as written (recipe, steps, final numbers, plots' paths)."""
+
+
 def parse_loggers(value: str | Sequence[str] | None) -> tuple[str, ...]:
     """``"tensorboard,csv"`` (or a sequence of names) -> the names, each checked against :data:`LOGGERS`.
 
@@ -61,7 +87,7 @@ def parse_loggers(value: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def open_loggers(names: Sequence[str], directory: Path, tasks: Sequence[str]) -> Iterator[RunLogger | None]:
+def open_loggers(names: Sequence[str], directory: Path, tasks: Sequence[str]) -> Iterator[ReportLogger | None]:
     """The named loggers writing into ``directory`` for a stream of ``tasks``, as one; None without names.
 
     Every logger built is closed when the block ends, however it ends (one failing to
@@ -73,7 +99,11 @@ def open_loggers(names: Sequence[str], directory: Path, tasks: Sequence[str]) ->
     with contextlib.ExitStack() as stack:
         loggers = []
         for name in names:
-            logger = LOGGERS[name].build(Path(directory), list(tasks))
+            try:
+                logger = LOGGERS[name].build(Path(directory), list(tasks))
+            except MissingResourceError as exc:  # the run goes on without it
+                log.warning("--log %s left out: %s", name, exc)
+                continue
             stack.callback(logger.close)
             loggers.append(logger)
         yield _Fanout(loggers)
@@ -93,6 +123,11 @@ class _Fanout:
         for logger in self.loggers:
             logger.experience(record)
 
+    def report(self, report: Mapping[str, Any]) -> None:
+        for logger in self.loggers:
+            if hasattr(logger, "report"):
+                logger.report(report)
+
     def close(self) -> None:
         pass
 
@@ -105,6 +140,43 @@ def experience_scalars(record: StepRecord) -> dict[str, float]:
     scalars.update({f"merged/{task}": score for task, score in merged.get("per_task", {}).items()})
     scalars.update({f"merged/{key}": merged.get(key) for key in ("absolute", "normalized")})
     return {tag: float(value) for tag, value in scalars.items() if value is not None}
+
+
+def final_scalars(report: Mapping[str, Any]) -> dict[str, float]:
+    """The report's final numbers by name: ``final/absolute``, ``final/normalized``, ``final/<task>`` (the merged
+    model's accuracy on each task)."""
+    final = report.get("final") or {}
+    scalars = {f"final/{task}": score for task, score in (final.get("per_task") or {}).items()}
+    scalars.update({f"final/{key}": final.get(key) for key in ("absolute", "normalized")})
+    return {name: float(value) for name, value in scalars.items() if value is not None}
+
+
+def run_config(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's recipe and what it ran on, as a tracker's config: ``scenario``, ``backbone``, then every recipe
+    field."""
+    return {"scenario": report.get("scenario"), "backbone": report.get("backbone"), **(report.get("recipe") or {})}
+
+
+def _package(name: str, extra: str) -> Any:
+    """Import a logger's package, or say in one line how to get it."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise MissingResourceError(f"{name} is not installed (pip install 'editkit[{extra}]')") from None
+
+
+@contextlib.contextmanager
+def _quieter(name: str) -> Iterator[None]:
+    """The library logger ``name`` at warnings and above, inside the block."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 class TensorBoardLogger:
@@ -185,5 +257,109 @@ class CSVLogger:
         self._experiences_file.close()
 
 
+class WandbLogger:
+    """A W&B run in ``<directory>/wandb/``, offline unless ``WANDB_MODE`` says otherwise.
+
+    Each optimizer step: ``train/<task>/<value>`` with ``train/<task>/step`` as its x-axis; each experience: the
+    :func:`experience_scalars` (one row of the accuracy matrix: ``merged/<task>`` for every task seen) with
+    ``tasks_seen``; at the end the recipe as the run's config, :func:`final_scalars` in its summary, and
+    ``report.json`` and the plots as an artifact ``report``. The run exits 0, or 1 when the stream did not reach
+    its report.
+    """
+
+    def __init__(self, directory: Path, tasks: Sequence[str]) -> None:
+        wandb = _package("wandb", "wandb")
+        self.wandb = wandb
+        settings = wandb.Settings(silent=True, console="off", disable_git=True, x_disable_stats=True)
+        shutil.rmtree(directory / "wandb", ignore_errors=True)  # W&B writes into <dir>/wandb/; this run replaces it
+        self.run = wandb.init(dir=str(directory), project=os.environ.get("WANDB_PROJECT", "editkit"),
+                              name=directory.name, mode=os.environ.get("WANDB_MODE", "offline"), settings=settings,
+                              reinit="create_new")
+        for task in tasks:
+            self.run.define_metric(f"train/{task}/*", step_metric=f"train/{task}/step")
+        self.run.define_metric("tasks_seen")
+        for prefix in ("merged", "single_task", "pretrained"):
+            self.run.define_metric(f"{prefix}/*", step_metric="tasks_seen")
+        self.exit_code = 1  # until the report comes: a run that did not reach it failed
+
+    def train_step(self, task: str, step: int, values: Mapping[str, float]) -> None:
+        self.run.log({f"train/{task}/step": step, **{f"train/{task}/{k}": v for k, v in values.items()}})
+
+    def experience(self, record: StepRecord) -> None:
+        self.run.log({"tasks_seen": record.step + 1, **experience_scalars(record)})
+
+    def report(self, report: Mapping[str, Any]) -> None:
+        self.run.config.update(run_config(report), allow_val_change=True)
+        self.run.summary.update(final_scalars(report))
+        artifact = self.wandb.Artifact("report", type="report")
+        with artifact.new_file("report.json", encoding="utf-8") as handle:
+            json.dump(report, handle, indent=2, default=str)
+        for plot in map(Path, report.get("plots") or []):
+            if plot.is_file():
+                artifact.add_file(str(plot))
+        self.run.log_artifact(artifact)
+        self.exit_code = 0
+
+    def close(self) -> None:
+        self.run.finish(exit_code=self.exit_code)
+
+
+class MLflowLogger:
+    """An MLflow run (experiment ``editkit``) in a SQLite store under ``<directory>/mlflow/`` with its artifacts
+    beside it, unless ``MLFLOW_TRACKING_URI`` names another store.
+
+    Metrics: ``train/<task>/<value>`` at the task's optimizer step; each experience's
+    :func:`experience_scalars` (one row of the accuracy matrix) at the number of tasks seen; at the end the recipe
+    as the run's parameters, :func:`final_scalars`, and ``report.json`` and the plots as artifacts. The run ends
+    FINISHED, or FAILED when the stream did not reach its report.
+    """
+
+    def __init__(self, directory: Path, tasks: Sequence[str]) -> None:
+        _package("mlflow", "mlflow")
+        from mlflow.tracking import MlflowClient
+
+        store = directory / "mlflow"
+        store.mkdir(parents=True, exist_ok=True)
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(store / 'mlflow.db').resolve()}"
+        with _quieter("mlflow"):  # its lines about creating the store's tables are not the user's to read
+            self.client = MlflowClient(tracking_uri=uri)
+            experiment = self.client.get_experiment_by_name("editkit")
+            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(
+                "editkit", artifact_location=(store / "artifacts").resolve().as_uri())
+        for earlier in self.client.search_runs([experiment_id]):  # this run replaces them (MLflow keeps them deleted)
+            self.client.delete_run(earlier.info.run_id)
+        self.run_id = self.client.create_run(experiment_id, run_name=directory.name).info.run_id
+        self.status = "FAILED"
+
+    def _metrics(self, values: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
+
+    def train_step(self, task: str, step: int, values: Mapping[str, float]) -> None:
+        self._metrics({f"train/{task}/{k}": v for k, v in values.items()}, step)
+
+    def experience(self, record: StepRecord) -> None:
+        self._metrics(experience_scalars(record), record.step + 1)
+
+    def report(self, report: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        params = [Param(k, json.dumps(v) if not isinstance(v, str) else v) for k, v in run_config(report).items()]
+        self.client.log_batch(self.run_id, params=params)
+        self._metrics(final_scalars(report), len(report.get("steps") or []))
+        self.client.log_dict(self.run_id, dict(report), "report.json")
+        for plot in map(Path, report.get("plots") or []):
+            if plot.is_file():
+                self.client.log_artifact(self.run_id, str(plot))
+        self.status = "FINISHED"
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id, status=self.status)
+
+
 LOGGERS.register("tensorboard", Record.of(TensorBoardLogger, label="TensorBoard"))
 LOGGERS.register("csv", Record.of(CSVLogger, label="CSV"))
+LOGGERS.register("wandb", Record.of(WandbLogger, label="Weights & Biases (offline)"))
+LOGGERS.register("mlflow", Record.of(MLflowLogger, label="MLflow (local store)"))

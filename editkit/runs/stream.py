@@ -524,6 +524,8 @@ def run_scenario(
                                           "merge": merge.to_dict(),
                                           **({"continual": result.continual} if accuracies else {})})
             write_json(out_dir / "report.json", report)
+            if logger is not None:
+                logger.report(report)
         runtime.barrier()
         return result, report
 

@@ -56,8 +56,8 @@ def test_names_are_parsed_and_unknown_ones_refused_with_the_known_listed():
     assert parse_loggers("tensorboard, csv") == ("tensorboard", "csv")
     assert parse_loggers(["csv", "csv"]) == ("csv",)
     assert parse_loggers("") == parse_loggers(None) == ()
-    with pytest.raises(ConfigError, match=r"unknown logger 'wandb'; known: csv, tensorboard"):
-        parse_loggers("csv,wandb")
+    with pytest.raises(ConfigError, match=r"unknown logger 'neptune'; known: csv, mlflow, tensorboard, wandb"):
+        parse_loggers("csv,neptune")
     assert BenchConfig(log="csv,tensorboard").validated().log == ("csv", "tensorboard")
 
 
@@ -137,12 +137,13 @@ def test_no_logger_writes_nothing_and_imports_no_tensorboard(tmp_path):
 def test_unknown_logger_is_refused_before_anything_runs(tmp_path):
     scenario = write_scenario(tmp_path, TASKS, "log-mini")
     for command in ("stream", "bench"):
-        result = runner.invoke(app, [command, "--scenario", str(scenario), "--log", "tensorboard,wandb",
+        result = runner.invoke(app, [command, "--scenario", str(scenario), "--log", "tensorboard,neptune",
                                      "--bank" if command == "stream" else "--bank-root", str(tmp_path / "bank"),
                                      "--run-dir", str(tmp_path / "run")])
         assert result.exit_code == 1, result.output
         lines = [line for line in result.output.splitlines() if line.strip()]
-        assert len(lines) == 1 and "unknown logger 'wandb'; known: csv, tensorboard" in lines[0], result.output
+        assert len(lines) == 1 and "unknown logger 'neptune'; known: csv, mlflow, tensorboard, wandb" in lines[0], \
+            result.output
     assert not (tmp_path / "bank").exists() and not (tmp_path / "run").exists()
 
 
@@ -151,7 +152,7 @@ def logged_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("logged")
     scenario = write_scenario(root, TASKS, "log-mini", train_size=64, test_size=40)
     args = ["stream", "--scenario", str(scenario), "--steps", str(STEPS), "--bank", str(root / "bank"),
-            "--run-dir", str(root / "run"), "--log", "tensorboard,csv"]
+            "--run-dir", str(root / "run"), "--log", "tensorboard,csv,wandb,mlflow"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     return root, args, json.loads((root / "run" / "report.json").read_text())
@@ -219,3 +220,150 @@ def test_a_resumed_run_replaces_the_logs(logged_run):
     assert not any(tag.startswith("train/") for tag in logged)  # the first run's curves were replaced
     assert logged["merged/absolute"] == {i + 1: pytest.approx(s["merged"]["absolute"], rel=1e-6)
                                          for i, s in enumerate(report["steps"])}
+
+
+# --- W&B and MLflow, read back by their own readers ---------------------------------------------
+
+STEP_VALUES = {"ce": 2.5, "penalty": 0.25, "grad_norm": 1.5, "lr": 1e-4}
+RECORDS = [StepRecord(step=0, task="digits", pretrained=0.1, single_task=0.9,
+                      merged={"per_task": {"digits": 0.9}, "absolute": 0.9, "normalized": 1.0}),
+           StepRecord(step=1, task="mnist", pretrained=0.2, single_task=0.8,
+                      merged={"per_task": {"digits": 0.85, "mnist": 0.75}, "absolute": 0.8, "normalized": 0.95})]
+
+
+def fake_run(directory: Path, names: list[str], *, reach_report: bool = True) -> dict:
+    """Two tasks of three optimizer steps each, their experiences and (``reach_report``) the report, told to the
+    loggers ``names``; returns the report."""
+    plot = directory / "stream.png"
+    plot.parent.mkdir(parents=True, exist_ok=True)
+    plot.write_bytes(b"\x89PNG not really")
+    report = {"scenario": "log-mini", "backbone": "tiny", "recipe": {"mode": "taujp", "lr": 1e-4, "steps": STEPS},
+              "steps": [r.to_dict() for r in RECORDS], "final": {"per_task": {"digits": 0.85, "mnist": 0.75},
+                                                                 "absolute": 0.8, "normalized": 0.95},
+              "plots": [str(plot)]}
+    with open_loggers(names, directory, TASKS) as logger:
+        for record in RECORDS:
+            for step in range(STEPS):
+                logger.train_step(record.task, step, {**STEP_VALUES, "ce": STEP_VALUES["ce"] + step})
+            logger.experience(record)
+        if reach_report:
+            logger.report(report)
+    return report
+
+
+def wandb_records(directory: Path) -> dict[str, list]:
+    """The records of the offline run in ``directory/wandb``, by kind, as W&B's own datastore reads them."""
+    from wandb.proto import wandb_internal_pb2
+    from wandb.sdk.internal import datastore
+
+    (path,) = (directory / "wandb").glob("offline-run-*/run-*.wandb")
+    store = datastore.DataStore()
+    store.open_for_scan(str(path))
+    records: dict[str, list] = {}
+    while (data := store.scan_data()) is not None:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        kind = record.WhichOneof("record_type")
+        records.setdefault(kind, []).append(getattr(record, kind))
+    return records
+
+
+def _items(items) -> dict[str, object]:
+    return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
+
+
+def test_wandb_offline_run_holds_the_steps_the_matrix_rows_the_recipe_and_the_report(tmp_path):
+    pytest.importorskip("wandb")
+    report = fake_run(tmp_path, ["wandb"])
+    records = wandb_records(tmp_path)
+    rows = [_items(h.item) for h in records["history"]]
+    for task in TASKS:
+        steps = [r for r in rows if f"train/{task}/ce" in r]
+        assert [r[f"train/{task}/step"] for r in steps] == list(range(STEPS))
+        assert [r[f"train/{task}/ce"] for r in steps] == [2.5, 3.5, 4.5]
+        assert all(r[f"train/{task}/{k}"] == STEP_VALUES[k] for r in steps for k in ("penalty", "grad_norm", "lr"))
+    matrix = [r for r in rows if "tasks_seen" in r]
+    assert [(r["tasks_seen"], r["merged/digits"], r.get("merged/mnist")) for r in matrix] == [(1, 0.9, None),
+                                                                                           (2, 0.85, 0.75)]
+    assert matrix[1]["single_task/mnist"] == 0.8 and matrix[1]["merged/absolute"] == 0.8
+    config = {}
+    for update in records["config"]:
+        config.update(_items(update.update))
+    assert {k: config[k] for k in ("scenario", "backbone", "mode", "lr", "steps")} == {
+        "scenario": "log-mini", "backbone": "tiny", "mode": "taujp", "lr": 1e-4, "steps": STEPS}
+    summary = {}
+    for update in records["summary"]:
+        summary.update(_items(update.update))
+    assert {k: summary[k] for k in ("final/absolute", "final/normalized", "final/digits", "final/mnist")} == {
+        "final/absolute": 0.8, "final/normalized": 0.95, "final/digits": 0.85, "final/mnist": 0.75}
+    (artifact,) = records["artifact"]
+    files = {entry.path: entry for entry in artifact.manifest.contents}
+    assert artifact.name == "report" and set(files) == {"report.json", "stream.png"}
+    assert json.loads(Path(files["report.json"].local_path).read_text()) == report
+    assert records["exit"][0].exit_code == 0
+
+
+def test_mlflow_local_run_holds_the_steps_the_matrix_rows_the_recipe_and_the_report(tmp_path):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    report = fake_run(tmp_path, ["mlflow"])
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("editkit").experiment_id])
+    history = {key: {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+               for key in run.data.metrics}
+    for task in TASKS:
+        assert history[f"train/{task}/ce"] == {0: 2.5, 1: 3.5, 2: 4.5}
+        assert all(history[f"train/{task}/{k}"] == dict.fromkeys(range(STEPS), STEP_VALUES[k])
+                   for k in ("penalty", "grad_norm", "lr"))
+    assert history["merged/digits"] == {1: 0.9, 2: 0.85} and history["merged/mnist"] == {2: 0.75}
+    assert history["merged/absolute"] == {1: 0.9, 2: 0.8} and history["single_task/mnist"] == {2: 0.8}
+    assert history["final/absolute"] == {2: 0.8} and history["final/mnist"] == {2: 0.75}
+    assert run.data.params == {"scenario": "log-mini", "backbone": "tiny", "mode": "taujp", "lr": "0.0001",
+                               "steps": str(STEPS)}
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"report.json", "stream.png"}
+    assert json.loads(Path(client.download_artifacts(run.info.run_id, "report.json", str(tmp_path))).read_text()) \
+        == report
+    assert run.info.status == "FINISHED" and run.info.run_name == tmp_path.name
+
+    fake_run(tmp_path, ["mlflow"], reach_report=False)  # a run that fails before its report replaces the logs
+    (failed,) = client.search_runs([client.get_experiment_by_name("editkit").experiment_id])
+    assert failed.info.status == "FAILED" and "final/absolute" not in failed.data.metrics
+
+
+def test_a_logger_whose_package_is_missing_is_left_out_in_one_line(tmp_path, monkeypatch, caplog):
+    import importlib
+
+    real = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module",
+                        lambda name, *a: (_ for _ in ()).throw(ImportError(name)) if name in ("wandb", "mlflow")
+                        else real(name, *a))
+    fake_run(tmp_path, ["wandb", "csv", "mlflow"])
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "--log wandb left out: wandb is not installed (pip install 'editkit[wandb]')",
+        "--log mlflow left out: mlflow is not installed (pip install 'editkit[mlflow]')"]
+    assert len(read_csv(tmp_path / "steps.csv")) == STEPS * len(TASKS)  # the run and the other loggers went on
+    assert not (tmp_path / "wandb").exists() and not (tmp_path / "mlflow").exists()
+
+
+@pytest.mark.slow
+def test_a_streams_trackers_hold_its_reported_numbers_and_recipe(logged_run):
+    """The stream itself tells the trackers its report: their final numbers, config and artifact are report.json's."""
+    from mlflow.tracking import MlflowClient
+
+    root, _, report = logged_run
+    run_dir = root / "run"
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("editkit").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["final/absolute"] == pytest.approx(report["final"]["absolute"], rel=1e-12)
+    assert run.data.params["lr"] == json.dumps(report["recipe"]["lr"]) and run.data.params["scenario"] == "log-mini"
+    for task in TASKS:
+        assert run.data.metrics[f"final/{task}"] == pytest.approx(report["final"]["per_task"][task], rel=1e-12)
+    records = wandb_records(run_dir)
+    summary = {}
+    for update in records["summary"]:
+        summary.update(_items(update.update))
+    assert summary["final/normalized"] == pytest.approx(report["final"]["normalized"], rel=1e-12)
+    (artifact,) = records["artifact"]
+    assert {entry.path for entry in artifact.manifest.contents} == {"report.json", "stream.png"}
