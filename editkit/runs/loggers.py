@@ -167,6 +167,11 @@ def _package(name: str, extra: str) -> Any:
         raise MissingResourceError(f"{name} is not installed (pip install 'editkit[{extra}]')") from None
 
 
+def _plots(report: Mapping[str, Any]) -> list[Path]:
+    """The report's plots that are on disk."""
+    return [plot for plot in map(Path, report.get("plots") or []) if plot.is_file()]
+
+
 @contextlib.contextmanager
 def _quieter(name: str) -> Iterator[None]:
     """The library logger ``name`` at warnings and above, inside the block."""
@@ -294,9 +299,8 @@ class WandbLogger:
         artifact = self.wandb.Artifact("report", type="report")
         with artifact.new_file("report.json", encoding="utf-8") as handle:
             json.dump(report, handle, indent=2, default=str)
-        for plot in map(Path, report.get("plots") or []):
-            if plot.is_file():
-                artifact.add_file(str(plot))
+        for plot in _plots(report):
+            artifact.add_file(str(plot))
         self.run.log_artifact(artifact)
         self.exit_code = 0
 
@@ -318,16 +322,16 @@ class MLflowLogger:
         _package("mlflow", "mlflow")
         from mlflow.tracking import MlflowClient
 
-        store = directory / "mlflow"
+        store, server = directory / "mlflow", os.environ.get("MLFLOW_TRACKING_URI")
         store.mkdir(parents=True, exist_ok=True)
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(store / 'mlflow.db').resolve()}"
         with _quieter("mlflow"):  # its lines about creating the store's tables are not the user's to read
-            self.client = MlflowClient(tracking_uri=uri)
+            self.client = MlflowClient(tracking_uri=server or f"sqlite:///{(store / 'mlflow.db').resolve()}")
             experiment = self.client.get_experiment_by_name("editkit")
             experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(
                 "editkit", artifact_location=(store / "artifacts").resolve().as_uri())
-        for earlier in self.client.search_runs([experiment_id]):  # this run replaces them (MLflow keeps them deleted)
-            self.client.delete_run(earlier.info.run_id)
+        if server is None:  # this run replaces the earlier ones of its own store (MLflow keeps them, deleted)
+            for earlier in self.client.search_runs([experiment_id]):
+                self.client.delete_run(earlier.info.run_id)
         self.run_id = self.client.create_run(experiment_id, run_name=directory.name).info.run_id
         self.status = "FAILED"
 
@@ -350,9 +354,8 @@ class MLflowLogger:
         self.client.log_batch(self.run_id, params=params)
         self._metrics(final_scalars(report), len(report.get("steps") or []))
         self.client.log_dict(self.run_id, dict(report), "report.json")
-        for plot in map(Path, report.get("plots") or []):
-            if plot.is_file():
-                self.client.log_artifact(self.run_id, str(plot))
+        for plot in _plots(report):
+            self.client.log_artifact(self.run_id, str(plot))
         self.status = "FINISHED"
 
     def close(self) -> None:
