@@ -4,6 +4,7 @@
 - :mod:`~editkit.io.export`: the export directory ``--out DIR`` writes, whole or not at all, and the ``--out``
   checks every writer applies (:func:`~editkit.io.export.check_target`);
 - :mod:`~editkit.io.program`: ``model.pt2``, the edited model as a ``torch.export`` program;
+- :mod:`~editkit.io.onnx`: ``model.onnx``, the program for ONNX Runtime, kept when it reproduces the scoring;
 - :mod:`~editkit.io.native`: the edited weights in the backbone family's own format, and the heads;
 - :mod:`~editkit.io.peft`: PEFT LoRA adapters, written and imported;
 - :mod:`~editkit.io.card`: ``editkit.json`` and the model card;
