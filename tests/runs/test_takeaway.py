@@ -85,13 +85,14 @@ def test_a_taujp_program_scores_as_the_report_in_a_process_without_editkit(visio
 def test_the_directory_holds_the_program_the_weights_the_heads_and_says_how_to_use_them(vision):
     root, _, model_dir, report = vision
     assert sorted(p.name for p in model_dir.iterdir()) == ["README.md", "editkit.json", "heads.safetensors",
-                                                           "model.pt2", "weights.safetensors"]
+                                                           "model.onnx", "model.pt2", "weights.safetensors"]
     manifest = json.loads((model_dir / "editkit.json").read_text())
     assert [t["name"] for t in manifest["tasks"]] == ["digits", "mnist"]
     assert manifest["tasks"][0]["classes"] == [str(c) for c in range(10)]
     assert manifest["input"]["size"] == [32, 32] and manifest["input"]["on"] == "tensor"
     assert manifest["program"]["computes"].startswith("f_lin(x) = f(x; theta_0) + J f(x; theta_0) . delta")
     assert manifest["program"]["verified"]["max_abs_logit_difference"] < 1e-5
+    assert manifest["onnx"]["outputs"] == ["digits", "mnist"] and manifest["onnx"]["verified"]["within_tolerance"]
     assert manifest["scores"]["per_task"] == report["per_task"]
     assert manifest["scores"]["weights"]["per_task"] == report["weights"]["per_task"]
     assert manifest["weights"]["format"] == "efficientnet"
