@@ -50,12 +50,6 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def _first_line(exc: Exception) -> str:
-    """An exception as one short line: its type and the first line of its message."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
-
-
 def convert(program: Any, inputs: Sequence[str], tasks: Sequence[str], path: Path,
             dynamic: tuple[dict[int, Any], ...]) -> dict[str, Any]:
     """Write ``program`` (a ``torch.export`` program of ``{task: logits}``) to ``path`` as ONNX; what was written."""
@@ -66,10 +60,11 @@ def convert(program: Any, inputs: Sequence[str], tasks: Sequence[str], path: Pat
             converted = torch.onnx.export(program, (), dynamo=True, input_names=list(inputs),
                                           output_names=list(tasks), dynamic_shapes=dynamic, verbose=False)
             converted.save(str(path))
-    except Exception as exc:  # the exporter's own errors (an op without a translation...): one line, the cause logged
+    except Exception as exc:  # the exporter's own errors (an op without a translation...): its text in the log only
         log.info("torch.onnx could not convert the program: %s", exc)
         raise OnnxSkipped(f"{ONNX_FILE} was not written: torch.onnx could not convert the program "
-                          f"({_first_line(exc)}); model.pt2 is kept") from exc
+                          f"({type(exc).__name__} inside the exporter; its message is in the log); model.pt2 is "
+                          "kept") from exc
     opsets = {domain or "ai.onnx": version for domain, version in converted.model.opset_imports.items()}
     return {"file": ONNX_FILE, "files": sorted(p.name for p in path.parent.glob(f"{ONNX_FILE}*")),
             "inputs": list(inputs), "outputs": list(tasks), "opset": opsets.get("ai.onnx")}
