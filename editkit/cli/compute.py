@@ -364,7 +364,8 @@ def _negate_language(name: str, spec, bank: Path, *, alpha: Optional[float], mod
     if out is not None:
         from editkit.runs.export import export_negation
 
-        export_negation(open_bank(bank), name, out, alpha=report["alpha"], report=report, force=force, build=build)
+        export_negation(open_bank(bank), name, out, alpha=report["alpha"], report=report, force=force, build=build,
+                        progress=progress)
         report["export"] = str(out)
         write_json(out_dir / "report.json", report)
         console.print(f"model theta_0 - {report['alpha']:g} tau (the weights the continuations were sampled from; "
@@ -392,11 +393,11 @@ def _export(result, store, out: Path, *, force: bool, build: BuildOptions, metho
 
     from rich.markup import escape
 
-    from editkit.cli.console import console
+    from editkit.cli.console import RichProgress, console
     from editkit.io.layout import MANIFEST_FILE
     from editkit.runs.export import export_edit
 
-    written = export_edit(result, store, out, method=method, force=force, build=build)
+    written = export_edit(result, store, out, method=method, force=force, build=build, progress=RichProgress())
     onnx = json.loads((written / MANIFEST_FILE).read_text(encoding="utf-8")).get("onnx") or {}
     console.print(f"model written to {written}: model.pt2 (the scored model, every task's head; torch.export.load "
                   f"runs it){', model.onnx (ONNX Runtime runs it)' if 'file' in onnx else ''}, its weights in the "

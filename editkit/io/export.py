@@ -42,6 +42,7 @@ from editkit.scenario.build import BuiltScenario
 from editkit.scenario.provenance import check_base
 from editkit.io.targets import check_target
 from editkit.util.atomic import atomic_dir
+from editkit.util.progress import NullProgress, Progress, ProgressTask
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,8 @@ def _tasks(built: BuiltScenario, names: list[str]) -> list[dict[str, Any]]:
     return tasks
 
 
-def _write_program(tmp: Path, built: BuiltScenario, vector: TaskVector, names: list[str]) -> dict[str, Any] | None:
+def _write_program(tmp: Path, built: BuiltScenario, vector: TaskVector, names: list[str],
+                   bar: ProgressTask) -> dict[str, Any] | None:
     """``model.pt2`` of the scored model with the heads of ``names``, checked on their test splits, and
     ``model.onnx`` beside it where it converts and reproduces the same logits; the manifest's ``program``, ``onnx``,
     ``input`` and ``tasks`` (None: the family's own directory is the model)."""
@@ -74,9 +76,12 @@ def _write_program(tmp: Path, built: BuiltScenario, vector: TaskVector, names: l
     with quiet_export():
         torch.export.save(program, tmp / PROGRAM_FILE)
         loaded = torch.export.load(tmp / PROGRAM_FILE).module()
+    bar.advance(1)
     expected = expected_logits(backbone, vector, heads, {name: built.task(name).test for name in names})
     checked = verify(loaded, backbone, expected)
+    bar.advance(1)
     onnx = write_onnx(program, inputs.spec["names"], names, tmp, inputs.dynamic, expected)
+    bar.advance(1)
     tasks = _tasks(built, names)
     spec = dict(inputs.spec)
     lengths = {t["max_length"] for t in tasks if "max_length" in t}
@@ -90,7 +95,7 @@ def _write_program(tmp: Path, built: BuiltScenario, vector: TaskVector, names: l
 
 def write_export(built: BuiltScenario, vector: TaskVector, out: Path | str, *, base: str | None,
                  provenance: Mapping[str, Any], tasks: list[str], force: bool = False,
-                 adapter: Adapter | None = None) -> Path:
+                 adapter: Adapter | None = None, progress: Progress | None = None) -> Path:
     """Write the export directory of ``built``'s backbone (theta_0) edited by ``vector`` (see the module docstring).
 
     base: the fingerprint the vectors were fine-tuned from (the bank's ``base``): it must be the backbone's.
@@ -98,18 +103,21 @@ def write_export(built: BuiltScenario, vector: TaskVector, out: Path | str, *, b
     tasks: the tasks whose heads the program carries, in its output order.
     adapter: the same edit as a PEFT adapter (:func:`editkit.io.peft.adapter_factors`), written to
         ``DIR/adapter``.
+    progress: one bar over the program (traced, checked), ``model.onnx`` (converted, checked) and the weights.
     """
     out = check_target(out, force=force)
     backbone = built.backbone
     check_base(base, backbone)
     names = [t for t in tasks if t in built.heads]
     manifest = dict(provenance)
-    with atomic_dir(out, replace=force) as tmp:
-        written = _write_program(tmp, built, vector, names)
+    with atomic_dir(out, replace=force) as tmp, (progress or NullProgress()).task(
+            f"writing the edited model to {out}", total=4) as bar:
+        written = _write_program(tmp, built, vector, names, bar)
         if written is not None:
             manifest.update(written)
             manifest["program"]["computes"] = computes(manifest)
         manifest["weights"] = {**write_weights(backbone, vector.tensors, tmp, provenance), "model": manifest["edit"]}
+        bar.advance(1 if written is not None else 4)
         if names and written is not None:
             write_heads({name: built.heads[name] for name in names}, tmp / HEADS_FILE)
             manifest["weights"]["heads"] = HEADS_FILE

@@ -20,6 +20,7 @@ from editkit.runs.edit import EditResult
 from editkit.scenario.build import BuiltScenario
 from editkit.scenario.options import BuildOptions
 from editkit.scenario.provenance import bank_backbone, bank_scenario, recorded_scenario
+from editkit.util.progress import Progress
 
 __all__ = ["export_edit", "export_negation", "export_vectors"]
 
@@ -40,7 +41,7 @@ def negation_scores(report: Mapping[str, Any], alpha: float) -> dict[str, Any]:
 
 
 def export_negation(bank: Bank, name: str, out: Path | str, *, alpha: float, report: Mapping[str, Any] | None = None,
-                    force: bool = False, build: BuildOptions | None = None) -> Path:
+                    force: bool = False, build: BuildOptions | None = None, progress: Progress | None = None) -> Path:
     """Write theta_0 - alpha tau of the language vector ``name`` (``editkit negate NAME --out DIR``): its Hugging
     Face directory is the model. ``report``: the negation's report (``editkit.runs.negate_lm.negate_language``),
     whose test rows (perplexities of these weights and, for linearized vectors, f_lin's; toxicity) go into the card."""
@@ -53,11 +54,12 @@ def export_negation(bank: Bank, name: str, out: Path | str, *, alpha: float, rep
     entry = bank.get(name)
     built = BuiltScenario(recorded_scenario(entry), backbone, [], {})
     return write_export(built, vector, out, base=bank.base, provenance=provenance, tasks=[], force=force,
-                        adapter=adapter_factors(bank, coefficients, "task-arithmetic", vector.tensors, backbone))
+                        adapter=adapter_factors(bank, coefficients, "task-arithmetic", vector.tensors, backbone),
+                        progress=progress)
 
 
 def export_edit(result: EditResult, bank: Bank, out: Path | str, *, method: str = "task-arithmetic",
-                force: bool = False, build: BuildOptions | None = None) -> Path:
+                force: bool = False, build: BuildOptions | None = None, progress: Progress | None = None) -> Path:
     """Write the model ``editkit add`` or ``editkit negate`` scored (an :class:`~editkit.runs.edit.EditResult`, whose
     scenario holds theta_0, the data and the heads), the heads of the tasks it scored, its report's numbers (the
     weights' own beside the program's for linearized vectors) in the manifest and card."""
@@ -69,11 +71,12 @@ def export_edit(result: EditResult, bank: Bank, out: Path | str, *, method: str 
                                scores={k: report[k] for k in SCORE_KEYS if k in report})
     adapter = adapter_factors(bank, result.coefficients, method, result.vector.tensors, result.backbone)
     return write_export(result.built, result.vector, out, base=bank.base, provenance=provenance,
-                        tasks=list(report["per_task"]), force=force, adapter=adapter)
+                        tasks=list(report["per_task"]), force=force, adapter=adapter, progress=progress)
 
 
 def export_vectors(bank: Bank, coefficients: Mapping[str, float], out: Path | str, *, force: bool = False,
-                   build: BuildOptions | None = None, scores: Mapping[str, Any] | None = None) -> Path:
+                   build: BuildOptions | None = None, scores: Mapping[str, Any] | None = None,
+                   progress: Progress | None = None) -> Path:
     """For scripts: theta_0 + sum alpha_i tau_i of the named bank vectors (``{name: alpha}``; negative for a
     negation), with the heads of their tasks, written without scoring anything (``scores``: numbers of your own
     for the card)."""
@@ -84,4 +87,5 @@ def export_vectors(bank: Bank, coefficients: Mapping[str, float], out: Path | st
     provenance = provenance_of(bank, coefficients, operation="add", mode=vector.mode, build=build, scores=scores)
     return write_export(built, vector, out, base=bank.base, provenance=provenance,
                         tasks=[bank.get(n).task for n in coefficients], force=force,
-                        adapter=adapter_factors(bank, coefficients, "task-arithmetic", vector.tensors, built.backbone))
+                        adapter=adapter_factors(bank, coefficients, "task-arithmetic", vector.tensors, built.backbone),
+                        progress=progress)
