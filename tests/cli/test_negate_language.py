@@ -144,10 +144,11 @@ def test_negate_fine_tunes_and_scores_on_one_built_scenario_and_times_its_parts(
     builds = []
     real = build.build_scenario
     monkeypatch.setattr(build, "build_scenario", lambda *a, **k: builds.append(1) or real(*a, **k))
-    from editkit.runs import edit, negate_lm
+    from editkit.runs import negate_lm
+    from editkit.scenario import provenance
 
     monkeypatch.setattr(negate_lm, "build_scenario", build.build_scenario)
-    monkeypatch.setattr(edit, "build_scenario", build.build_scenario)
+    monkeypatch.setattr(provenance, "build_scenario", build.build_scenario)  # a banked vector's scenario rebuilt
     result = invoke("negate", "rude", "--bank", tmp_path / "bank", "--steps", 3, "--run-dir", tmp_path / "run")
     assert result.exit_code == 0, result.output
     assert len(builds) == 1
