@@ -21,6 +21,11 @@ from typing import Mapping, Sequence, TypedDict
 
 Matrix = list[list[float | None]]
 
+#: The two ways a stream's model is scored (and a strategy trained). ``task``: task-incremental, each input
+#: classified among its own task's classes, the task id given. ``class``: class-incremental as the field runs it,
+#: one classifier over every class seen so far, no task id at training or test time.
+PROTOCOLS = ("task", "class")
+
 
 class ContinualMetrics(TypedDict):
     tasks: list[str]
