@@ -86,7 +86,7 @@ def stream(
     progress = RichProgress()
     singles: dict[str, float] = {}
     spec = load_scenario(scenario)
-    language = spec.heads.get("kind") == "lm"  # scores are perplexities, not accuracies
+    language = spec.language  # scores are perplexities, not accuracies
 
     def show(step: StepRecord) -> None:
         singles[step.task] = step.single_task
@@ -496,6 +496,7 @@ def bench(
     from editkit.scenario.spec import load_scenario
 
     spec = load_scenario(config.scenario)
+    config.protocols_of(spec)  # a protocol the scenario cannot run: refused before any work
     if spec.negation is not None:
         if config.seeds > 1 or config.orders > 1 or config.strategies:
             raise ConfigError(f"--seeds, --orders and --strategies are for classification scenarios; {spec.name!r} is "

@@ -109,6 +109,11 @@ class ScenarioSpec:
     precision: str | None = None
 
     @property
+    def language(self) -> bool:
+        """A language-model scenario (``[heads] kind = "lm"``): its scores are perplexities, not accuracies."""
+        return self.heads.get("kind") == "lm"
+
+    @property
     def task_names(self) -> list[str]:
         return [t.name for t in self.tasks]
 

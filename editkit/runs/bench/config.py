@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 from editkit.core.adapters import ADAPTERS
 from editkit.core.modes import PAPER_MODES, Mode
 from editkit.errors import ConfigError, check_choices
+from editkit.eval.continual import PROTOCOLS
 from editkit.eval.features import EVAL_BATCH_SIZE
 from editkit.integrations.avalanche.strategies import STRATEGIES
 from editkit.merge import MERGE_METHODS, method_options
@@ -66,6 +67,13 @@ class BenchConfig:
         "help": f"Comma-separated Avalanche strategies to run through the same stream beside the modes (any of "
                 f"{', '.join(STRATEGIES)}): plain fine-tuning of the same backbone and heads with the recipe's "
                 "optimizer, batch and steps, scored after each experience (task- and class-incremental). Default: none."})
+    protocols: Sequence[str] | None = field(default=None, metadata={
+        "help": "Comma-separated protocols every row is scored under (any of task, class). task: each input "
+                "classified among its own task's classes, the task id given (the scenario's frozen heads). class: "
+                "class-incremental as the field runs it, no task id: merged models classify by the class "
+                "prototypes banked beside each vector (cosine, one head over every seen class), strategies train "
+                "Avalanche's IncrementalClassifier over global labels (a second run of each). Default: every "
+                "protocol the scenario can run (both for classification; a language scenario has neither)."})
     strategy_params: Sequence[str] = field(default=(), metadata={
         "help": "Comma-separated STRATEGY.OPTION=VALUE over a strategy's defaults (e.g. ewc.ewc_lambda=100)."})
     adapters: Sequence[str] | None = field(default=None, metadata={
@@ -148,6 +156,8 @@ class BenchConfig:
         modes = parse_names(self.modes, tuple(Mode), "modes")
         methods = parse_names(self.methods, METHODS, "methods")
         strategies, params = self._strategies()
+        protocols = (None if self.protocols is None else
+                     tuple(p for p in PROTOCOLS if p in parse_names(self.protocols, PROTOCOLS, "protocols")))
         recipe, adapters, penalties = self._recipe()
         alphas, negation_alphas = self._grids()
         self._check_numbers()
@@ -156,7 +166,8 @@ class BenchConfig:
             raise ConfigError("give --seeds or --orders, not both: a bench repeats over one of them")
         check_choices(self, "bench")
         return replace(
-            self, modes=modes, methods=methods, strategies=strategies, strategy_params=params, adapters=adapters,
+            self, modes=modes, methods=methods, strategies=strategies, strategy_params=params, protocols=protocols,
+            adapters=adapters,
             penalties=penalties, log=parse_loggers(self.log), bank_root=Path(self.bank_root),
             run_dir=Path(self.run_dir) if self.run_dir is not None else None, recipe=recipe,
             grid=len(alphas), alphas=tuple(alphas), negation_grid=len(negation_alphas),
@@ -233,6 +244,17 @@ class BenchConfig:
         if len(pair) != 2 or pair[0] == pair[1]:
             raise ConfigError(f"--xi-pair needs two different task names 'a,b', got {self.xi_pair!r}")
         return pair
+
+    def protocols_of(self, spec) -> tuple[str, ...]:
+        """The protocols a bench of ``spec`` scores (call on a validated config): the ones asked for, else every
+        one; refused in one line, before any work, for a language scenario, whose scores are perplexities."""
+        if not spec.language:
+            return tuple(self.protocols or PROTOCOLS)
+        if self.protocols:
+            raise ConfigError(f"--protocols {','.join(self.protocols)}: scenario {spec.name!r} is a language-model "
+                              "scenario, scored by perplexity; task- and class-incremental accuracy are for "
+                              "classification scenarios")
+        return ()
 
     def variants(self, base: Recipe) -> dict[str, dict[str, Any]]:
         """The streams to run over a scenario whose recipe is ``base``, keyed by their label (the mode, plus
