@@ -108,3 +108,24 @@ class PeakRSS:
                 peak = max(peak, maxrss)
         self._reset()
         return int(peak)
+
+
+def nbytes(value: object) -> int:
+    """Bytes a value holds as data: a tensor's or array's elements, a string's UTF-8, the sum over a mapping's
+    values or a sequence's items, 8 for a number. What a method keeps of earlier tasks is counted with it, the
+    same way whichever method keeps it (an example, a buffer, a model copy)."""
+    if hasattr(value, "element_size") and hasattr(value, "numel"):  # torch.Tensor, without importing torch here
+        return int(value.numel() * value.element_size())
+    if hasattr(value, "nbytes"):  # numpy arrays
+        return int(value.nbytes)
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(nbytes(v) for v in value)
+    if isinstance(value, (int, float, bool)):
+        return 8
+    raise TypeError(f"cannot count the bytes of a {type(value).__name__}")
