@@ -58,6 +58,10 @@ class VectorEntry:
     #: it: its ``file`` and ``checksum``, and what :meth:`editkit.core.curvature.Curvature.describe` says of it.
     #: Empty when none was computed.
     curvature: dict = field(default_factory=dict)
+    #: The task's class prototypes banked beside the vector (a head shared by every class seen), as the bank wrote
+    #: them: their ``file`` and ``checksum``, and what :meth:`editkit.core.prototypes.Prototypes.describe` says of
+    #: them. Empty when none were computed (a task without classes, or a bank written before they existed).
+    prototypes: dict = field(default_factory=dict)
 
     @property
     def family(self) -> Family:
@@ -74,11 +78,12 @@ class VectorEntry:
         return self.adapter is not None and not Mode(self.mode).linearized
 
     def to_json(self) -> dict[str, Any]:
-        """The entry as the manifest stores it; without ``curvature`` where it has none (as written before it
-        existed)."""
+        """The entry as the manifest stores it; without ``curvature`` or ``prototypes`` where it has none (as
+        written before they existed)."""
         values = dataclasses.asdict(self)
-        if not values["curvature"]:
-            del values["curvature"]
+        for key in BESIDE_FILES:
+            if not values[key]:
+                del values[key]
         return values
 
     @classmethod
@@ -104,6 +109,8 @@ class VectorEntry:
                    **checked_fields(described, f"manifest entry {data['name']!r}"))
 
 
+#: The entry's records of the files banked beside its vector: each names its ``file`` and ``checksum``.
+BESIDE_FILES = ("curvature", "prototypes")
 #: The fields every entry has (the bank sets ``file``, ``checksum`` and ``created`` itself) and the
 #: optional ones a writer may give :meth:`Bank.append`, both as :class:`VectorEntry` declares them.
 REQUIRED_FIELDS = tuple(f.name for f in dataclasses.fields(VectorEntry) if f.default is dataclasses.MISSING
@@ -127,7 +134,7 @@ def checked_fields(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     if scenario is not None and not isinstance(scenario, str):
         raise BankError(f"{where}: scenario must be a string or null")
     objects = {key: json_copy(values.get(key), f"{where}: {key}")
-               for key in ("recipe", "metrics", "provenance", "curvature")}
+               for key in ("recipe", "metrics", "provenance", *BESIDE_FILES)}
     return {"scenario": scenario, "step": step, **objects}
 
 

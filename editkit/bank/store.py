@@ -5,6 +5,7 @@ Layout: one directory, one JSON manifest naming every vector, one safetensors fi
     <root>/manifest.json          format version, base-model fingerprint, one entry per vector
     <root>/<name>.safetensors     tau = theta_ft - theta_0, tensors keyed by parameter name
     <root>/<name>.curvature.safetensors   the task's curvature at theta_0, where the data-free penalty banked it
+    <root>/<name>.prototypes.safetensors  the task's class prototypes, where it has classes
     <root>/.lock                  file lock serialising writers
     <root>/.writer                who holds the bank for a whole run (a stream), beside its lock
 
@@ -51,18 +52,19 @@ from typing import TYPE_CHECKING, Any
 
 from safetensors import safe_open
 
-from editkit.bank.entries import VectorEntry, check_mode, checked_fields, json_copy, short_fingerprint
+from editkit.bank.entries import BESIDE_FILES, VectorEntry, check_mode, checked_fields, json_copy, short_fingerprint
 from editkit.bank.summing import (VectorReader, check_bases, common_family, header_shapes, in_merge_space,
                                   sum_files)
 from editkit.util.atomic import TMP_MARKER, atomic_path, atomic_write_bytes, fsync_dir
 from editkit.core.adapters import LoraSpec
 from editkit.core.modes import Family
-from editkit.errors import BankError, CorruptVectorError, IncompatibleVectorsError
+from editkit.errors import BankError, ConfigError, CorruptVectorError, IncompatibleVectorsError
 
 if TYPE_CHECKING:  # torch is imported where tensors are written or summed: reading the manifest needs none
     import torch
 
     from editkit.core.curvature import Curvature
+    from editkit.core.prototypes import Prototypes
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".lock"
 VECTOR_SUFFIX = ".safetensors"
 CURVATURE_SUFFIX = ".curvature" + VECTOR_SUFFIX
+PROTOTYPES_SUFFIX = ".prototypes" + VECTOR_SUFFIX
 
 # Filesystem-safe on every platform; the length cap keeps "<name>.safetensors" and
 # its temporary sibling under the usual 255-byte filename limit.
@@ -159,8 +162,10 @@ class Bank:
             raise BankError(f"manifest entry {entry.name!r} names an unsafe file {file!r}")
         return self.root / file
 
-    def _curvature_path(self, entry: VectorEntry) -> Path:
-        return self._path_of(entry, entry.curvature.get("file"))
+    def _beside_paths(self, entry: VectorEntry) -> dict[str, Path]:
+        """The files banked beside the entry's vector (curvature, prototypes), by record, where it has them."""
+        return {kind: self._path_of(entry, getattr(entry, kind).get("file"))
+                for kind in BESIDE_FILES if getattr(entry, kind)}
 
     @contextlib.contextmanager
     def _locked(self, *, create: bool = False) -> Iterator[None]:
@@ -315,10 +320,11 @@ class Bank:
 
         described: the entry's optional fields (``scenario``, ``step``, ``recipe``, ``metrics``,
             ``provenance``), declared once by :class:`VectorEntry` and checked as a manifest's are; and
-            ``curvature``, the task's :class:`~editkit.core.curvature.Curvature`, written to a file of its own
-            before the vector (the manifest, last, names both or neither).
+            ``curvature``, the task's :class:`~editkit.core.curvature.Curvature`, and ``prototypes``, its
+            :class:`~editkit.core.prototypes.Prototypes`, each written to a file of its own before the vector
+            (the manifest, last, names all of them or none).
         """
-        curvature = described.pop("curvature", None)
+        curvature, prototypes = described.pop("curvature", None), described.pop("prototypes", None)
         _check_name(name)
         check_mode(mode)
         if not isinstance(base, str) or not base:
@@ -331,7 +337,9 @@ class Bank:
             manifest = self._read_manifest()
             self._check_appendable(manifest, name, base, LoraSpec.from_fields(described["recipe"]))
             if curvature is not None:
-                described["curvature"] = self._write_curvature(name, curvature)
+                described["curvature"] = self._write_beside(name + CURVATURE_SUFFIX, curvature)
+            if prototypes is not None:
+                described["prototypes"] = self._write_beside(name + PROTOTYPES_SUFFIX, prototypes)
             file_name = name + VECTOR_SUFFIX
             checksum = self._write_vector(file_name, cpu, name=name, task=task, mode=mode, base=base)
             entry = VectorEntry(
@@ -363,15 +371,15 @@ class Bank:
                 f"vectors of base {short_fingerprint(manifest.base)}; use a separate bank per base model"
             )
 
-    def _write_curvature(self, name: str, curvature: Curvature) -> dict[str, Any]:
-        """Write a task's curvature durably beside its vector; returns the entry's ``curvature`` record."""
-        file_name = name + CURVATURE_SUFFIX
-        with atomic_path(self.root / file_name) as tmp:
-            from safetensors.torch import save_file
+    def _write_beside(self, file_name: str, content: Curvature | Prototypes) -> dict[str, Any]:
+        """Write a task's curvature or prototypes durably beside its vector; returns the entry's record of them
+        (file, checksum and what they say of themselves)."""
+        from safetensors.torch import save_file
 
-            save_file(_cpu_tensors(curvature.to_tensors()), str(tmp), metadata=curvature.header())
+        with atomic_path(self.root / file_name) as tmp:
+            save_file(_cpu_tensors(content.to_tensors()), str(tmp), metadata=content.header())
             checksum = _sha256_file(tmp)
-        return {"file": file_name, "checksum": checksum, **curvature.describe()}
+        return {"file": file_name, "checksum": checksum, **content.describe()}
 
     def _write_vector(self, file_name: str, tensors: dict[str, torch.Tensor], **meta: str) -> str:
         """Write ``tensors`` durably under ``file_name``; returns the checksum of the bytes written."""
@@ -383,6 +391,23 @@ class Bank:
         return checksum
 
     # ---- other writes
+
+    def set_prototypes(self, name: str, prototypes: Prototypes) -> VectorEntry:
+        """Bank the class prototypes of a vector banked without them (a bank written before they existed), the
+        file first, then the manifest (atomic). An entry's files are never rewritten (readers take no lock), so
+        one that has prototypes is refused."""
+        self.get(name)  # refuse unknown names before touching the directory
+        with self._locked():
+            manifest = self._read_manifest()
+            old = self._get(manifest, name)
+            if old.prototypes:
+                raise BankError(f"vector {name!r} of bank {self.root} already has its class prototypes")
+            record = self._write_beside(name + PROTOTYPES_SUFFIX, prototypes)
+            entry = VectorEntry(**{**old.to_json(), "prototypes": record})
+            manifest.vectors[manifest.vectors.index(old)] = entry
+            self._write_manifest(manifest)
+        logger.info("bank %s: added the class prototypes of %s", self.root, name)
+        return entry
 
     def update_metrics(self, name: str, metrics: dict) -> VectorEntry:
         """Merge ``metrics`` into a vector's metrics (e.g. accuracies measured after training)."""
@@ -407,7 +432,7 @@ class Bank:
         with self._locked():
             manifest = self._read_manifest()
             entry = self._get(manifest, name)
-            paths = [self._path_of(entry), *([self._curvature_path(entry)] if entry.curvature else [])]
+            paths = [self._path_of(entry), *self._beside_paths(entry).values()]
             manifest.vectors.remove(entry)
             if not manifest.vectors:
                 manifest.base = None
@@ -467,17 +492,40 @@ class Bank:
         entry = self.get(name)
         if not entry.curvature:
             return None
-        path = self._verify_file(entry, self._curvature_path(entry), entry.curvature.get("checksum"))
-        try:
-            with safe_open(str(path), framework="pt") as fh:
-                header = fh.metadata() or {}
-                tensors = {key: fh.get_tensor(key) for key in fh.keys()}
-        except Exception as exc:  # safetensors raises its own types
-            raise CorruptVectorError(f"curvature file {path} is truncated or unreadable") from exc
+        path, tensors, header = self._read_beside(entry, "curvature")
         try:
             return Curvature.from_tensors(tensors, header)
         except (KeyError, ValueError) as exc:
             raise CorruptVectorError(f"curvature file {path} of {name!r} is not a curvature editkit wrote ({exc})") from exc
+
+    def prototypes(self, name: str) -> Prototypes | None:
+        """Vector ``name``'s class prototypes, after checking their checksum and that they are what the manifest
+        says (classes, features, examples); None where none were banked."""
+        from editkit.core.prototypes import Prototypes
+
+        entry = self.get(name)
+        if not entry.prototypes:
+            return None
+        path, tensors, header = self._read_beside(entry, "prototypes")
+        try:
+            prototypes = Prototypes.from_tensors(tensors, header)
+        except ConfigError as exc:
+            raise CorruptVectorError(f"prototype file {path} of {name!r} is not what editkit wrote ({exc})") from exc
+        recorded = {key: entry.prototypes.get(key) for key in prototypes.describe()}
+        if prototypes.describe() != recorded:
+            raise CorruptVectorError(f"prototype file {path} of {name!r} holds {prototypes.describe()}, its manifest "
+                                     f"entry says {recorded}")
+        return prototypes
+
+    def _read_beside(self, entry: VectorEntry, kind: str) -> tuple[Path, dict[str, torch.Tensor], dict[str, str]]:
+        """A file banked beside the entry's vector (``kind``: its record), checksummed: its path, tensors and
+        header."""
+        path = self._verify_file(entry, self._beside_paths(entry)[kind], getattr(entry, kind).get("checksum"))
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                return path, {key: fh.get_tensor(key) for key in fh.keys()}, fh.metadata() or {}
+        except Exception as exc:  # safetensors raises its own types
+            raise CorruptVectorError(f"{kind} file {path} is truncated or unreadable") from exc
 
     @staticmethod
     def _mismatch_message(path: Path, checksum: str, actual: str) -> str:
@@ -509,8 +557,8 @@ class Bank:
                                 f"bank has {short_fingerprint(manifest.base)}")
             try:
                 self._verify_file(entry)
-                if entry.curvature:
-                    self._verify_file(entry, self._curvature_path(entry), entry.curvature.get("checksum"))
+                for kind, path in self._beside_paths(entry).items():
+                    self._verify_file(entry, path, getattr(entry, kind).get("checksum"))
             except BankError as exc:
                 problems.append(str(exc))
         for orphan in self._orphans(manifest):
@@ -524,8 +572,8 @@ class Bank:
     def _orphans(self, manifest: _Manifest) -> list[Path]:
         if not self.root.is_dir():
             return []
-        known = ({e.file for e in manifest.vectors} | {e.curvature.get("file") for e in manifest.vectors}
-                 | {MANIFEST_NAME, LOCK_NAME})
+        known = ({e.file for e in manifest.vectors} | {getattr(e, kind).get("file") for e in manifest.vectors
+                                                      for kind in BESIDE_FILES} | {MANIFEST_NAME, LOCK_NAME})
         return sorted(p for p in self.root.iterdir()
                       if p.name not in known and (p.suffix == VECTOR_SUFFIX or TMP_MARKER in p.name))
 
