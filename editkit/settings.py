@@ -35,6 +35,9 @@ BANKS_DIR = Path("banks")
 RUNS_DIR = Path("runs")
 #: The scenario ``editkit stream`` and ``editkit bench`` run when none is named.
 DEFAULT_SCENARIO = "offline-vision"
+#: Training inputs per class a task's class prototypes average at most (a seeded choice where a class has more):
+#: a class mean is well estimated long before a large train split is exhausted, so a big split costs little.
+PROTOTYPE_EXAMPLES_PER_CLASS = 512
 
 
 def _path(variable: str) -> Path | None:

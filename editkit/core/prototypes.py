@@ -133,3 +133,11 @@ def nearest(features: torch.Tensor, means: Sequence[torch.Tensor]) -> torch.Tens
     """Each input's class among every class of the listed tasks (their prototypes' means, in order), without
     the task id: the global index (task offset + class) of the prototype of highest cosine similarity."""
     return winners(*task_bests(features, means), [len(m) for m in means])
+
+
+def capped_rows(labels: torch.Tensor, per_class: int, seed: int) -> torch.Tensor:
+    """The rows a task's prototypes average, in order: every input of a class with at most ``per_class`` of them,
+    else a choice of ``per_class`` drawn with ``seed`` (the same on every run)."""
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    chosen = [order[labels[order] == c][:per_class] for c in labels.unique()]
+    return torch.cat(chosen).sort().values

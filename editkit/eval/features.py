@@ -8,14 +8,18 @@ are read through a DataLoader with the runtime's workers each time a model has t
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from editkit.core.batching import Batching, labelled_collate
+from editkit.core.linearize import LinearizedModel, build_task_model
+from editkit.core.prototypes import Prototypes, capped_rows, class_prototypes
 from editkit.data.tasks import TensorTaskDataset
+from editkit.settings import PROTOTYPE_EXAMPLES_PER_CLASS
 from editkit.train.runtime import Runtime
+from editkit.util.progress import Progress
 
 #: Inputs per forward or jvp when a stream or the bench scores a split. Both use it, so the tangents a stream
 #: computed are, batch for batch, the ones the bench would compute (which is what lets the bench take them over).
@@ -31,11 +35,25 @@ def held_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def prefix(dataset: Dataset, n: int) -> Dataset:
-    """The first ``n`` items of a dataset (sliced tensors for in-memory tasks, else a Subset)."""
+    """The first ``n`` items of a dataset."""
+    return subset(dataset, range(min(n, len(dataset))))
+
+
+def subset(dataset: Dataset, rows: Sequence[int]) -> Dataset:
+    """The items ``rows`` of a dataset, in that order (indexed tensors for in-memory tasks, else a Subset)."""
     held = held_tensors(dataset)
     if held is not None:
-        return TensorTaskDataset(held[0][:n], held[1][:n])
-    return Subset(dataset, range(min(n, len(dataset))))
+        index = torch.as_tensor(list(rows), dtype=torch.long)
+        return TensorTaskDataset(held[0][index], held[1][index])
+    return Subset(dataset, list(rows))
+
+
+def class_labels(dataset: Dataset) -> torch.Tensor:
+    """Every item's class label: the dataset's ``targets`` where it keeps them, else read item by item."""
+    targets = getattr(dataset, "targets", None)
+    if targets is None:
+        targets = [dataset[i][1] for i in range(len(dataset))]
+    return torch.as_tensor(targets).long()
 
 
 def split_batches(dataset: Dataset, batch_size: int, batching: Batching,
@@ -70,3 +88,36 @@ def outputs_over(fn: Callable[..., Any], dataset: Dataset, *, batch_size: int, b
             bar.advance(1)
     joined = tuple(torch.cat(column) for column in zip(*pieces))
     return joined[0] if single else joined
+
+
+def task_prototypes(module: torch.nn.Module, mode: str, tau: Mapping[str, torch.Tensor], dataset: Dataset,
+                    classes: int, *, task: str, seed: int, batch_size: int, batching: Batching, runtime: Runtime,
+                    progress: Progress) -> Prototypes:
+    """A task's class prototypes (:mod:`editkit.core.prototypes`) on its training split ``dataset``, at most
+    :data:`~editkit.settings.PROTOTYPE_EXAMPLES_PER_CLASS` inputs per class (a choice drawn with ``seed``): their
+    features under its own fine-tuned model theta_0 + ``tau`` in ``mode``'s model (``tuned``) and under theta_0
+    (``pretrained``), both from one pass over the inputs."""
+    rows = capped_rows(class_labels(dataset), PROTOTYPE_EXAMPLES_PER_CLASS, seed)
+    model = runtime.place(build_task_model(module, mode, names=list(tau)))
+    model.load_task_vector(tau)
+    model.eval()
+    labels: list[torch.Tensor] = []
+    with progress.task(f"prototypes of {task}", total=-(-len(rows) // batch_size)) as bar:
+        pretrained, tuned = outputs_over(pretrained_and_tuned(model), subset(dataset, rows.tolist()),
+                                         batch_size=batch_size, batching=batching, runtime=runtime, bar=bar,
+                                         labels=labels)
+    return class_prototypes(tuned, pretrained, torch.cat(labels), classes, task=task)
+
+
+def pretrained_and_tuned(model: torch.nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The features of theta_0 and of the task model ``model`` holds (theta_0 + tau) of one batch: a linearized
+    model's from its one jvp, f(x; theta_0) and f(x; theta_0) + J tau (what its forward computes); an ordinary
+    model's from a forward of the frozen module and one of the model."""
+    if isinstance(model, LinearizedModel):
+        def both(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            primal, tangent = model.primal_and_tangent(*args, **kwargs)
+            return primal, primal + tangent
+    else:
+        def both(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            return model.module(*args, **kwargs), model(*args, **kwargs)
+    return both

@@ -1,5 +1,8 @@
 """Run a stream: for each experience fine-tune -> bank -> evaluate the merged model.
 
+A classification task's vector is banked with its class prototypes (``editkit.core.prototypes``), computed from
+its training inputs when it is trained; a resumed run computes them for a vector banked before they existed.
+
 Works on any Avalanche benchmark (``run_benchmark``) and on editkit scenarios
 (``run_scenario``). After experience t the bank holds tau_0..tau_t and the merged
 model theta_0 + sum_i tau_i (alpha = 1.0, no tuning; in ``sequential`` mode, whose
@@ -44,7 +47,7 @@ from editkit.train.runtime import Runtime, default_runtime, setup, teardown
 from editkit.errors import BankError, ConfigError
 from editkit.settings import default_bank_dir, default_run_dir, eval_cache_bytes, torchrun_world
 from editkit.eval.accuracy import Scorer, addition_summary, evaluate_vector
-from editkit.eval.features import EVAL_BATCH_SIZE
+from editkit.eval.features import EVAL_BATCH_SIZE, task_prototypes
 from editkit.eval.incremental import IncrementalScores, cacheable
 from editkit.core.modes import Mode
 from editkit.util.spill import SpillingTensors
@@ -55,6 +58,7 @@ from editkit.runs.records import MergedScores, StepRecord, StreamResult, StreamS
 from editkit.train.recipe import Recipe, attach_adapter
 from editkit.core.adapters import trainable_names
 from editkit.core.curvature import Curvature, CurvatureRegularizer, source_curvature
+from editkit.core.prototypes import Prototypes
 from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
 from editkit.scenario.options import BuildOptions
@@ -194,6 +198,29 @@ class StreamRunner:
         if regularizer is not None:
             regularizer.skip(self.recipe_for(t).steps)
 
+    # -- prototypes ----------------------------------------------------------------------------
+    def has_classes(self, t: int) -> bool:
+        """Whether experience t classifies its inputs into its classes (accuracy of a head over the features):
+        the tasks whose classes prototypes stand for; a language model's or a text-to-text task's have none."""
+        return self.eval_task(t).scores_features
+
+    def prototypes(self, t: int, tau, mode: str) -> Prototypes:
+        """Experience t's class prototypes from its training inputs, under its vector ``tau`` (of ``mode``) and
+        under theta_0."""
+        exp = self.exps[t]
+        return task_prototypes(self.backbone.module, mode, tau, exp.train, exp.num_classes, task=exp.name,
+                               seed=self._task_recipe(t).seed, batch_size=self.eval_batch_size,
+                               batching=self.backbone.batching, runtime=self.runtime, progress=self.progress)
+
+    def fill_prototypes(self, t: int) -> None:
+        """Bank the prototypes of banked experience t where it was banked without them (before they existed):
+        computed from its banked vector, nothing is trained again."""
+        name = self.exps[t].name
+        entry = self.bank.get(name)
+        if self.runtime.is_main and not entry.prototypes and self.has_classes(t):
+            self.bank.set_prototypes(name, self.prototypes(t, self.bank.load(name, base=self.base), entry.mode))
+        self.runtime.barrier()
+
     # -- evaluation ----------------------------------------------------------------------------
     def eval_task(self, i: int) -> Scorer:
         exp = self.exps[i]
@@ -253,9 +280,11 @@ class StreamRunner:
         if self.runtime.is_main:
             # the data-free penalty banks the task's curvature beside its vector: later tasks read it, not its inputs
             curvature = self.curvature(t, recipe) if recipe.penalty == "kfac" and recipe.regularized else None
+            # its class prototypes too: a head over every class seen, which needs no earlier task's data
+            prototypes = self.prototypes(t, result.task_vector, recipe.mode) if self.has_classes(t) else None
             self.bank.append(exp.name, result.task_vector, task=exp.name, mode=recipe.mode, base=self.base,
                              scenario=self.scenario, step=t, recipe=recipe.to_dict(), metrics=record.metrics(),
-                             provenance=self.provenance, curvature=curvature)
+                             provenance=self.provenance, curvature=curvature, prototypes=prototypes)
         self.runtime.barrier()
         return record
 
@@ -317,6 +346,7 @@ class StreamRunner:
             banked = self.resumable(t) if resume else None
             if banked is not None:
                 self.skip_draws(t)
+                self.fill_prototypes(t)
             record = banked if banked is not None else self.train(t)
             scored_by = None if record.merged is None else record.merged.get("method", own_merge)
             if scored_by != self.merge.method:  # not scored yet, or by another merge than this run's
