@@ -59,21 +59,6 @@ def classify(head: nn.Module, features: torch.Tensor) -> torch.Tensor:
     return head(features).argmax(dim=1)
 
 
-def correct_among(heads: Sequence[nn.Module], own: int, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Class-incremental correctness of inputs of task ``own``: the prediction ranges over every class of
-    ``heads`` (the tasks seen, in order) without the task id, and is right only when it is the input's own
-    task's right class.
-
-    The heads were fitted (or built) one task at a time, so their raw logits share no scale: a head whose
-    logits run large would take every input. Each head's logits become log-probabilities over its own classes
-    (``log_softmax``), which any classification head's softmax gives meaning to, and the most probable
-    (task, class) pair wins: a task's head must be surer of its class than any other head of its own."""
-    scores = [head(features).float().log_softmax(dim=1) for head in heads]
-    best = torch.cat(scores, dim=1).argmax(dim=1)
-    offset = sum(s.shape[1] for s in scores[:own])
-    return (best >= offset) & (best < offset + scores[own].shape[1]) & (best - offset == labels)
-
-
 @dataclass
 class SplitScorer:
     """A score summed over the batches of one split under the task's fixed head.

@@ -21,17 +21,18 @@ from torch import nn
 
 from editkit.bank.store import Bank
 from editkit.core.batching import Batching, TensorBatching
-from editkit.eval.accuracy import classify, correct_among
+from editkit.core.prototypes import Prototypes, task_bests, winners
+from editkit.eval.accuracy import classify
 from editkit.eval.diagnostics import tangent_norms
 from editkit.eval.features import outputs_over, prefix
 from editkit.train.runtime import Runtime
-from editkit.errors import ConfigError
+from editkit.errors import BankError, ConfigError
 from editkit.core.linearize import LinearizedModel, NonLinearModel
 from editkit.core.modes import Mode
 from editkit.util.progress import Progress
 
 SPLITS = ("val", "test")
-CLASS_INCREMENTAL = "class-incremental"  # a memo key's tag: correctness among every task's classes
+CLASS_INCREMENTAL = "class-incremental"  # a memo key's tag: each input's nearest prototype of each task
 IN_MEMORY_LIMIT = 4 << 30  # bytes of banked vectors a mode keeps in memory; above it sums stream from the bank
 
 
@@ -109,8 +110,9 @@ class ModeEvaluator:
         self.extras: dict[str, dict[str, torch.Tensor]] = {}
         self._loaded: dict[str, dict[str, torch.Tensor]] = {}
         self._tangents: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
-        self._memo: dict[tuple, torch.Tensor] = {}
+        self._memo: dict[tuple, Any] = {}
         self._last: tuple[tuple, dict[str, torch.Tensor]] | None = None
+        self._prototypes: dict[str, Prototypes | None] | None = None  # by task, read from the bank once
 
     # vectors
     def vector(self, key: str) -> dict[str, torch.Tensor]:
@@ -213,8 +215,9 @@ class ModeEvaluator:
     # predictions
     @torch.no_grad()
     def predictions(self, combo: Combo, split: str, tasks: Sequence[str]) -> dict[str, torch.Tensor]:
-        """Each task's predicted classes under its own head (task-incremental); the class-incremental
-        correctness of the same features is kept beside them (:meth:`class_incremental_accuracies`)."""
+        """Each task's predicted classes under its own head (task-incremental); each input's nearest prototype of
+        every task of the stream, from the same features, is kept beside them
+        (:meth:`class_incremental_accuracies`)."""
         key = _combo_key(combo)
         missing = [t for t in tasks if (key, split, t) not in self._memo]
         if missing:
@@ -234,27 +237,75 @@ class ModeEvaluator:
         return {t: self._memo[(key, split, t)] for t in tasks}
 
     def _remember(self, key: tuple, split: str, task: str, features: torch.Tensor) -> None:
-        """Memoise a task's predictions from its features, and, for a task of the stream, whether each input is
-        right among every task's classes (the control task, ImageNet, is no class of the stream)."""
+        """Memoise a task's predictions from its features, and, for a task of the stream whose bank holds every
+        task's prototypes, each input's best cosine similarity to each task's prototypes and its class (the
+        control task, ImageNet, is no class of the stream): a choice among any of the tasks needs no feature
+        again."""
         self._memo[(key, split, task)] = self._chunked(lambda f: classify(self.heads[task], f), features)
-        tasks = list(self.vector_names)
-        if task in tasks:
-            heads, labels = [self.heads[t] for t in tasks], self.data.labels[split][task]
-            self._memo[(key, split, task, CLASS_INCREMENTAL)] = self._chunked(
-                lambda f, rows: correct_among(heads, tasks.index(task), f, labels[rows]), features, rows=True)
+        means = self._class_means(key)
+        if task in self.vector_names and means is not None:
+            self._memo[(key, split, task, CLASS_INCREMENTAL)] = self._chunked(lambda f: task_bests(f, means), features)
 
     @staticmethod
-    def _chunked(fn, features: torch.Tensor, rows: bool = False) -> torch.Tensor:
-        """``fn`` over 4096 inputs at a time (with their row range when ``rows``), concatenated."""
-        chunks = [(features[i : i + 4096], slice(i, i + 4096)) for i in range(0, len(features), 4096)]
-        return torch.cat([fn(f, r) if rows else fn(f) for f, r in chunks])
+    def _chunked(fn, features: torch.Tensor) -> Any:
+        """``fn`` over 4096 inputs at a time, concatenated (column by column where it returns a tuple)."""
+        pieces = [fn(features[i : i + 4096]) for i in range(0, len(features), 4096)]
+        if isinstance(pieces[0], tuple):
+            return tuple(torch.cat(column) for column in zip(*pieces))
+        return torch.cat(pieces)
 
-    def class_incremental_accuracies(self, combo: Combo, split: str, tasks: Sequence[str]) -> dict[str, float]:
-        """Each task's accuracy when its inputs are classified among every class of the stream's tasks, without
-        the task id (:func:`~editkit.eval.accuracy.correct_among`)."""
+    def _banked_prototypes(self) -> dict[str, Prototypes | None]:
+        """Every task's class prototypes as its vector was banked with them (None: banked without), read once."""
+        if self._prototypes is None:
+            self._prototypes = {t: self.bank.prototypes(name) for t, name in self.vector_names.items()}
+        return self._prototypes
+
+    def _class_means(self, key: tuple) -> list[torch.Tensor] | None:
+        """Every task's prototypes, in stream order, a combination's features are classified by: theta_0's own
+        (``pretrained``) for theta_0 alone, else each task's fine-tuned model's (``tuned``); None where a
+        vector was banked without them."""
+        banked = list(self._banked_prototypes().values())
+        if any(p is None for p in banked):
+            return None
+        return [p.means("tuned" if key else "pretrained") for p in banked]
+
+    def class_incremental_accuracies(self, combo: Combo, split: str, tasks: Sequence[str],
+                                     among: Sequence[str] | None = None) -> dict[str, float]:
+        """Each task's accuracy when its ``split`` inputs, under the combination's features, are classified among
+        every class of the tasks ``among`` (default: every task of the stream, in stream order) without the
+        task id, by the nearest class prototype (:func:`~editkit.core.prototypes.nearest`); right only when it
+        is the input's own task's right class."""
+        stream = list(self.vector_names)
+        among = stream if among is None else list(among)
+        self._require_prototypes(among)
+        outside = [t for t in tasks if t not in among]
+        if outside:
+            raise ConfigError(f"task(s) {', '.join(outside)} are not among the tasks classified over "
+                              f"({', '.join(among)}): their inputs could never be right")
         self.predictions(combo, split, tasks)
-        key = _combo_key(combo)
-        return {t: float(self._memo[(key, split, t, CLASS_INCREMENTAL)].double().mean()) for t in tasks}
+        key, columns = _combo_key(combo), [stream.index(t) for t in among]
+        sizes = [self._prototypes[t].classes for t in among]
+        out = {}
+        for t in tasks:
+            values, classes = self._memo[(key, split, t, CLASS_INCREMENTAL)]
+            predicted = winners(values[:, columns], classes[:, columns], sizes)
+            own = sum(sizes[: among.index(t)]) + self.data.labels[split][t]
+            out[t] = float((predicted == own).double().mean())
+        return out
+
+    def _require_prototypes(self, among: Sequence[str]) -> None:
+        """Refuse, naming the bank and the task, tasks that are not the stream's or were banked without their
+        class prototypes (and say how to fill them in)."""
+        unknown = [t for t in among if t not in self.vector_names]
+        if unknown or not among:
+            raise ConfigError(f"class-incremental accuracy among {', '.join(among) or 'no task'}: "
+                              f"the stream's tasks are {', '.join(self.vector_names)}")
+        missing = [t for t in self.vector_names if self._banked_prototypes()[t] is None]
+        if missing:
+            entry = self.bank.get(self.vector_names[missing[0]])
+            raise BankError(f"bank {self.bank.root}: task {missing[0]}'s vector {entry.name!r} was banked without "
+                            f"class prototypes; fill them in with `editkit stream --scenario {entry.scenario or '<scenario>'} "
+                            f"--mode {entry.mode} --bank {self.bank.root} --resume`")
 
     def accuracies(self, combo: Combo, split: str, tasks: Sequence[str]) -> dict[str, float]:
         preds = self.predictions(combo, split, tasks)
