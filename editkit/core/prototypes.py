@@ -107,8 +107,8 @@ def class_prototypes(tuned: torch.Tensor, pretrained: torch.Tensor, labels: torc
     counts = torch.bincount(labels, minlength=classes)
     empty = (counts == 0).nonzero().flatten().tolist()
     if empty:
-        raise ConfigError(f"task {task}: class(es) {', '.join(map(str, empty))} of its {classes} have no training "
-                          "input to build a prototype from")
+        raise ConfigError(f"task {task}: class(es) {', '.join(map(str, empty))} of its {classes} classes have no "
+                          "training input to build a prototype from")
     return Prototypes(class_means(tuned, labels, counts), class_means(pretrained, labels, counts), counts)
 
 
