@@ -476,3 +476,108 @@ def test_shapes_read_the_header_and_stay_inside_the_bank(bank: Bank, tmp_path: P
     bank.manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(BankError, match="unsafe file"):
         bank.shapes("v")
+
+
+# --------------------------------------------------------------------------- class prototypes
+
+
+def prototypes(seed: int = 0, classes: int = 3, dim: int = 5):
+    from editkit.core.prototypes import Prototypes
+
+    g = torch.Generator().manual_seed(seed)
+    return Prototypes(torch.randn(classes, dim, generator=g), torch.randn(classes, dim, generator=g),
+                      torch.randint(1, 600, (classes,), generator=g))
+
+
+def same_prototypes(a, b) -> bool:
+    return all(torch.equal(x, y) and x.dtype == y.dtype for x, y in zip(a.to_tensors().values(),
+                                                                           b.to_tensors().values()))
+
+
+def test_prototypes_round_trip_bit_exact_beside_their_vector(bank: Bank) -> None:
+    stored = prototypes()
+    entry = add(bank, "a", prototypes=stored)
+    assert entry.prototypes["file"] == "a.prototypes.safetensors" and entry.prototypes["checksum"].startswith("sha256:")
+    assert {k: entry.prototypes[k] for k in ("format", "classes", "features", "examples")} == stored.describe()
+    assert same_prototypes(Bank(bank.root).prototypes("a"), stored)
+    assert Bank(bank.root).get("a").prototypes == entry.prototypes  # the manifest keeps the record
+    add(bank, "b", seed=1)
+    assert bank.prototypes("b") is None and "prototypes" not in bank.get("b").to_json()
+    assert bank.verify() == [] and bank.orphans() == []
+
+
+def test_set_prototypes_fills_in_an_entry_banked_without_them_and_touches_nothing_else(bank: Bank) -> None:
+    add(bank, "a")
+    add(bank, "b", seed=1, prototypes=prototypes(1))
+    before = snapshot(bank.root)
+    stored = prototypes(2)
+    entry = bank.set_prototypes("a", stored)
+    after = snapshot(bank.root)
+    assert set(after) - set(before) == {"a.prototypes.safetensors"}
+    assert all(after[name] == before[name] for name in before if name != "manifest.json")
+    assert same_prototypes(bank.prototypes("a"), stored) and bank.get("a") == entry
+    assert {k: v for k, v in entry.to_json().items() if k != "prototypes"} == {
+        k: v for k, v in json.loads(before["manifest.json"])["vectors"][0].items()}
+    with pytest.raises(BankError, match="vector 'a' of bank .* already has its class prototypes"):
+        bank.set_prototypes("a", prototypes(3))
+    with pytest.raises(BankError, match="no vector named 'zz'"):
+        bank.set_prototypes("zz", stored)
+    assert snapshot(bank.root) == after
+
+
+def test_removing_a_vector_removes_its_prototypes(bank: Bank) -> None:
+    add(bank, "a", prototypes=prototypes())
+    add(bank, "b", seed=1)
+    bank.remove("a")
+    assert not (bank.root / "a.prototypes.safetensors").exists() and bank.orphans() == []
+
+
+def test_damaged_prototype_files_are_refused_by_name(bank: Bank) -> None:
+    add(bank, "a", prototypes=prototypes())
+    path = bank.root / "a.prototypes.safetensors"
+    original = path.read_bytes()
+    damaged = bytearray(original)
+    damaged[-3] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(CorruptVectorError, match="a.prototypes.safetensors: checksum mismatch"):
+        bank.prototypes("a")
+    assert any("a.prototypes.safetensors" in problem for problem in bank.verify())
+    path.write_bytes(original[: len(original) // 2])
+    with pytest.raises(CorruptVectorError, match="a.prototypes.safetensors is truncated or unreadable"):
+        bank.prototypes("a")
+    path.unlink()
+    with pytest.raises(CorruptVectorError, match="a.prototypes.safetensors of 'a' is missing"):
+        bank.prototypes("a")
+
+
+def rewrite_with_checksum(bank: Bank, name: str, tensors: dict, header: dict) -> None:
+    """Replace an entry's prototype file and its manifest checksum alike: what only a bug or a hand edit does."""
+    from safetensors.torch import save_file
+
+    path = bank.root / f"{name}.prototypes.safetensors"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=header)
+    manifest = json.loads(bank.manifest_path.read_text())
+    manifest["vectors"][0]["prototypes"]["checksum"] = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    bank.manifest_path.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: {**t, "counts": t["counts"][:2]}, "one count per class"),
+    (lambda t: {**t, "pretrained": t["pretrained"][:, :4]}, "one count per class"),
+    (lambda t: {k: v for k, v in t.items() if k != "tuned"}, "lack tensor.s. tuned"),
+    (lambda t: {k: v[:2] for k, v in t.items()}, "holds .*'classes': 2.*, its manifest entry says .*'classes': 3"),
+])
+def test_prototypes_of_the_wrong_shape_are_refused_by_file_even_with_a_matching_checksum(bank, change, message):
+    stored = prototypes()
+    add(bank, "a", prototypes=stored)
+    rewrite_with_checksum(bank, "a", change(stored.to_tensors()), stored.header())
+    with pytest.raises(CorruptVectorError, match=f"prototype file .*a.prototypes.safetensors of 'a' .*{message}"):
+        bank.prototypes("a")
+
+
+def test_prototypes_of_another_format_are_refused(bank: Bank) -> None:
+    stored = prototypes()
+    add(bank, "a", prototypes=stored)
+    rewrite_with_checksum(bank, "a", stored.to_tensors(), {"format": "prototypes-0"})
+    with pytest.raises(CorruptVectorError, match="is not what editkit wrote .prototype format 'prototypes-0'"):
+        bank.prototypes("a")
