@@ -30,19 +30,55 @@ def import_avalanche():
     return benchmark_from_datasets, with_task_labels, _make_taskaware_classification_dataset
 
 
-def benchmark_from_tasks(tasks: Sequence[TaskData], batching: Batching | None = None):
+def benchmark_from_tasks(tasks: Sequence[TaskData], batching: Batching | None = None, *,
+                         class_incremental: bool = False):
     """train / valid / test streams with one experience per task; task label = index.
 
     ``batching`` (a backbone's; images' by default) collates the batches Avalanche's own loaders draw, so its
     strategies and plugins (Replay's buffer, A-GEM's memory) take texts of different lengths as they take images.
+    ``class_incremental``: the stream as the class-incremental protocol has it: no task id (every experience's
+    task label 0), each task's labels offset by the classes of the tasks before it (:func:`class_offsets`, in
+    every split), and each experience told its classes (Avalanche's classes timeline, by which its
+    ``IncrementalClassifier`` grows).
     """
     benchmark_from_datasets, with_task_labels, make_dataset = import_avalanche()
     collate = avalanche_collate(batching or TensorBatching())
+    offsets = class_offsets(tasks)
 
     def wrap(split: str) -> list:
+        if class_incremental:
+            return [make_dataset(GlobalLabels(getattr(t, split), offset), task_labels=0, collate_fn=collate)
+                    for t, offset in zip(tasks, offsets)]
         return [make_dataset(getattr(t, split), task_labels=i, collate_fn=collate) for i, t in enumerate(tasks)]
 
-    return with_task_labels(benchmark_from_datasets(train=wrap("train"), valid=wrap("val"), test=wrap("test")))
+    benchmark = with_task_labels(benchmark_from_datasets(train=wrap("train"), valid=wrap("val"), test=wrap("test")))
+    if not class_incremental:
+        return benchmark
+    with quiet_avalanche_import():
+        from avalanche.benchmarks.scenarios.supervised import with_classes_timeline
+    return with_classes_timeline(benchmark)
+
+
+def class_offsets(tasks: Sequence[TaskData]) -> list[int]:
+    """Each task's first global label: the classes of the tasks before it in stream order."""
+    return [sum(t.num_classes for t in tasks[:i]) for i in range(len(tasks))]
+
+
+class GlobalLabels(Dataset):
+    """A task's split with its labels made global: each item ``(input, label + offset)``; ``targets`` (what
+    Avalanche reads a classification dataset's classes from) offset alike."""
+
+    def __init__(self, dataset: Dataset, offset: int) -> None:
+        self.dataset = dataset
+        self.offset = offset
+        self.targets = [int(y) + offset for y in dataset.targets]
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        x, y = self.dataset[index]
+        return x, int(y) + self.offset
 
 
 def avalanche_collate(batching: Batching) -> Callable[[Sequence[tuple[Any, Any, int]]], list[Any]]:

@@ -4,23 +4,34 @@ Each strategy is Avalanche's class with its own plugins (``avalanche.training.Na
 ``SynapticIntelligence``, ``Replay``, ``AGEM``, ``JointTraining``): nothing here re-implements one. What editkit
 fixes is everything the modes fix, so a row differs from a mode's by the strategy alone:
 
-- the model: theta_0's backbone in plain (``nonlinear``) form, with the scenario's fixed heads, one per task
-  label (:class:`~editkit.integrations.avalanche.multitask.MultiHeadTaskModel`); the backbone is shared and
-  never changed, each strategy trains its own copy of theta;
 - per experience, the recipe's optimizer (AdamW, lr, weight decay, warmup + cosine, gradient clipping), fresh
   for each experience as a mode's is, the recipe's batch size and exactly its number of steps
   (:class:`StepBudget`); Avalanche's own data loaders draw the batches (Replay's mix in its buffer);
 - the runtime: the device, the precision (``--precision bf16``: every forward of the strategy's model under
   bf16 autocast, as a mode's step runs) and the weights' layout (``--channels-last``);
-- evaluation after each experience on the test split of every task seen, task-incremental (each task's
-  head: the accuracy matrix of :mod:`editkit.eval.continual`) and class-incremental (among every seen task's
-  classes, :func:`~editkit.eval.accuracy.correct_among`). ``joint`` trains once on every
-  task together, ``steps`` times the number of tasks, and has a last row only.
+- the backbone: theta_0's, in plain (``nonlinear``) form; theta_0 is shared and never changed, each strategy
+  trains its own copy of theta.
 
-Strategies carry on from the weights the previous experience left, as ``sequential`` does: that is what
-they are. Default options come from ContinualAI's continual-learning-baselines (Avalanche's reproductions)
-where it has the strategy, else Avalanche's defaults; each :class:`Strategy` record says which.
-Avalanche is imported only when a strategy runs (seconds).
+A run follows one of the two protocols of :data:`~editkit.eval.continual.PROTOCOLS`:
+
+- ``task`` (task-incremental): the scenario's fixed heads, one per task label
+  (:class:`~editkit.integrations.avalanche.multitask.MultiHeadTaskModel`), each experience's task label its
+  index; scored after each experience on every seen task's test split under the task's own head;
+- ``class`` (class-incremental, as the field and Avalanche's SplitMNIST examples run it): no task id at
+  training or test time (every experience's task label 0), labels global (each task's offset by the classes of
+  the tasks before it, :func:`~editkit.integrations.avalanche.benchmark.class_offsets`), and one head over
+  every class seen, Avalanche's ``IncrementalClassifier``, growing with the classes
+  (:class:`~editkit.integrations.avalanche.classifier.ClassIncrementalModel`), trained with the backbone under
+  cross-entropy; scored after each experience on every seen task's test split by the argmax over every class
+  seen so far against the global label. A stream whose tasks have no classes (a causal-LM stream) is refused
+  (:func:`check_protocol`).
+
+``joint`` trains once on every task together (global labels in the class protocol), ``steps`` times the number
+of tasks, and has a last row only. Strategies carry on from the weights the previous experience left, as
+``sequential`` does: that is what they are. Default options come from ContinualAI's continual-learning-baselines
+(Avalanche's reproductions) where it has the strategy, else Avalanche's defaults; each :class:`Strategy` record
+says which, and how to read what the strategy keeps of earlier tasks from its state after the run
+(:attr:`Strategy.kept`). Avalanche is imported only when a strategy runs (seconds).
 
 The strategies are the registry :data:`STRATEGIES`, so a package adds one through the ``editkit.extensions`` entry
 points as it adds a merge method, and its options are set in the registries' one grammar
@@ -32,11 +43,29 @@ from __future__ import annotations
 import contextlib
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator, Mapping, Sequence
+from itertools import chain
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping, Sequence, TypedDict
 
+import numpy as np
 import torch
 
 from editkit.core.registry import Option, Record, Registry
+from editkit.errors import ConfigError
+from editkit.eval.continual import PROTOCOLS
+
+
+class Kept(TypedDict):
+    """What a strategy holds of earlier tasks after its run: ``what`` in a few words, how many ``items`` of it
+    (examples, model copies, experiences' weights) and their ``bytes``."""
+
+    what: str
+    items: int
+    bytes: int
+
+
+def nothing_kept(strategy) -> Kept:
+    """A strategy that keeps nothing of earlier tasks (Naive, and an extension's by default)."""
+    return {"what": "nothing", "items": 0, "bytes": 0}
 
 
 @dataclass(frozen=True)
@@ -51,19 +80,93 @@ class Strategy(Record):
     joint: bool = False  # trains on every task at once: an upper bound, not a continual strategy
     #: What the strategy's run is wrapped in (a mend of Avalanche's code, given back when the run ends).
     during: Callable[[], ContextManager[None]] = contextlib.nullcontext
-
-    def buffer_size(self, options: Mapping[str, Any], tasks: int) -> int:
-        """Examples the strategy keeps: Replay's memory, A-GEM's patterns of every past experience."""
-        if "mem_size" in options:
-            return int(options["mem_size"])
-        if "patterns_per_exp" in options:
-            return int(options["patterns_per_exp"]) * max(0, tasks - 1)
-        return 0
+    #: What the strategy keeps of earlier tasks, read from the strategy object (Avalanche's) after its run.
+    kept: Callable[[Any], Kept] = nothing_kept
 
 
 STRATEGIES: Registry[Strategy] = Registry("strategy", Strategy)
 """Strategy name (``--strategies``) -> its :class:`Strategy`; an extension may register a plain
-:class:`~editkit.core.registry.Record`, a strategy that keeps no example and is continual."""
+:class:`~editkit.core.registry.Record`, a strategy that keeps nothing and is continual."""
+
+
+def _plugin(strategy, name: str):
+    """The strategy's plugin of Avalanche's class ``avalanche.training.plugins.<name>``."""
+    from editkit._compat import quiet_avalanche_import
+
+    with quiet_avalanche_import():
+        from avalanche.training import plugins
+
+    kind = getattr(plugins, name)
+    return next(p for p in strategy.plugins if isinstance(p, kind))
+
+
+def _nbytes(value: Any) -> int:
+    """The bytes of an example's input or label as a batch holds it: a tensor's or array's own, a number as a
+    64-bit one, a text's UTF-8, a structure's parts summed."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return int(value.nbytes)
+    if isinstance(value, Mapping):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    if isinstance(value, str):
+        return len(value.encode())
+    return 8
+
+
+def _examples(datasets: Iterable) -> Kept:
+    """Labelled examples kept in Avalanche datasets (items ``(input, label, task label)``): how many, and the bytes
+    of their inputs and labels. Avalanche's buffers index into the stream's datasets; the bytes are what keeping
+    the examples themselves takes."""
+    items = [d[i] for d in datasets for i in range(len(d))]
+    return {"what": f"{len(items)} labelled examples", "items": len(items),
+            "bytes": sum(_nbytes(item[0]) + _nbytes(item[1]) for item in items)}
+
+
+def _tensors_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(int(t.nbytes) for t in tensors)
+
+
+def replay_kept(strategy) -> Kept:
+    """Replay's storage policy's buffer: labelled examples of every experience so far."""
+    return _examples([_plugin(strategy, "ReplayPlugin").storage_policy.buffer])
+
+
+def agem_kept(strategy) -> Kept:
+    """A-GEM's memory: ``patterns_per_exp`` labelled examples of each experience trained on."""
+    return _examples(_plugin(strategy, "AGEMPlugin").buffers)
+
+
+def joint_kept(strategy) -> Kept:
+    """Joint training keeps every training example of every task: the experiences it was trained on."""
+    return _examples(e.dataset for e in strategy._experiences)
+
+
+def lwf_kept(strategy) -> Kept:
+    """LwF's teacher: a copy of the model after the last experience (its parameters and buffers)."""
+    teacher = _plugin(strategy, "LwFPlugin").lwf.prev_model
+    if teacher is None:
+        return nothing_kept(strategy)
+    return {"what": "a model copy", "items": 1,
+            "bytes": _tensors_bytes(chain(teacher.parameters(), teacher.buffers()))}
+
+
+def ewc_kept(strategy) -> Kept:
+    """EWC's saved weights and importances: one pair per experience in mode ``separate``, the last in ``online``
+    (unless Avalanche's ``keep_importance_data``)."""
+    plugin = _plugin(strategy, "EWCPlugin")
+    saved = [*plugin.saved_params.values(), *plugin.importances.values()]
+    return {"what": "weights + importances per past experience", "items": len(plugin.saved_params),
+            "bytes": _tensors_bytes(p.data for params in saved for p in params.values())}
+
+
+def si_kept(strategy) -> Kept:
+    """SI's running state: the weights and importances of its penalty (``ewc_data``) and the per-step weights,
+    gradients and path integrals it accumulates them from (``syn_data``), one set over every experience."""
+    plugin = _plugin(strategy, "SynapticIntelligencePlugin")
+    tables = [*plugin.ewc_data, *plugin.syn_data.values()]
+    return {"what": "weights + importances + path integrals", "items": 1,
+            "bytes": _tensors_bytes(p.data for table in tables for p in table.values())}
 
 
 def avalanche_class(name: str) -> Callable[..., Any]:
@@ -120,45 +223,56 @@ _BASELINES = "continual-learning-baselines"
 STRATEGIES.register("naive", _avalanche("Naive"))
 STRATEGIES.register("ewc", _avalanche("EWC", {"ewc_lambda": 1.0, "mode": "separate"},
                                       defaults_from=f"{_BASELINES} (permuted_mnist/ewc.py)",
-                                      reference_url="https://arxiv.org/abs/1612.00796"))
+                                      reference_url="https://arxiv.org/abs/1612.00796", kept=ewc_kept))
 STRATEGIES.register("lwf", _avalanche("LwF", {"alpha": 1.0, "temperature": 1.0},
                                       defaults_from=f"{_BASELINES} (split_mnist/lwf.py)",
-                                      reference_url="https://arxiv.org/abs/1606.09282"))
+                                      reference_url="https://arxiv.org/abs/1606.09282", kept=lwf_kept))
 STRATEGIES.register("si", _avalanche("SynapticIntelligence", {"si_lambda": 1.0, "eps": 0.001},
                                      defaults_from=f"{_BASELINES} (split_mnist/synaptic_intelligence.py)",
                                      reference_url="https://arxiv.org/abs/1703.04200",
-                                     during=copying_synaptic_intelligence))
-STRATEGIES.register("replay", _avalanche("Replay", {"mem_size": 200}, rehearsal=True))
+                                     during=copying_synaptic_intelligence, kept=si_kept))
+STRATEGIES.register("replay", _avalanche("Replay", {"mem_size": 200}, rehearsal=True, kept=replay_kept))
 STRATEGIES.register("agem", _avalanche("AGEM", {"patterns_per_exp": 250, "sample_size": 256},
                                        defaults_from=f"{_BASELINES} (permuted_mnist/agem.py)", rehearsal=True,
-                                       reference_url="https://arxiv.org/abs/1812.00420"))
-STRATEGIES.register("joint", _avalanche("JointTraining", joint=True))
+                                       reference_url="https://arxiv.org/abs/1812.00420", kept=agem_kept))
+STRATEGIES.register("joint", _avalanche("JointTraining", joint=True, kept=joint_kept))
 
 
 @dataclass
 class StrategyResult:
-    """What one strategy did to a stream: each experience's scores (task -> accuracy, the tasks seen so far;
-    ``joint``: one row, after training on all), task- and class-incremental, its cost and its options."""
+    """What one strategy did to a stream under one protocol: each experience's scores (task -> accuracy, the
+    tasks seen so far; ``joint``: one row, after training on all), its cost, its options and what it kept."""
 
     name: str
+    protocol: str  # one of PROTOCOLS: the rows are scored as it scores (own heads, or among every seen class)
     rows: list[dict[str, float]]
-    class_rows: list[dict[str, float]]  # the same, class-incremental: among every seen task's classes, no task id
     options: dict[str, Any]
     train_seconds: float
     steps: int  # training iterations, as Avalanche's own clock counts them
     peak_rss_bytes: int | None
-    buffer_size: int  # examples it may keep (Replay's memory, A-GEM's patterns of the past experiences)
+    kept: Kept  # what it holds of earlier tasks after the run (Strategy.kept)
+
+
+def check_protocol(tasks: Sequence, protocol: str) -> None:
+    """Refuse, in one line and before any work, a protocol a stream of ``tasks`` (its
+    :class:`~editkit.data.tasks.TaskData`, in stream order) cannot run: an unknown one, or ``class`` over a task
+    without classes (a language-modelling task: no labels to make global)."""
+    if protocol not in PROTOCOLS:
+        raise ConfigError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
+    unlabelled = [t.name for t in tasks if not t.num_classes]
+    if protocol == "class" and unlabelled:
+        raise ConfigError(f"the class-incremental protocol needs classification tasks; task {unlabelled[0]!r} has "
+                          "no classes (a language-modelling task)")
 
 
 def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, Any] | None = None, runtime=None,
-                 progress=None) -> StrategyResult:
+                 progress=None, protocol: str = "task") -> StrategyResult:
     """Train Avalanche's strategy ``name`` through ``built``'s stream (an
-    :class:`~editkit.scenario.build.BuiltScenario`) with each task's resolved recipe (``recipes``, in stream
-    order: its steps; the first one's optimizer settings and batch), scoring every seen task after each
-    experience (see the module docstring)."""
+    :class:`~editkit.scenario.build.BuiltScenario`) under ``protocol`` with each task's resolved recipe
+    (``recipes``, in stream order: its steps; the first one's optimizer settings, batch and seed), scoring every
+    seen task after each experience (see the module docstring)."""
     from editkit._compat import quiet_avalanche_import
     from editkit.integrations.avalanche.benchmark import benchmark_from_tasks
-    from editkit.integrations.avalanche.multitask import MultiHeadTaskModel
     from editkit.integrations.avalanche.plugin import StepBudget
     from editkit.train.runtime import Runtime
     from editkit.util.progress import NullProgress
@@ -166,15 +280,17 @@ def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, A
     with quiet_avalanche_import():
         from avalanche.training.plugins import EvaluationPlugin
 
+    tasks = list(built.tasks)
+    check_protocol(tasks, protocol)
     spec, runtime, progress = STRATEGIES[name], runtime or Runtime(), progress or NullProgress()
     chosen = STRATEGIES.options(name, options or {})
-    tasks, recipe = list(built.tasks), recipes[0]
+    recipe = recipes[0]
     steps = [sum(r.steps for r in recipes)] if spec.joint else [r.steps for r in recipes]
-    model = runtime.place(MultiHeadTaskModel(built.backbone, [built.heads[t.name] for t in tasks], mode="nonlinear"))
-    model.forward_context = runtime.autocast  # its forwards in the precision editkit's modes train in
-    benchmark = benchmark_from_tasks(tasks, built.backbone.batching)
+    benchmark = benchmark_from_tasks(tasks, built.backbone.batching, class_incremental=protocol == "class")
     budget = StepBudget(recipe, steps=steps)
     with _quiet_strategy(), _seeded(recipe.seed), spec.during():
+        model = runtime.place(_model(built, tasks, protocol))  # seeded: the class protocol's head starts random
+        model.forward_context = runtime.autocast  # its forwards in the precision editkit's modes train in
         strategy = spec.build(
             # a placeholder: StepBudget gives each experience a fresh optimizer with the recipe's schedule
             model=model, optimizer=torch.optim.AdamW(list(model.task_model.theta), lr=recipe.lr),
@@ -182,10 +298,22 @@ def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, A
             train_epochs=max(steps) + 1,  # every epoch takes a step at least: the budget ends each experience
             eval_mb_size=256, device=runtime.device, plugins=[budget], evaluator=EvaluationPlugin(), eval_every=-1,
             **chosen)
-        scored, peak = _train(strategy, budget, tasks, benchmark, spec.joint, progress, name,
-                              lambda seen: _scores(model, built, seen, runtime))
-    return StrategyResult(name, [own for own, _ in scored], [among for _, among in scored], chosen, budget.seconds,
-                          strategy.clock.train_iterations, peak, spec.buffer_size(chosen, len(tasks)))
+        rows, peak = _train(strategy, budget, tasks, benchmark, spec.joint, progress, f"{name} ({protocol})",
+                            lambda seen: _scores(model, built, seen, runtime, protocol))
+    return StrategyResult(name, protocol, rows, chosen, budget.seconds, strategy.clock.train_iterations, peak,
+                          spec.kept(strategy))
+
+
+def _model(built, tasks: Sequence, protocol: str) -> torch.nn.Module:
+    """The model a strategy trains under ``protocol``: theta_0's plain backbone with the scenario's fixed head per
+    task label (``task``), or under Avalanche's growing classifier (``class``)."""
+    if protocol == "class":
+        from editkit.integrations.avalanche.classifier import ClassIncrementalModel
+
+        return ClassIncrementalModel(built.backbone)
+    from editkit.integrations.avalanche.multitask import MultiHeadTaskModel
+
+    return MultiHeadTaskModel(built.backbone, [built.heads[t.name] for t in tasks], mode="nonlinear")
 
 
 @contextlib.contextmanager
@@ -213,8 +341,10 @@ def _seeded(seed: int) -> Iterator[None]:
 
 
 #: Warnings Avalanche gives that say nothing to an editkit user: editkit scores the model itself (no Avalanche
-#: logger), and Replay calls its own storage policy's deprecated method.
-_AVALANCHE_NOISE = ("No loggers specified", "Call to deprecated function update")
+#: logger), Replay calls its own storage policy's deprecated method, and EWC's and SI's saved tensors grow with the
+#: class protocol's head through an indexing torch deprecates (Avalanche's ``ParamData.expand``).
+_AVALANCHE_NOISE = ("No loggers specified", "Call to deprecated function update",
+                    "Using a non-tuple sequence for multidimensional indexing")
 
 
 @contextlib.contextmanager
@@ -230,11 +360,10 @@ def _quiet_strategy() -> Iterator[None]:
 
 
 def _train(strategy, budget, tasks: Sequence, benchmark, joint: bool, progress, name: str, scores):
-    """(each experience's (task-, class-incremental) scores, the peak RSS of it all): ``train`` per experience, or
-    once over the stream."""
+    """(each experience's scores, the peak RSS of it all): ``train`` per experience, or once over the stream."""
     from editkit.util.memory import PeakRSS
 
-    rows: list[tuple[dict[str, float], dict[str, float]]] = []
+    rows: list[dict[str, float]] = []
     with PeakRSS() as rss:
         experiences = [benchmark.train_stream] if joint else list(benchmark.train_stream)
         for index, experience in enumerate(experiences):
@@ -246,23 +375,24 @@ def _train(strategy, budget, tasks: Sequence, benchmark, joint: bool, progress, 
         return rows, rss.window()
 
 
-def _scores(model, built, seen: Sequence, runtime) -> tuple[dict[str, float], dict[str, float]]:
-    """The strategy's model on each seen task's test split: (task-incremental accuracy, under the task's own
-    head; class-incremental accuracy, among every seen task's classes without the task id)."""
-    import torch
-
-    from editkit.eval.accuracy import classify, correct_among
+def _scores(model, built, seen: Sequence, runtime, protocol: str) -> dict[str, float]:
+    """The strategy's model's accuracy on each seen task's test split: ``task``, the argmax of the task's own
+    head; ``class``, the argmax of the one classifier, over every class seen so far, against the global label
+    (the task's label offset by the classes of the tasks before it)."""
+    from editkit.eval.accuracy import classify
     from editkit.eval.features import outputs_over
+    from editkit.integrations.avalanche.benchmark import class_offsets
 
     model.eval()
-    heads = [built.heads[t.name] for t in seen]
-    own, among = {}, {}
+    among = protocol == "class"
+    features_of, offsets = (model.features, class_offsets(seen)) if among else (model.task_model, [0] * len(seen))
+    scores = {}
     with torch.no_grad():
         for index, task in enumerate(seen):
             labels: list[torch.Tensor] = []
-            features = outputs_over(model.task_model, task.test, batch_size=256, batching=built.backbone.batching,
+            features = outputs_over(features_of, task.test, batch_size=256, batching=built.backbone.batching,
                                     runtime=runtime, labels=labels)
-            y = torch.cat(labels).long()
-            own[task.name] = float((classify(heads[index], features) == y).double().mean())
-            among[task.name] = float(correct_among(heads, index, features, y).double().mean())
-    return own, among
+            head = model.classifier if among else model.head(index)
+            predicted = classify(head, features.to(runtime.device)).cpu()
+            scores[task.name] = float((predicted == torch.cat(labels).long() + offsets[index]).double().mean())
+    return scores

@@ -1,74 +1,103 @@
-"""The bench's Avalanche strategies (``--strategies``): run through the scenario's stream beside the modes,
-turned into rows of the addition table, continual-learning numbers and a cost of their own.
+"""The bench's Avalanche strategies (``--strategies``): run through the scenario's stream beside the modes under
+each protocol the bench scores (:data:`~editkit.eval.continual.PROTOCOLS`), turned into rows of the addition
+table, continual-learning numbers, what each keeps of earlier tasks and a cost of their own.
 
-A strategy's row is its model after the last experience, task-incremental: ``absolute`` is ACC, and
-``normalized`` each task's final accuracy over its accuracy right after it was learnt (the matrix's
-diagonal: how much of each task the strategy kept), where a mode's normalized accuracy divides by its
-single-task fine-tune. ``joint`` trains on every task at once and has no diagonal: no normalized accuracy,
-no BWT. Rows carry ``variant = "avalanche"`` and no coefficient.
+A strategy's row is its model after the last experience: ``absolute`` is the task protocol's ACC (each task under
+its own head) and ``class_incremental`` the class protocol's (among every class seen, no task id), each None when
+that protocol did not run. ``normalized`` is None: a mode's normalized accuracy divides by its single-task
+fine-tune, which a strategy has no counterpart of, so strategies compare with modes by ACC and BWT. ``joint``
+trains on every task at once: ACC only, no BWT. Rows carry ``variant = "avalanche"`` and no coefficient.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from editkit.eval.continual import ContinualMetrics, continual_metrics, final_metrics
-from editkit.integrations.avalanche.strategies import STRATEGIES, StrategyResult, run_strategy
+from editkit.eval.continual import PROTOCOLS, ContinualMetrics, continual_metrics, final_metrics
+from editkit.integrations.avalanche.strategies import STRATEGIES, StrategyResult, check_protocol, run_strategy
 
 VARIANT = "avalanche"
 
+#: A section of :func:`strategy_sections` per protocol: the ContinualMetrics of each strategy's run.
+CONTINUAL_SECTIONS = {"task": "continual", "class": "continual_class_incremental"}
+
 
 def run_strategies(names: Sequence[str], params: Mapping[str, Mapping[str, Any]], built, recipes: Sequence, *,
-                   runtime, progress) -> dict[str, StrategyResult]:
-    """Each strategy in turn over the plain backbone of ``built`` (every task's resolved recipe in stream order)."""
-    return {name: run_strategy(name, built, recipes, options=params.get(name, {}), runtime=runtime, progress=progress)
+                   runtime, progress, protocols: Sequence[str]) -> dict[str, dict[str, StrategyResult]]:
+    """``{strategy: {protocol: its run}}``: each strategy in turn over the plain backbone of ``built`` (every
+    task's resolved recipe in stream order), once per protocol in :data:`PROTOCOLS` order; every protocol is
+    checked against the stream before the first run."""
+    ordered = [p for p in PROTOCOLS if p in protocols]
+    for protocol in protocols:
+        check_protocol(built.tasks, protocol)
+    return {name: {protocol: run_strategy(name, built, recipes, options=params.get(name, {}), runtime=runtime,
+                                          progress=progress, protocol=protocol) for protocol in ordered}
             for name in names}
 
 
 def continual(result: StrategyResult, tasks: Sequence[str]) -> ContinualMetrics:
-    """The strategy's accuracy matrix, ACC, BWT and forgetting (``joint``: its one row, ACC only)."""
+    """The run's accuracy matrix, ACC, BWT and forgetting (``joint``: its one row, ACC only)."""
     if STRATEGIES[result.name].joint:
         return final_metrics(tasks, result.rows[-1])
     return continual_metrics(tasks, result.rows)
 
 
-def strategy_row(result: StrategyResult, tasks: Sequence[str]) -> dict[str, Any]:
+def strategy_row(name: str, runs: Mapping[str, StrategyResult], tasks: Sequence[str]) -> dict[str, Any]:
     """The addition table's row of a strategy (see the module docstring)."""
-    last = result.rows[-1]
-    absolute = sum(last[t] for t in tasks) / len(tasks)
-    normalized = None
-    if not STRATEGIES[result.name].joint:
-        learnt = {t: result.rows[i][t] for i, t in enumerate(tasks)}
-        normalized = sum(last[t] / learnt[t] for t in tasks if learnt[t] > 0) / len(tasks)
-    among = result.class_rows[-1]
-    return {"method": result.name, "label": STRATEGIES.label(result.name), "mode": None, "variant": VARIANT,
-            "coefficient": None, "alpha": None, "per_task": dict(last), "absolute": absolute,
-            "normalized": normalized, "class_incremental": sum(among[t] for t in tasks) / len(tasks),
-            "class_incremental_per_task": dict(among)}
+    task, among = runs.get("task"), runs.get("class")
+    return {"method": name, "label": STRATEGIES.label(name), "mode": None, "variant": VARIANT,
+            "coefficient": None, "alpha": None,
+            "per_task": dict(task.rows[-1]) if task else None,
+            "absolute": continual(task, tasks)["acc"] if task else None, "normalized": None,
+            "class_incremental": continual(among, tasks)["acc"] if among else None,
+            "class_incremental_per_task": dict(among.rows[-1]) if among else None}
 
 
-def strategy_cost(result: StrategyResult) -> dict[str, Any]:
-    """What the strategy's training cost: seconds, steps, peak RSS and the examples it keeps."""
+def run_cost(result: StrategyResult) -> dict[str, Any]:
+    """What one run cost: seconds, steps, seconds per step and peak RSS."""
     return {"train_seconds": result.train_seconds, "steps": result.steps,
             "seconds_per_step": result.train_seconds / result.steps if result.steps else None,
-            "peak_rss_mib": result.peak_rss_bytes / 2**20 if result.peak_rss_bytes else None,
-            "buffer_size": result.buffer_size}
+            "peak_rss_mib": result.peak_rss_bytes / 2**20 if result.peak_rss_bytes else None}
 
 
-def strategy_sections(results: Mapping[str, StrategyResult], tasks: Sequence[str]) -> dict[str, Any]:
-    """The report's parts the strategies add: their rows, continual numbers, options (with where the defaults
-    come from) and cost."""
-    return {
-        "rows": [strategy_row(r, tasks) for r in results.values()],
-        "continual": {name: continual(r, tasks) for name, r in results.items()},
-        "strategies": {name: _described(name, r) for name, r in results.items()},
-        "strategy_cost": {name: strategy_cost(r) for name, r in results.items()},
-    }
+def strategy_cost(runs: Mapping[str, StrategyResult]) -> dict[str, Any]:
+    """A strategy's cost in the bench, every protocol's run together (seconds and steps summed, the largest peak
+    RSS), with each run's own under ``protocols``."""
+    seconds, steps = sum(r.train_seconds for r in runs.values()), sum(r.steps for r in runs.values())
+    peaks = [r.peak_rss_bytes for r in runs.values() if r.peak_rss_bytes]
+    return {"train_seconds": seconds, "steps": steps, "seconds_per_step": seconds / steps if steps else None,
+            "peak_rss_mib": max(peaks) / 2**20 if peaks else None,
+            "protocols": {protocol: run_cost(r) for protocol, r in runs.items()}}
 
 
-def _described(name: str, result: StrategyResult) -> dict[str, Any]:
-    """A strategy's entry in the report: its record's facts, the options it ran with and its scores."""
+def strategy_kept(runs: Mapping[str, StrategyResult]) -> dict[str, Any]:
+    """What a strategy keeps of earlier tasks: the first protocol's run (task, when it ran) at the top, each run's
+    own under ``protocols`` (the class protocol's model copy or weights carry its growing classifier, not the
+    scenario's heads)."""
+    first = next(iter(runs.values()))
+    return {**first.kept, "protocols": {protocol: dict(r.kept) for protocol, r in runs.items()}}
+
+
+def strategy_sections(results: Mapping[str, Mapping[str, StrategyResult]], tasks: Sequence[str]) -> dict[str, Any]:
+    """The report's parts the strategies add (``results``: :func:`run_strategies`'s): their rows, continual
+    numbers per protocol (a section holds the protocols that ran), options (with where the defaults come from),
+    what each keeps and cost."""
+    sections: dict[str, Any] = {"rows": [strategy_row(name, runs, tasks) for name, runs in results.items()]}
+    for protocol, section in CONTINUAL_SECTIONS.items():
+        ran = {name: continual(runs[protocol], tasks) for name, runs in results.items() if protocol in runs}
+        if ran:
+            sections[section] = ran
+    sections["strategies"] = {name: _described(name, runs) for name, runs in results.items()}
+    sections["strategy_cost"] = {name: strategy_cost(runs) for name, runs in results.items()}
+    sections["kept"] = {name: strategy_kept(runs) for name, runs in results.items()}
+    return sections
+
+
+def _described(name: str, runs: Mapping[str, StrategyResult]) -> dict[str, Any]:
+    """A strategy's entry in the report: its record's facts, and per protocol the options it ran with and its
+    scores after each experience."""
     record = STRATEGIES[name]
-    return {"class": STRATEGIES.label(name), "options": result.options, "defaults_from": record.defaults_from,
+    return {"class": STRATEGIES.label(name), "defaults_from": record.defaults_from,
             "reference_url": record.reference_url, "rehearsal": record.rehearsal, "joint": record.joint,
-            "rows": result.rows, "class_rows": result.class_rows}
+            "options": {protocol: r.options for protocol, r in runs.items()},
+            "rows": {protocol: r.rows for protocol, r in runs.items()}}
