@@ -256,3 +256,194 @@ def test_a_strategy_runs_in_the_runtimes_precision_and_layout(name, protocol, mo
         asked = runtime.precision == "bf16"
         assert seen == {(asked, asked)}, runtime
         assert len(result.rows) == 2 and all(0.0 <= a <= 1.0 for row in result.rows for a in row.values())
+
+
+def metrics(result) -> dict:
+    """A run's ACC and BWT (joint training: its one row, ACC only)."""
+    names = [t.name for t in forgetful_stream().tasks]
+    if STRATEGIES[result.name].joint:
+        return {"acc": sum(result.rows[-1].values()) / len(names), "bwt": None}
+    return continual_metrics(names, result.rows)
+
+
+#: LwF's distillation against the class protocol's new classes needs weight: its loss is the old classes' softmax
+#: among themselves, blind to the new classes' logits rising over them.
+FORGETTING = {"naive": {}, "replay": {"mem_size": 30}, "lwf": {"alpha": 100.0, "temperature": 2.0}, "joint": {}}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_on_a_stream_that_forgets_replay_and_lwf_forget_less_than_naive_and_joint_training_bounds_them(protocol):
+    got = {name: metrics(run_strategy(name, forgetful_stream(), forgetful_recipes(), options=options,
+                                      protocol=protocol))
+           for name, options in FORGETTING.items()}
+    assert got["naive"]["bwt"] < -0.3  # plain fine-tuning forgets
+    assert got["replay"]["bwt"] > got["naive"]["bwt"] + 0.1
+    assert got["lwf"]["bwt"] > got["naive"]["bwt"] + 0.1
+    assert all(got["joint"]["acc"] >= m["acc"] for m in got.values()), got
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_ewcs_penalty_grows_with_lambda_and_holds_earlier_tasks_the_more(protocol, monkeypatch):
+    """Avalanche's EWC adds lambda * sum F (theta - theta*)^2 to the loss: read there, at every step of the tasks
+    after the first it is nothing at lambda 0 and more at each larger lambda, and BWT rises with lambda."""
+    with quiet_avalanche_import():
+        from avalanche.training.plugins import EWCPlugin
+    avalanche_own, added = EWCPlugin.before_backward, []
+
+    def reading(plugin, strategy, **kwargs):
+        before = float(strategy.loss.detach())
+        avalanche_own(plugin, strategy, **kwargs)
+        added.append(float(strategy.loss.detach()) - before)
+
+    monkeypatch.setattr(EWCPlugin, "before_backward", reading)
+    penalties, bwt = [], []
+    for ewc_lambda in (0.0, 1e3, 1e5):
+        added.clear()
+        result = run_strategy("ewc", forgetful_stream(), forgetful_recipes(), options={"ewc_lambda": ewc_lambda},
+                              protocol=protocol)
+        penalties.append(sum(added))
+        bwt.append(metrics(result)["bwt"])
+    assert penalties[0] == 0.0 < penalties[1] < penalties[2]
+    assert bwt[0] < bwt[1] < bwt[2]
+
+
+@pytest.mark.parametrize("name", ["naive", "joint"])
+def test_the_class_protocol_trains_on_global_labels_without_task_ids_and_grows_avalanches_classifier(name,
+                                                                                                    monkeypatch):
+    """Each experience reaches Avalanche with task label 0 and the classes of its task offset by the classes of the
+    tasks before it (3, 2 and 2 classes: 0-2, 3-4, 5-6); the loss sees those labels only, and the
+    IncrementalClassifier grows to every class seen (joint training: every class before its one run)."""
+    with quiet_avalanche_import():
+        from avalanche.models import IncrementalClassifier
+    avalanche_own, log = IncrementalClassifier.adaptation, []
+
+    def recording(classifier, experience):
+        avalanche_own(classifier, experience)
+        log.append(("adapted", sorted(experience.task_labels), sorted(experience.classes_in_this_experience),
+                    classifier.classifier.out_features))
+
+    criterion = torch.nn.CrossEntropyLoss.forward
+    monkeypatch.setattr(IncrementalClassifier, "adaptation", recording)
+    monkeypatch.setattr(torch.nn.CrossEntropyLoss, "forward",
+                        lambda self, logits, y: log.append(("loss", set(y.tolist()), logits.shape[1]))
+                        or criterion(self, logits, y))
+    run_strategy(name, stream((3, 2, 2)), recipes(4, 4, 4), protocol="class")
+    adapted = [entry[1:] for entry in log if entry[0] == "adapted"]
+    assert adapted == [([0], [0, 1, 2], 3), ([0], [3, 4], 5), ([0], [5, 6], 7)]
+    losses = [entry[1:] for entry in log if entry[0] == "loss"]
+    if name == "joint":
+        assert len(losses) == 12 and set().union(*(y for y, _ in losses)) == set(range(7))
+        assert {width for _, width in losses} == {7}
+    else:
+        assert [(set().union(*(y for y, _ in losses[4 * i: 4 * i + 4])), losses[4 * i][1]) for i in range(3)] == [
+            ({0, 1, 2}, 3), ({3, 4}, 5), ({5, 6}, 7)]
+
+
+@pytest.mark.parametrize("name", ["naive", "replay", "joint"])
+def test_class_incremental_accuracy_is_the_argmax_over_every_class_seen_as_counted_by_hand(name, monkeypatch):
+    """With nothing moving (lr 1e-30), the classifier's rows are the ones each experience scored with (growing
+    copies them): after experience k, each seen task's test inputs through θ0 and the first ``classes seen`` rows,
+    the argmax against the label offset by the classes before the task."""
+    built, models = stream((3, 2, 2)), []
+    own_model = strategies._model
+    monkeypatch.setattr(strategies, "_model", lambda *args: models.append(own_model(*args)) or models[-1])
+    result = run_strategy(name, built, recipes(3, 3, 3, lr=1e-30), protocol="class")
+    linear, offsets = models[0].classifier.classifier, [0, 3, 5]
+
+    def by_hand(index: int, classes: int) -> float:
+        task = built.tasks[index]
+        with torch.no_grad():
+            logits = built.backbone.module(task.test.inputs) @ linear.weight[:classes].T + linear.bias[:classes]
+        return (logits.argmax(1) == task.test.targets + offsets[index]).float().mean().item()
+
+    seen = [(1, 3), (3, 7)] if name == "joint" else [(1, 3), (2, 5), (3, 7)]
+    expected = [{f"t{i}": pytest.approx(by_hand(i, classes)) for i in range(tasks)} for tasks, classes in seen]
+    assert result.rows == (expected[-1:] if name == "joint" else expected)
+    assert any(0.0 < v < 1.0 for row in result.rows for v in row.values())  # scores a wrong offset would change
+
+
+def test_the_class_protocol_refuses_a_stream_without_classes_before_any_work():
+    """A language-modelling task is a TaskData without classes: no labels to make global. Refused by name in one
+    line before anything is built (the stream here has no backbone to train), by run_strategy and by the bench's
+    run_strategies for every protocol asked before the first run."""
+    from editkit.data.tasks import TaskData
+    from editkit.runs.bench.strategies import run_strategies
+
+    texts = stream()
+    lm = SimpleNamespace(tasks=[texts.tasks[0], TaskData("wiki", [], Texts(4, 0), Texts(4, 1), Texts(4, 2))],
+                         heads={}, backbone=None)
+    message = "the class-incremental protocol needs classification tasks; task 'wiki' has no classes (a " \
+              "language-modelling task)"
+    with pytest.raises(ConfigError) as err:
+        run_strategy("naive", lm, recipes(1, 1), protocol="class")
+    assert str(err.value) == message
+    with pytest.raises(ConfigError) as err:
+        run_strategies(["naive"], {}, lm, recipes(1, 1), runtime=None, progress=None, protocols=("task", "class"))
+    assert str(err.value) == message
+    with pytest.raises(ConfigError) as err:
+        run_strategy("naive", texts, recipes(1, 1), protocol="domain")
+    assert str(err.value) == "unknown protocol 'domain'; known: task, class"
+
+
+def test_what_each_strategy_keeps_is_read_from_avalanche_and_counts_as_by_hand():
+    """Three tasks of two classes, 54 training examples each (60 less the validation tenth); an example is 8 fp32
+    inputs and an int64 label (40 bytes). θ0's MLP and the strategy's copy of it have P parameters each; a task
+    head is a 2 x 6 weight and 2 biases (buffers, fixed); the class protocol's IncrementalClassifier a C x 6 weight,
+    C biases and C int8 active-unit flags, C growing 2, 4, 6."""
+    P, F, example = sum(p.numel() for p in mlp(D_IN, 16, FEATURES).parameters()), FEATURES, 8 * 4 + 8
+    head, classifier = 2 * F + 2, lambda c: c * F + c
+    options = {"replay": {"mem_size": 12}, "agem": {"patterns_per_exp": 5, "sample_size": 10}}
+    expected = {
+        "naive": ({"what": "nothing", "items": 0, "bytes": 0},) * 2,
+        "replay": ({"what": "12 labelled examples", "items": 12, "bytes": 12 * example},) * 2,
+        "agem": ({"what": "15 labelled examples", "items": 15, "bytes": 15 * example},) * 2,  # 5 of each experience
+        "joint": ({"what": "162 labelled examples", "items": 162, "bytes": 162 * example},) * 2,
+        # the model after the last experience, whole: θ0, theta and the heads (the classifier and its flags)
+        "lwf": ({"what": "a model copy", "items": 1, "bytes": 4 * (2 * P + 3 * head)},
+                {"what": "a model copy", "items": 1, "bytes": 4 * (2 * P + classifier(6)) + 6}),
+        # every parameter (θ0's too) and an importance of each, saved after each of the three experiences; the
+        # penalty pads an earlier experience's to the grown head in place (Avalanche's ParamData.expand)
+        "ewc": ({"what": "weights + importances per past experience", "items": 3, "bytes": 3 * 2 * 4 * 2 * P},
+                {"what": "weights + importances per past experience", "items": 3,
+                 "bytes": 3 * 2 * 4 * (2 * P + classifier(6))}),
+        # seven tables (two of the penalty, five of the path integral) over the trained parameters, grown with the head
+        "si": ({"what": "weights + importances + path integrals", "items": 1, "bytes": 7 * 4 * P},
+               {"what": "weights + importances + path integrals", "items": 1, "bytes": 7 * 4 * (P + classifier(6))}),
+    }
+    for name, (task, among) in expected.items():
+        for protocol, kept in zip(PROTOCOLS, (task, among)):
+            result = run_strategy(name, stream((2, 2, 2), train=60), recipes(2, 2, 2), protocol=protocol,
+                                  options=options.get(name))
+            assert result.kept == kept, (name, protocol)
+
+
+def test_the_bench_sections_hold_each_protocols_scores_kept_and_cost():
+    """run_strategies runs each strategy under each protocol asked (PROTOCOLS' order); strategy_sections turns the
+    runs into one row per strategy (task ACC as ``absolute``, class ACC as ``class_incremental``, no normalized
+    accuracy) and the protocol's continual numbers, options, kept and cost."""
+    from editkit.runs.bench.strategies import run_strategies, strategy_sections
+    from editkit.train.runtime import Runtime
+    from editkit.util.progress import NullProgress
+
+    built, tasks = stream(), ["t0", "t1"]
+    results = run_strategies(["naive", "replay"], {"replay": {"mem_size": 6}}, built, recipes(3, 3),
+                             runtime=Runtime(), progress=NullProgress(), protocols=("class", "task"))
+    assert {name: list(runs) for name, runs in results.items()} == {"naive": list(PROTOCOLS), "replay": list(PROTOCOLS)}
+    got = strategy_sections(results, tasks)
+    replay = results["replay"]
+    row = next(r for r in got["rows"] if r["method"] == "replay")
+    assert row == {"method": "replay", "label": "Replay", "mode": None, "variant": "avalanche", "coefficient": None,
+                   "alpha": None, "per_task": replay["task"].rows[-1],
+                   "absolute": pytest.approx(sum(replay["task"].rows[-1].values()) / 2), "normalized": None,
+                   "class_incremental": pytest.approx(sum(replay["class"].rows[-1].values()) / 2),
+                   "class_incremental_per_task": replay["class"].rows[-1]}
+    assert got["continual"]["replay"] == continual_metrics(tasks, replay["task"].rows)
+    assert got["continual_class_incremental"]["replay"] == continual_metrics(tasks, replay["class"].rows)
+    assert got["strategies"]["replay"]["options"] == {"task": {"mem_size": 6}, "class": {"mem_size": 6}}
+    assert got["kept"]["replay"] == {**replay["task"].kept, "protocols": {p: replay[p].kept for p in PROTOCOLS}}
+    cost = got["strategy_cost"]["replay"]
+    assert cost["steps"] == 12 and set(cost["protocols"]) == set(PROTOCOLS)
+    assert cost["train_seconds"] == pytest.approx(sum(c["train_seconds"] for c in cost["protocols"].values()))
+
+    only_task = strategy_sections({"naive": {"task": results["naive"]["task"]}}, tasks)
+    assert "continual_class_incremental" not in only_task and only_task["rows"][0]["class_incremental"] is None
