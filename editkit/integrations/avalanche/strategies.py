@@ -43,15 +43,14 @@ from __future__ import annotations
 import contextlib
 import warnings
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping, Sequence, TypedDict
 
-import numpy as np
 import torch
 
 from editkit.core.registry import Option, Record, Registry
 from editkit.errors import ConfigError
 from editkit.eval.continual import PROTOCOLS
+from editkit.util.memory import nbytes
 
 
 class Kept(TypedDict):
@@ -100,31 +99,13 @@ def _plugin(strategy, name: str):
     return next(p for p in strategy.plugins if isinstance(p, kind))
 
 
-def _nbytes(value: Any) -> int:
-    """The bytes of an example's input or label as a batch holds it: a tensor's or array's own, a number as a
-    64-bit one, a text's UTF-8, a structure's parts summed."""
-    if isinstance(value, (torch.Tensor, np.ndarray)):
-        return int(value.nbytes)
-    if isinstance(value, Mapping):
-        return sum(_nbytes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    if isinstance(value, str):
-        return len(value.encode())
-    return 8
-
-
 def _examples(datasets: Iterable) -> Kept:
     """Labelled examples kept in Avalanche datasets (items ``(input, label, task label)``): how many, and the bytes
     of their inputs and labels. Avalanche's buffers index into the stream's datasets; the bytes are what keeping
     the examples themselves takes."""
     items = [d[i] for d in datasets for i in range(len(d))]
     return {"what": f"{len(items)} labelled examples", "items": len(items),
-            "bytes": sum(_nbytes(item[0]) + _nbytes(item[1]) for item in items)}
-
-
-def _tensors_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    return sum(int(t.nbytes) for t in tensors)
+            "bytes": sum(nbytes(item[:2]) for item in items)}
 
 
 def replay_kept(strategy) -> Kept:
@@ -148,7 +129,7 @@ def lwf_kept(strategy) -> Kept:
     if teacher is None:
         return nothing_kept(strategy)
     return {"what": "a model copy", "items": 1,
-            "bytes": _tensors_bytes(chain(teacher.parameters(), teacher.buffers()))}
+            "bytes": nbytes([*teacher.parameters(), *teacher.buffers()])}
 
 
 def ewc_kept(strategy) -> Kept:
@@ -157,7 +138,7 @@ def ewc_kept(strategy) -> Kept:
     plugin = _plugin(strategy, "EWCPlugin")
     saved = [*plugin.saved_params.values(), *plugin.importances.values()]
     return {"what": "weights + importances per past experience", "items": len(plugin.saved_params),
-            "bytes": _tensors_bytes(p.data for params in saved for p in params.values())}
+            "bytes": nbytes([p.data for params in saved for p in params.values()])}
 
 
 def si_kept(strategy) -> Kept:
@@ -166,7 +147,7 @@ def si_kept(strategy) -> Kept:
     plugin = _plugin(strategy, "SynapticIntelligencePlugin")
     tables = [*plugin.ewc_data, *plugin.syn_data.values()]
     return {"what": "weights + importances + path integrals", "items": 1,
-            "bytes": _tensors_bytes(p.data for table in tables for p in table.values())}
+            "bytes": nbytes([p.data for table in tables for p in table.values()])}
 
 
 def avalanche_class(name: str) -> Callable[..., Any]:
