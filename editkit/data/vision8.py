@@ -43,7 +43,7 @@ from editkit.settings import DATA_ENV, data_root as resolve_data_root
 from editkit.data import TASK_SOURCES
 from editkit.data.tasks import TaskData, validation_indices
 from editkit.models import HEADS
-from editkit.models.clip import ClipBackbone, ZeroShotHead, check_weights, zero_shot_head
+from editkit.models.clip import ClipBackbone, ZeroShotHead, zero_shot_head
 from editkit.util.hub import hf_hub_cache
 
 from editkit.data import clip_templates as ct
