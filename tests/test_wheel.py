@@ -23,7 +23,6 @@ import shutil
 import site
 import subprocess
 import sys
-import sysconfig
 import tomllib
 import zipfile
 from pathlib import Path

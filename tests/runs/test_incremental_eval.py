@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 from torch.func import functional_call, jvp
 
 import editkit.eval.incremental as incremental
