@@ -482,8 +482,9 @@ def bench(
 
     from editkit.errors import ConfigError
     from editkit.runs.bench.run import run_bench
-    from editkit.runs.bench.tables import (addition_table, claims_table, continual_table, cost_table, negation_table,
-                                           repeat_cost_table, strategy_cost_table, taujp_table, xi_table)
+    from editkit.runs.bench.tables import (addition_table, claims_table, continual_table, cost_table, kept_table,
+                                           negation_table, repeat_cost_table, strategy_cost_table, taujp_table,
+                                           xi_table)
     from editkit.cli.console import RichProgress, console
     from editkit.runs.stream import process_runtime
 
@@ -507,10 +508,10 @@ def bench(
         result = run_bench(config, runtime=runtime, progress=RichProgress())
     report = result.report
     if "repeats" in report:
-        for build in (addition_table, continual_table, repeat_cost_table):
+        for build in (addition_table, continual_table, kept_table, repeat_cost_table):
             console.print(build(report))
     else:
-        for build in (addition_table, continual_table, negation_table, taujp_table, xi_table, cost_table,
+        for build in (addition_table, continual_table, kept_table, negation_table, taujp_table, xi_table, cost_table,
                       strategy_cost_table):
             if (table := build(report)) is not None:
                 console.print(table)

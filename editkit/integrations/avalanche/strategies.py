@@ -81,6 +81,9 @@ class Strategy(Record):
     during: Callable[[], ContextManager[None]] = contextlib.nullcontext
     #: What the strategy keeps of earlier tasks, read from the strategy object (Avalanche's) after its run.
     kept: Callable[[Any], Kept] = nothing_kept
+    #: The option that weighs what the strategy keeps against the new task (EWC's and SI's lambda, LwF's alpha):
+    #: the one ``editkit bench --tune`` selects beside the learning rate. Empty: none.
+    coefficient: str = ""
 
 
 STRATEGIES: Registry[Strategy] = Registry("strategy", Strategy)
@@ -204,14 +207,17 @@ _BASELINES = "continual-learning-baselines"
 STRATEGIES.register("naive", _avalanche("Naive"))
 STRATEGIES.register("ewc", _avalanche("EWC", {"ewc_lambda": 1.0, "mode": "separate"},
                                       defaults_from=f"{_BASELINES} (permuted_mnist/ewc.py)",
-                                      reference_url="https://arxiv.org/abs/1612.00796", kept=ewc_kept))
+                                      reference_url="https://arxiv.org/abs/1612.00796", kept=ewc_kept,
+                                     coefficient="ewc_lambda"))
 STRATEGIES.register("lwf", _avalanche("LwF", {"alpha": 1.0, "temperature": 1.0},
                                       defaults_from=f"{_BASELINES} (split_mnist/lwf.py)",
-                                      reference_url="https://arxiv.org/abs/1606.09282", kept=lwf_kept))
+                                      reference_url="https://arxiv.org/abs/1606.09282", kept=lwf_kept,
+                                     coefficient="alpha"))
 STRATEGIES.register("si", _avalanche("SynapticIntelligence", {"si_lambda": 1.0, "eps": 0.001},
                                      defaults_from=f"{_BASELINES} (split_mnist/synaptic_intelligence.py)",
                                      reference_url="https://arxiv.org/abs/1703.04200",
-                                     during=copying_synaptic_intelligence, kept=si_kept))
+                                     during=copying_synaptic_intelligence, kept=si_kept,
+                                     coefficient="si_lambda"))
 STRATEGIES.register("replay", _avalanche("Replay", {"mem_size": 200}, rehearsal=True, kept=replay_kept))
 STRATEGIES.register("agem", _avalanche("AGEM", {"patterns_per_exp": 250, "sample_size": 256},
                                        defaults_from=f"{_BASELINES} (permuted_mnist/agem.py)", rehearsal=True,
@@ -247,11 +253,12 @@ def check_protocol(tasks: Sequence, protocol: str) -> None:
 
 
 def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, Any] | None = None, runtime=None,
-                 progress=None, protocol: str = "task") -> StrategyResult:
+                 progress=None, protocol: str = "task", split: str = "test") -> StrategyResult:
     """Train Avalanche's strategy ``name`` through ``built``'s stream (an
     :class:`~editkit.scenario.build.BuiltScenario`) under ``protocol`` with each task's resolved recipe
     (``recipes``, in stream order: its steps; the first one's optimizer settings, batch and seed), scoring every
-    seen task after each experience (see the module docstring)."""
+    seen task after each experience on its ``split`` (``val``: what a selection of its options may read; see the
+    module docstring)."""
     from editkit._compat import quiet_avalanche_import
     from editkit.integrations.avalanche.benchmark import benchmark_from_tasks
     from editkit.integrations.avalanche.plugin import StepBudget
@@ -280,7 +287,7 @@ def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, A
             eval_mb_size=256, device=runtime.device, plugins=[budget], evaluator=EvaluationPlugin(), eval_every=-1,
             **chosen)
         rows, peak = _train(strategy, budget, tasks, benchmark, spec.joint, progress, f"{name} ({protocol})",
-                            lambda seen: _scores(model, built, seen, runtime, protocol))
+                            lambda seen: _scores(model, built, seen, runtime, protocol, split))
     return StrategyResult(name, protocol, rows, chosen, budget.seconds, strategy.clock.train_iterations, peak,
                           spec.kept(strategy))
 
@@ -356,8 +363,8 @@ def _train(strategy, budget, tasks: Sequence, benchmark, joint: bool, progress, 
         return rows, rss.window()
 
 
-def _scores(model, built, seen: Sequence, runtime, protocol: str) -> dict[str, float]:
-    """The strategy's model's accuracy on each seen task's test split: ``task``, the argmax of the task's own
+def _scores(model, built, seen: Sequence, runtime, protocol: str, split: str) -> dict[str, float]:
+    """The strategy's model's accuracy on each seen task's ``split``: ``task``, the argmax of the task's own
     head; ``class``, the argmax of the one classifier, over every class seen so far, against the global label
     (the task's label offset by the classes of the tasks before it)."""
     from editkit.eval.accuracy import classify
@@ -371,7 +378,7 @@ def _scores(model, built, seen: Sequence, runtime, protocol: str) -> dict[str, f
     with torch.no_grad():
         for index, task in enumerate(seen):
             labels: list[torch.Tensor] = []
-            features = outputs_over(features_of, task.test, batch_size=256, batching=built.backbone.batching,
+            features = outputs_over(features_of, getattr(task, split), batch_size=256, batching=built.backbone.batching,
                                     runtime=runtime, labels=labels)
             head = model.classifier if among else model.head(index)
             predicted = classify(head, features.to(runtime.device)).cpu()

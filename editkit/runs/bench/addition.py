@@ -1,7 +1,8 @@
 """The addition table's numbers for one mode: every merge method's vector, its coefficient searched on the
-validation splits and scored at 1 and at the chosen one on the test splits, task- and class-incremental; the
-single-task row; the bank's merging time. Exact for linearized vectors (one cached tangent per vector and input,
-:class:`~editkit.eval.sweep.ModeEvaluator`)."""
+validation splits and scored at 1 and at the chosen one on the test splits, task-incremental and, under the class
+protocol, class-incremental (the class prototypes banked beside each vector, one head over every class); the
+single-task row; the merged model's class-incremental accuracy matrix; the bank's merging time. Exact for
+linearized vectors (one cached tangent per vector and input, :class:`~editkit.eval.sweep.ModeEvaluator`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from editkit.eval.accuracy import AdditionSummary, addition_summary
+from editkit.eval.continual import ContinualMetrics, continual_metrics
 from editkit.eval.sweep import SPLITS, ModeEvaluator
 from editkit.merge import MERGE_METHODS, LazyVectors
 from editkit.merge.coefficients import search_alpha
@@ -24,12 +26,29 @@ def _single_task(ev: ModeEvaluator, tasks: Sequence[str], split: str) -> dict[st
     return {t: ev.accuracies({t: 1.0}, split, [t])[t] for t in tasks}
 
 
+def class_matrix(ev: ModeEvaluator, tasks: Sequence[str]) -> ContinualMetrics:
+    """The merged model's class-incremental numbers after every step: theta_0 plus the first k vectors at
+    coefficient 1, each seen task's test inputs classified among the seen tasks' classes (their prototypes)."""
+    rows = [ev.class_incremental_accuracies({t: 1.0 for t in tasks[: k + 1]}, "test", tasks[: k + 1],
+                                            among=tasks[: k + 1]) for k in range(len(tasks))]
+    return continual_metrics(tasks, rows)
+
+
 def evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
                   pretrained: Mapping[str, Mapping[str, float]], control: Any,
-                  progress: Progress) -> dict[str, Any]:
+                  progress: Progress, protocols: Sequence[str]) -> dict[str, Any]:
     """One mode's rows (each merge method at coefficient 1 and tuned, single-task), its coefficient searches,
-    the methods' seconds and, with ``config.matrices``, their accuracy matrices."""
+    the methods' seconds, under the class protocol its class-incremental matrix and, with ``config.matrices``,
+    the methods' accuracy matrices."""
     mode, alphas = ev.label, list(config.alphas)
+    among = "class" in protocols
+
+    def class_incremental_of(combo: dict[str, float]) -> dict[str, Any]:
+        """A row's class-incremental numbers under the class protocol (None without it)."""
+        if not among:
+            return {"class_incremental": None, "class_incremental_per_task": None}
+        return class_incremental(ev.class_incremental_accuracies(combo, "test", tasks))
+
     if ev.linearized:
         with progress.task(f"{mode}: tangents J·tau (one jvp per input)", total=ev.tangent_batches(tasks)) as bar:
             ev.compute_tangents(tasks, bar=bar)
@@ -55,8 +74,7 @@ def evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
             val = addition_summary(ev.accuracies(combo_of(a), "val", tasks), single["val"])
             out["rows"].append(addition_row(
                 method, ev, coefficient, a, per_task, single["test"], val_absolute=val["absolute"],
-                val_normalized=val["normalized"],
-                **class_incremental(ev.class_incremental_accuracies(combo_of(a), "test", tasks))))
+                val_normalized=val["normalized"], **class_incremental_of(combo_of(a))))
 
     for method in (m for m in METHODS if m in config.methods):  # registry order, whatever order they were named in
         start = time.perf_counter()
@@ -74,11 +92,12 @@ def evaluate_mode(ev: ModeEvaluator, config: BenchConfig, tasks: Sequence[str],
         addition(method, lambda a, names=names: {n: a for n in names})
     out["continual"] = method_matrices(ev, [m for m in METHODS if m in config.methods], tasks, out["rows"],
                                        config.method_options, progress) if config.matrices else {}
-    alone = {t: ev.class_incremental_accuracies({t: 1.0}, "test", [t])[t] for t in tasks}
+    # one model per task, each scored on its own task: there is no single model to classify among every class
     out["rows"].append(addition_row("single-task", ev, None, 1.0, single["test"], single["test"],
                                     val_absolute=addition_summary(single["val"], None)["absolute"],
-                                    **class_incremental(alone)))
-    out["pretrained_class_incremental"] = ev.class_incremental_accuracies({}, "test", tasks)
+                                    class_incremental=None, class_incremental_per_task=None))
+    out["pretrained_class_incremental"] = class_incremental_of({})
+    out["continual_class_incremental"] = class_matrix(ev, tasks) if among else None
 
     # merging time: the bank's streamed sum of every vector (median of 3)
     times = []

@@ -144,6 +144,18 @@ class BenchConfig:
         "help": "Run the bench's units (each mode's stream per seed or order, each strategy, each repeat's "
                 "evaluation) as tasks of a Ray cluster: 'auto' (the one running here, else a local one) or its "
                 "address. Banks and run directory must be on a filesystem every node sees. Needs the ray extra."})
+    tune: int = field(default=0, metadata={
+        "help": "Choose every row's learning rate and own coefficient (tauJp's lam, EWC's and SI's lambda, LwF's "
+                "alpha) on the validation splits of the first N experiences, with the same 9 trials for every row "
+                "(A-GEM's protocol), then run the whole stream once with the choice: recorded in report.json "
+                "(selection). Trials bank under <bank-root>/tune/, the tuned streams under <bank-root>/tuned/. "
+                "0: every row runs its defaults."})
+    row_recipes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, metadata={
+        "cli": False, "help": "Recipe fields of one stream, by its label (what --tune chose), over recipe's."})
+    strategy_lr: Mapping[str, float] = field(default_factory=dict, metadata={
+        "cli": False, "help": "A strategy's learning rate, by its name (what --tune chose), over the recipe's."})
+    selection: Mapping[str, Any] | None = field(default=None, metadata={
+        "cli": False, "help": "What --tune tried and chose, for the report (set by the bench)."})
     unit_cpus: int = field(default=1, metadata={
         "help": "With --ray: CPUs each unit asks for, its torch threads (the rows equal the plain command's run "
                 "with --threads of this number)."})
@@ -175,6 +187,7 @@ class BenchConfig:
             negation_retain=float(self.negation_retain), claim_margin=float(self.claim_margin),
             xi_pair=self._xi_pair(), xi_grid=tuple(float(a) for a in self.xi_grid), xi_samples=int(self.xi_samples),
             batch_size=int(self.batch_size), seeds=seeds, orders=orders, unit_cpus=int(self.unit_cpus),
+            tune=int(self.tune),
         )
 
     def _strategies(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -203,6 +216,8 @@ class BenchConfig:
             raise ConfigError("give the penalties to compare (--penalties) or one penalty for every stream "
                               "(--penalty), not both")
         Recipe().with_overrides(**recipe)  # unknown fields and bad values are refused here, by name
+        for label, fields in self.row_recipes.items():
+            Recipe().with_overrides(**{**recipe, **fields})
         return recipe, adapters, penalties
 
     def _grids(self) -> tuple[list[float], list[float]]:
@@ -234,6 +249,8 @@ class BenchConfig:
             raise ConfigError("the xi grid is empty")
         if self.xi_samples < 1 or self.batch_size < 1:
             raise ConfigError("xi_samples and batch_size must be >= 1")
+        if int(self.tune) < 0:
+            raise ConfigError(f"--tune is a number of experiences, at least 1 (0: no selection); got {self.tune}")
         if int(self.unit_cpus) < 1:
             raise ConfigError(f"--unit-cpus must be >= 1, got {self.unit_cpus}")
 
@@ -269,17 +286,20 @@ class BenchConfig:
                 for penalty in penalties:
                     overrides = {**self.recipe, "mode": mode, **({"adapter": adapter} if adapter else {}),
                                  **({"penalty": penalty} if penalty else {})}
-                    variants[base.with_overrides(**overrides).label] = overrides
+                    label = base.with_overrides(**overrides).label
+                    variants[label] = {**overrides, **self.row_recipes.get(label, {})}
         return variants
 
     def run_directory(self, base: Recipe, scenario: str) -> Path:
         """``run_dir``, else ``runs/<scenario>-bench``: ``-bench-lora`` for adapter streams, ``-bench-lora-full``
-        when they are compared with full ones (``base``: the scenario's recipe)."""
+        when they are compared with full ones, ``-tuned`` after either with ``--tune`` (``base``: the scenario's
+        recipe)."""
         if self.run_dir is not None:
             return self.run_dir
         adapters = {base.with_overrides(**overrides).adapter for overrides in self.variants(base).values()}
         suffix = "-" + "-".join(sorted(adapters - {"none"})) + ("-full" if "none" in adapters else "")
-        return default_run_dir(scenario, "bench" + (suffix if adapters != {"none"} else ""))
+        tuned = "-tuned" if self.tune else ""
+        return default_run_dir(scenario, "bench" + (suffix if adapters != {"none"} else "") + tuned)
 
     def method_options(self, tasks: int) -> dict[str, dict[str, Any]]:
         """Each merge method's options: its defaults for ``tasks`` vectors, with ``ties_k`` as TIES' ``k``."""

@@ -26,10 +26,10 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from editkit.errors import ConfigError
-from editkit.runs.bench.claims import ACCURACIES, claims, row_key
+from editkit.runs.bench.claims import ACCURACIES, CONTINUAL, claims, row_key
 
 #: A row's numbers given as spreads over the repeats.
-ROW_KEYS = ACCURACIES + ("class_incremental",)
+ROW_KEYS = tuple(dict.fromkeys(ACCURACIES + CONTINUAL))
 #: The continual-learning numbers of each stream, as spreads over the repeats.
 CONTINUAL_KEYS = ("acc", "bwt", "forgetting")
 #: The cost table's numbers that are worth a spread (the rest are per-run bookkeeping).
@@ -97,7 +97,8 @@ def mean_rows(per_run: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, 
             raise ConfigError(f"the repeated benches disagree on their rows: {row_key(row)} is missing from one")
         alphas = [m["alpha"] for m in matched]
         numbers = {key: spread([m.get(key) for m in matched]) for key in ROW_KEYS}
-        out.append({**row, "per_task": {t: statistics.fmean(m["per_task"][t] for m in matched) for t in row["per_task"]},
+        per_task = {t: statistics.fmean(m["per_task"][t] for m in matched) for t in row["per_task"] or ()}
+        out.append({**row, "per_task": per_task if row["per_task"] is not None else None,
                     **{key: s["mean"] if s else None for key, s in numbers.items()},
                     "alpha": statistics.fmean(alphas) if None not in alphas else None, "alphas": alphas,
                     "spread": numbers})
@@ -136,7 +137,11 @@ def aggregate(reports: Sequence[Mapping[str, Any]], repeats: Sequence[Repeat], o
         "repeats": {"over": over, "runs": [{"name": r.name, "seed": r.seed, "order": list(r.order), "run_dir": str(d)}
                                            for r, d in zip(repeats, runs)]},
         "addition": {**first["addition"], "rows": rows},
+        "protocols": first.get("protocols", ["task"]),
         "continual": mean_sections([r["continual"] for r in reports], CONTINUAL_KEYS),
+        "continual_class_incremental": mean_sections([r.get("continual_class_incremental", {}) for r in reports],
+                                                     CONTINUAL_KEYS),
+        "kept": first.get("kept", {}),
         "cost": mean_sections([r["cost"] for r in reports], COST_KEYS),
         "claims": judged,
         "torch_threads": first.get("torch_threads"),

@@ -22,6 +22,7 @@ from editkit.integrations.avalanche.strategies import STRATEGIES
 from editkit.merge import MERGE_METHODS
 from editkit.runs.bench.claims import claims
 from editkit.runs.bench.config import METHODS, BenchConfig
+from editkit.runs.bench.kept import pretrained_kept, stream_kept
 from editkit.runs.records import StreamResult
 from editkit.runs.report import jsonable, write_json
 from editkit.train.recipe import Recipe, label_parts
@@ -61,8 +62,10 @@ class AdditionRow(TypedDict, total=False):
     per_task: dict[str, float]
     absolute: float
     normalized: float | None
-    class_incremental: float  # mean over tasks of their accuracy among every task's classes, no task id
-    class_incremental_per_task: dict[str, float]
+    class_incremental: float | None  # class protocol: mean over tasks of their accuracy among every seen class
+    class_incremental_per_task: dict[str, float] | None
+    bwt: float | None  # rows with a stream of models after each step (tauJp's stream, a strategy): task protocol
+    class_bwt: float | None  # the same, class protocol
     val_absolute: float
     val_normalized: float | None
 
@@ -96,7 +99,7 @@ class CostSection(TypedDict):
 
 
 def class_incremental(per_task: Mapping[str, float]) -> dict[str, Any]:
-    """A row's class-incremental numbers: each task's accuracy among every task's classes, and their mean."""
+    """A row's class-incremental numbers: each task's accuracy among every seen class, no task id, and their mean."""
     return {"class_incremental": float(np.mean(list(per_task.values()))),
             "class_incremental_per_task": dict(per_task)}
 
@@ -148,17 +151,38 @@ def with_step_ratios(cost: dict[str, CostSection]) -> dict[str, CostSection]:
     return cost
 
 
+def with_backward_transfer(rows: Sequence[AdditionRow], continual: Mapping[str, Any],
+                           continual_class: Mapping[str, Any]) -> None:
+    """Give each row that is a stream of models (task arithmetic at coefficient 1 is the model a mode's stream
+    holds after each step; a strategy's row is its model) the BWT of that stream, per protocol: what claims
+    against the continual strategies compare beside ACC."""
+    for row in rows:
+        key = (row["variant"] if row["method"] == "task-arithmetic" and row["coefficient"] == "1.0"
+               else row["method"] if row["variant"] == "avalanche" else None)
+        row["bwt"] = continual[key]["bwt"] if key in continual else None
+        row["class_bwt"] = continual_class[key]["bwt"] if key in continual_class else None
+
+
 def bench_report(spec, built, config: BenchConfig, states: Mapping[str, ModeState], tasks: Sequence[str],
                  pretrained: Mapping[str, Mapping[str, float]], results: Mapping[str, dict[str, Any]],
-                 sections: Mapping[str, Any], strategies: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+                 sections: Mapping[str, Any], strategies: Mapping[str, Any], run_dir: Path,
+                 protocols: Sequence[str]) -> dict[str, Any]:
     """``report.json``'s document: every mode's rows and sections (``results``, ``sections``), the strategies',
-    each stream's provenance and cost, and the claims read from the rows."""
+    each stream's provenance and cost, what every row keeps of earlier tasks, and the claims read from the rows."""
     theta0 = next(iter(results.values()))["pretrained_class_incremental"]
     rows = [addition_row("pretrained", None, None, None, pretrained["test"], None,
-                         val_absolute=addition_summary(pretrained["val"], None)["absolute"], **class_incremental(theta0))]
+                         val_absolute=addition_summary(pretrained["val"], None)["absolute"], **theta0)]
     for mode in states:
         rows += results[mode]["rows"]
     rows += strategies["rows"]
+    continual = {**{mode: state.stream.continual for mode, state in states.items()},
+                 **{f"{mode}/{method}": numbers for mode in states
+                    for method, numbers in results[mode]["continual"].items()},
+                 **strategies.get("continual", {})}
+    continual_class = {**{mode: results[mode]["continual_class_incremental"] for mode in states
+                          if results[mode]["continual_class_incremental"] is not None},
+                       **strategies.get("continual_class_incremental", {})}
+    with_backward_transfer(rows, continual, continual_class)
     streams: dict[str, StreamSection] = {}
     for mode, state in states.items():
         streams[mode] = {
@@ -192,13 +216,16 @@ def bench_report(spec, built, config: BenchConfig, states: Mapping[str, ModeStat
         "pretrained": dict(pretrained),
         **sections,  # negation, taujp, xi (none in a repeat after the first)
         "streams": streams,
-        # the continual-learning field's numbers of each stream's merged model after every step
-        "continual": {**{mode: state.stream.continual for mode, state in states.items()},
-                      **{f"{mode}/{method}": numbers for mode in states
-                         for method, numbers in results[mode]["continual"].items()},
-                      **strategies["continual"]},
-        "strategies": strategies["strategies"],
-        "strategy_cost": strategies["strategy_cost"],
+        "protocols": list(protocols),
+        # the continual-learning field's numbers of each stream's merged model after every step (and each
+        # strategy's model after every experience), task- and class-incremental
+        "continual": continual,
+        "continual_class_incremental": continual_class,
+        "kept": {"pretrained": pretrained_kept(states, tasks, protocols),
+                 **{m: stream_kept(s, built, tasks, protocols) for m, s in states.items()},
+                 **strategies.get("kept", {})},
+        "strategies": strategies.get("strategies", {}),
+        "strategy_cost": strategies.get("strategy_cost", {}),
         "cost": with_step_ratios({m: cost_section(states[m], results[m], tasks) for m in states}),
         "claims": claims(rows, config.claim_margin),
     })

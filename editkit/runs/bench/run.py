@@ -124,6 +124,8 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
         raise ConfigError("editkit bench runs in one process; start it without torchrun")
     spec = load_scenario(config.scenario)
     runtime = runtime or setup(preferred_precision=spec.precision)
+    if config.tune:
+        config = _tuned(config, spec, runtime, progress)
     if config.ray is not None:
         return _run_on_cluster(config, spec, runtime, progress)
     if config.seeds > 1 or config.orders > 1:
@@ -157,6 +159,7 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
     if unknown:
         raise ConfigError(f"--xi-pair names unknown task(s) {unknown}; tasks: {', '.join(tasks)}")
     states, run_dir = _mode_states(config, spec)
+    protocols = config.protocols_of(spec)
     require_scenario(spec, config.build)
 
     timings: dict[str, Any] = {}
@@ -171,9 +174,8 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
     timings["stream_seconds"] = {m: s.stream_seconds for m, s in states.items()}
     t0 = time.perf_counter()
     per_task = task_recipes(spec, **config.recipe)
-    strategies = strategy_sections(done.strategies if done is not None else run_strategies(
-        config.strategies, STRATEGIES.parse_params(config.strategy_params), built,
-        [per_task[n].resolved(len(built.task(n).train)) for n in tasks], runtime=runtime, progress=progress), tasks)
+    strategies = strategy_sections(done.strategies if done is not None else _run_strategies(
+        config, config.strategies, built, per_task, tasks, runtime, progress, protocols), tasks)
     timings["strategy_seconds"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -201,7 +203,7 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
         ev.adopt_tangents("test", state.stream.tangents)  # what the stream's scoring computed: not computed again
         state.stream.tangents = {}
         evaluators[label] = ev
-        mode_results[label] = evaluate_mode(ev, config, tasks, pretrained_all, control, progress)
+        mode_results[label] = evaluate_mode(ev, config, tasks, pretrained_all, control, progress, protocols)
         if extras:
             negation[label] = negation_section(ev, tasks, pretrained_all, control.name if control else None, progress,
                                                alphas=config.negation_alphas, retain=config.negation_retain)
@@ -213,7 +215,10 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
                 if extras else {})
     timings["diagnostics_seconds"] = time.perf_counter() - t0
 
-    report = bench_report(spec, built, config, states, tasks, pretrained, mode_results, sections, strategies, run_dir)
+    report = bench_report(spec, built, config, states, tasks, pretrained, mode_results, sections, strategies, run_dir,
+                          protocols)
+    if config.selection is not None:
+        report["selection"] = jsonable(config.selection)
     if not extras:
         report["left_out"] = {"sections": list(FIRST_REPEAT_ONLY),
                               "why": "a repeat after the first: the repeated report reads none of them"}
@@ -241,9 +246,11 @@ def _mode_states(config: BenchConfig, spec: ScenarioSpec) -> tuple[dict[str, Mod
 
 
 def _build_checked(config: BenchConfig, spec: ScenarioSpec, states: Mapping[str, ModeState], runtime: Runtime,
-                   progress: Progress) -> tuple[BuiltScenario, dict[str, BuiltScenario], dict[str, str]]:
+                   progress: Progress, *, check_banks: bool = True
+                   ) -> tuple[BuiltScenario, dict[str, BuiltScenario], dict[str, str]]:
     """(the built scenario, its arm per adapter, each arm's base fingerprint), with every stream's bank checked
-    against them and each state's per-task recipes set: every refusal happens before any training."""
+    against them (unless not ``check_banks``: selection's trials bank elsewhere) and each state's per-task recipes
+    set: every refusal happens before any training."""
     from editkit.scenario.spec import task_recipes
     from editkit.scenario.build import build_scenario
 
@@ -258,6 +265,8 @@ def _build_checked(config: BenchConfig, spec: ScenarioSpec, states: Mapping[str,
         arm = arms[state.recipe.adapter]
         per_task = task_recipes(spec, **state.overrides)
         state.task_recipes = {n: per_task[n].resolved(len(built.task(n).train)).to_dict() for n in tasks}
+        if not check_banks:
+            continue
         shapes = {n: tuple(p.shape) for n, p in arm.backbone.module.named_parameters()}
         check_bank(state.bank, scenario=spec.name, tasks=tasks, mode=state.recipe.mode, recipes=state.task_recipes,
                    base=bases[state.recipe.adapter], backbone=built.backbone.name, shapes=shapes, spec=spec,
@@ -300,6 +309,45 @@ def _aggregated(config: BenchConfig, spec: ScenarioSpec, over: str, repeats: Seq
     report["run_dir"] = str(run_dir)
     write_outputs(report, run_dir)
     return BenchResult(report, run_dir)
+
+
+# --------------------------------------------------------------------------- selection (--tune)
+
+
+def _tuned(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: Progress) -> BenchConfig:
+    """``config`` with every row's learning rate and own coefficient chosen on the first ``config.tune``
+    experiences' validation splits (:mod:`editkit.runs.bench.selection`), its streams banked under
+    ``<bank-root>/tuned``; every refusal a bench makes comes before the first trial."""
+    from editkit.runs.bench import selection
+    from editkit.scenario.spec import task_recipes
+
+    selection.check_tune(config.tune, len(spec.tasks))
+    protocols = config.protocols_of(spec)
+    states, _ = _mode_states(config, spec)
+    built, arms, _ = _build_checked(config, spec, states, runtime, progress, check_banks=False)
+    first = spec.task_names[: config.tune]
+    streams = {label: selection.stream_trials(config, spec, arms[state.recipe.adapter], state, runtime=runtime,
+                                              progress=progress, protocols=protocols, experiences=config.tune)
+               for label, state in states.items()}
+    per_task = task_recipes(spec, **config.recipe)
+    recipes = [per_task[n].resolved(len(built.task(n).train)) for n in first]
+    params = STRATEGIES.parse_params(config.strategy_params)
+    strategies = {name: selection.strategy_trials(name, built, recipes, params.get(name, {}), runtime=runtime,
+                                                  progress=progress, protocols=protocols, experiences=config.tune)
+                  for name in config.strategies}
+    chosen = {**streams, **strategies}
+    row_recipes = {label: {k: v for k, v in (("lr", e["chosen"]["lr"]), ("lam", e["chosen"]["coefficient"]))
+                           if v is not None} for label, e in streams.items()}
+    tuned_params = [p for p in config.strategy_params
+                    if not any(p.startswith(f"{name}.{e['coefficient']}=") for name, e in strategies.items())]
+    tuned_params += [f"{name}.{e['coefficient']}={e['chosen']['coefficient']!r}" for name, e in strategies.items()
+                     if e["coefficient"]]
+    record = {"experiences": first, "split": "val", "trials": selection.TRIALS, "protocols": list(protocols),
+              "objective": "mean over protocols of the validation accuracy after the last selection experience",
+              "rows": chosen}
+    return replace(config, row_recipes=row_recipes, strategy_params=tuple(tuned_params),
+                   strategy_lr={name: e["chosen"]["lr"] for name, e in strategies.items()},
+                   bank_root=Path(config.bank_root) / "tuned", selection=record).validated()
 
 
 # --------------------------------------------------------------------------- on a cluster (--ray)
@@ -363,9 +411,20 @@ def _strategy_unit(config: BenchConfig, spec: ScenarioSpec, name: str, options: 
     per_task = task_recipes(spec, **config.recipe)
     built = build_scenario(spec, seed=spec.recipe.with_overrides(**config.recipe).seed, build=config.build,
                            device=str(runtime.device), precision=runtime.precision)
-    return run_strategies([name], STRATEGIES.parse_params(config.strategy_params), built,
-                          [per_task[n].resolved(len(built.task(n).train)) for n in spec.task_names], runtime=runtime,
-                          progress=NullProgress())[name]
+    return _run_strategies(config, [name], built, per_task, spec.task_names, runtime, NullProgress(),
+                           config.protocols_of(spec))[name]
+
+
+def _run_strategies(config: BenchConfig, names: Sequence[str], built, per_task: Mapping[str, Recipe],
+                    tasks: Sequence[str], runtime: Runtime, progress: Progress, protocols: Sequence[str]) -> dict:
+    """Each strategy's runs under ``protocols``, over every task's resolved recipe at the strategy's own learning
+    rate where ``--tune`` chose one."""
+    params = STRATEGIES.parse_params(config.strategy_params)
+    recipes = [per_task[n].resolved(len(built.task(n).train)) for n in tasks]
+    return {name: run_strategies([name], params, built,
+                                 [r.with_overrides(lr=config.strategy_lr[name]) if name in config.strategy_lr else r
+                                  for r in recipes], runtime=runtime, progress=progress, protocols=protocols)[name]
+            for name in names}
 
 
 def _evaluation_unit(config: BenchConfig, spec: ScenarioSpec, extras: bool, done: _Done, options: dict

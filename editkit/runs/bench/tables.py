@@ -37,10 +37,11 @@ def addition_table(report: Mapping[str, Any]):
         table.add_column(t, justify="right")
     table.add_column("absolute", justify="right", style="bold")
     table.add_column("normalized", justify="right", style="bold")
-    table.add_column("class-incr.", justify="right")
-    table.caption = ("absolute / normalized: task-incremental (each task through its own head); class-incr.: each "
-                     "task's inputs classified among every task's classes without the task id, the heads' "
-                     "log-probabilities compared")
+    table.add_column("class-IL", justify="right")
+    table.caption = ("absolute / normalized: task-incremental (each task through its own head, the task id "
+                     "given); class-IL: class-incremental, every input classified among every task's classes "
+                     "without the task id (merged models: by the class prototypes banked beside each vector; θ0: "
+                     "its own prototypes; strategies: trained so, Avalanche's IncrementalClassifier)")
     table.caption_justify = "left"
     previous = None
     for row in report["addition"]["rows"]:
@@ -54,7 +55,8 @@ def addition_table(report: Mapping[str, Any]):
             coef = f"{symbol}={_num(row['alpha'])} (tuned)"
         else:
             coef = f"{symbol}={_num(row['alpha'])}"
-        table.add_row(row["label"], row["variant"] or "—", coef, *[pct(row["per_task"][t]) for t in tasks],
+        per_task = row["per_task"] or {}  # a strategy run under the class protocol alone has no task-IL scores
+        table.add_row(row["label"], row["variant"] or "—", coef, *[pct(per_task.get(t)) for t in tasks],
                       _accuracy(row, "absolute"), _accuracy(row, "normalized"), _accuracy(row, "class_incremental"))
     return table
 
@@ -146,22 +148,40 @@ def cost_table(report: Mapping[str, Any]):
 
 
 def continual_table(report: Mapping[str, Any]):
-    """Each stream's ACC, BWT and forgetting (the merged model after each step; mean ± std over repeats)."""
+    """Each stream's ACC, BWT and forgetting (the merged model after each step, a strategy's model after each
+    experience; mean ± std over repeats), task-incremental and, beside, class-incremental."""
     over = f", mean ± std over {describe(report)}" if "repeats" in report else ""
     table = Table(title=f"continual learning — the model after each step (test accuracy %{over}; "
                         "BWT < 0 and forgetting > 0 are what the later tasks took away)", title_justify="left")
+    sections = {"task-IL": report["continual"], "class-IL": report.get("continual_class_incremental") or {}}
+    shown = {name: section for name, section in sections.items() if section}
     table.add_column("stream / strategy")
-    for column in ("ACC", "BWT", "forgetting"):
-        table.add_column(column, justify="right")
-    for label, numbers in report["continual"].items():
-        cells = []
-        for key in ("acc", "bwt", "forgetting"):
-            value = numbers[key]
-            if isinstance(value, Mapping):
-                cells.append(f"{pct(value['mean'])} ± {pct(value['std'])}")
-            else:
-                cells.append(pct(value))
-        table.add_row(label, *cells)
+    for name in shown:
+        for column in ("ACC", "BWT", "forgetting"):
+            table.add_column(f"{name} {column}", justify="right")
+    for label in dict.fromkeys(key for section in shown.values() for key in section):
+        table.add_row(label, *[_continual(section.get(label), key) for section in shown.values()
+                               for key in ("acc", "bwt", "forgetting")])
+    return table
+
+
+def _continual(numbers: Mapping[str, Any] | None, key: str) -> str:
+    """One continual number in %, as ``mean ± std`` over repeats; "—" where the stream has none."""
+    value = None if numbers is None else numbers[key]
+    if isinstance(value, Mapping):
+        return f"{pct(value['mean'])} ± {pct(value['std'])}"
+    return pct(value)
+
+
+def kept_table(report: Mapping[str, Any]):
+    """What every row keeps of earlier tasks after the last one, in items and MiB (None for a report without it)."""
+    if not report.get("kept"):
+        return None
+    table = Table(title="what each row keeps of earlier tasks (after the last task)", title_justify="left")
+    for column in ("row", "kept", "items", "MiB"):
+        table.add_column(column, justify="right" if column in ("items", "MiB") else "left")
+    for label, kept in report["kept"].items():
+        table.add_row(label, kept["what"], str(kept["items"]), _num(kept["bytes"] / 2**20, 2))
     return table
 
 
@@ -184,15 +204,15 @@ def repeat_cost_table(report: Mapping[str, Any]):
 
 
 def strategy_cost_table(report: Mapping[str, Any]):
-    """Each Avalanche strategy's training cost (None when the bench ran none): time, peak memory, examples kept."""
+    """Each Avalanche strategy's training cost (None when the bench ran none): time and peak memory."""
     if not report.get("strategy_cost"):
         return None
     table = Table(title="cost of the Avalanche strategies (this machine)", title_justify="left")
-    for column in ("strategy", "train s", "steps", "s/step", "peak RSS MiB", "examples kept"):
+    for column in ("strategy", "train s", "steps", "s/step", "peak RSS MiB"):
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for name, c in report["strategy_cost"].items():
         table.add_row(name, _num(c["train_seconds"], 1), str(c["steps"]), _num(c["seconds_per_step"], 3),
-                      _num(c["peak_rss_mib"], 0), str(c["buffer_size"]))
+                      _num(c["peak_rss_mib"], 0))
     return table
 
 

@@ -1,0 +1,156 @@
+"""``editkit bench --tune N``: every row's learning rate and own coefficient chosen alike, on validation data.
+
+A table that puts tauJp beside the continual-learning strategies compares methods, not defaults, only when each
+row was selected the same way. The protocol is A-GEM's (Chaudhry et al., 2019): hyperparameters are chosen on the
+first ``N`` experiences of the stream, on their validation splits alone, and the whole stream then runs once with
+the choice. Every row gets the same number of trials (:data:`TRIALS`):
+
+- a row with a coefficient of its own (tauJp's ``lam``, EWC's ``ewc_lambda``, SI's ``si_lambda``, LwF's
+  ``alpha``) tries its learning rate times 1/3, 1, 3 and its coefficient times 0.1, 1, 10 (3 x 3);
+- a row without one (linear and non-linear task arithmetic, Naive, Replay, A-GEM, joint) tries nine learning
+  rates over the same span, evenly spaced in log scale.
+
+A trial's score is the mean over the bench's protocols of the row's accuracy on the first ``N`` tasks' validation
+splits (task-incremental: each task's head; class-incremental: among their classes) after the ``N``-th experience:
+for a stream, the merged model at coefficient 1; for a strategy, its model (a run under each protocol). One choice
+serves both protocols, for every row alike. The best trial wins (ties: the first in grid order, the defaults' own
+values sit in the middle of each axis). Trials' banks live under ``<bank-root>/tune/`` and are reused by a
+re-run; the tuned streams bank under ``<bank-root>/tuned/``, so untuned banks stay as they were.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from editkit.bank.store import Bank
+from editkit.errors import ConfigError
+from editkit.settings import default_bank_dir
+from editkit.util.progress import Progress
+
+#: Trials every row gets.
+TRIALS = 9
+#: A coefficient's factors (its row's learning rate takes :data:`LR_FACTORS` beside them).
+COEFFICIENT_FACTORS = (0.1, 1.0, 10.0)
+LR_FACTORS = (1 / 3, 1.0, 3.0)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One point of a row's grid: the learning rate, and the row's own coefficient (None: it has none)."""
+
+    lr: float
+    coefficient: float | None = None
+
+
+def trial_grid(lr: float, coefficient: float | None) -> list[Trial]:
+    """The :data:`TRIALS` points a row tries around its defaults (see the module docstring)."""
+    if coefficient is None:
+        return [Trial(float(lr * f)) for f in np.geomspace(LR_FACTORS[0], LR_FACTORS[-1], TRIALS)]
+    return [Trial(lr * a, coefficient * b) for a, b in itertools.product(LR_FACTORS, COEFFICIENT_FACTORS)]
+
+
+def check_tune(experiences: int, tasks: int) -> None:
+    """``--tune N`` needs N experiences to learn and one at least left to be scored on the whole stream."""
+    if not 0 < experiences < tasks:
+        raise ConfigError(f"--tune {experiences}: selection runs on the first N experiences of the stream's {tasks}; "
+                          f"give 1 to {tasks - 1} (A-GEM's protocol uses the first few)")
+
+
+def choose(grid: Sequence[Trial], scores: Sequence[float]) -> int:
+    """The best trial's index: the highest score, the first of equal ones."""
+    return int(np.argmax(np.asarray(scores, dtype=float)))
+
+
+def selection_entry(grid: Sequence[Trial], scores: Sequence[float], coefficient: str | None) -> dict[str, Any]:
+    """A row's part of ``report["selection"]``: what it tried, each trial's score and what it chose."""
+    best = choose(grid, scores)
+    return {"coefficient": coefficient, "trials": [dataclasses.asdict(t) for t in grid], "scores": list(scores),
+            "chosen": dataclasses.asdict(grid[best])}
+
+
+def _note(progress: Progress, row: str, index: int, trial: Trial, coefficient: str | None, score: float) -> None:
+    """One line per trial, as it ends: selection runs for a while before the first table."""
+    tried = f"lr {trial.lr:.3g}" + (f" {coefficient} {trial.coefficient:.3g}" if coefficient else "")
+    progress.note(f"tune {row}: trial {index + 1}/{TRIALS} {tried}: {100 * score:.1f}% on validation")
+
+
+def mean_accuracy(per_task: Mapping[str, float]) -> float:
+    return float(np.mean(list(per_task.values())))
+
+
+# --------------------------------------------------------------------------- streams
+
+
+def stream_trials(config, spec, built, state, *, runtime, progress: Progress, protocols: Sequence[str],
+                  experiences: int) -> dict[str, Any]:
+    """A stream's (a mode's, :class:`~editkit.runs.bench.report.ModeState`) trials on the first ``experiences``
+    tasks of ``built`` (its adapter's arm): each fine-tunes them into its own bank and scores the merged model on
+    their validation splits. Returns its :func:`selection_entry`."""
+    from editkit.eval.sweep import ModeEvaluator, SharedModels, TaskSplits
+    from editkit.runs.stream import run_scenario
+
+    first = spec.task_names[:experiences]
+    part = dataclasses.replace(spec, tasks=spec.tasks[:experiences])
+    arm = dataclasses.replace(built, spec=part, tasks=[built.task(n) for n in first])
+    recipe = state.recipe
+    coefficient = "lam" if recipe.mode.penalized else None
+    grid = trial_grid(recipe.lr, recipe.lam if coefficient else None)
+    module = runtime.place(arm.backbone.module)
+    data = TaskSplits(module, arm.tasks, batch_size=config.batch_size, xi_samples=1, progress=progress,
+                      runtime=runtime, batching=arm.backbone.batching)
+    heads = {n: arm.heads[n].eval() for n in first}
+    models, base = SharedModels.of(module), arm.backbone.fingerprint()
+    scores = []
+    for index, trial in enumerate(grid):
+        overrides = {**state.overrides, "lr": trial.lr, **({"lam": trial.coefficient} if coefficient else {})}
+        bank = default_bank_dir(spec.name, state.label, root=Path(config.bank_root) / "tune" / f"trial-{index}")
+        with tempfile.TemporaryDirectory(prefix="editkit-tune-") as scratch:
+            run_scenario(part, bank=bank, run_dir=scratch, resume=True, progress=progress, build=config.build,
+                         runtime=runtime, built=arm, **overrides)
+        ev = ModeEvaluator(recipe.mode.value, Bank(bank), {n: n for n in first}, data, heads, base, models,
+                           label=state.label)
+        if ev.linearized:
+            ev.compute_tangents(first, splits=("val",))
+        merged = {n: 1.0 for n in first}
+        scores.append(float(np.mean([_protocol_score(ev, merged, first, p) for p in protocols])))
+        _note(progress, state.label, index, trial, coefficient, scores[-1])
+    return selection_entry(grid, scores, coefficient)
+
+
+def _protocol_score(ev, combo: Mapping[str, float], tasks: Sequence[str], protocol: str) -> float:
+    """The merged model's mean validation accuracy on ``tasks`` under ``protocol``."""
+    if protocol == "task":
+        return mean_accuracy(ev.accuracies(combo, "val", tasks))
+    return mean_accuracy(ev.class_incremental_accuracies(combo, "val", tasks, among=tasks))
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+def strategy_trials(name: str, built, recipes: Sequence, options: Mapping[str, Any], *, runtime, progress: Progress,
+                    protocols: Sequence[str], experiences: int) -> dict[str, Any]:
+    """A strategy's trials on the first ``experiences`` tasks of ``built`` (``recipes``: theirs, resolved), each a
+    run under every protocol scored on their validation splits. Returns its :func:`selection_entry`."""
+    from editkit.integrations.avalanche.strategies import STRATEGIES, run_strategy
+
+    record = STRATEGIES[name]
+    coefficient = record.coefficient or None
+    value = STRATEGIES.options(name, options)[coefficient] if coefficient else None
+    grid = trial_grid(recipes[0].lr, value)
+    part = dataclasses.replace(built, tasks=list(built.tasks[:experiences]))
+    scores = []
+    for index, trial in enumerate(grid):
+        tried = [r.with_overrides(lr=trial.lr) for r in recipes[:experiences]]
+        chosen = {**options, **({coefficient: trial.coefficient} if coefficient else {})}
+        scores.append(float(np.mean([
+            mean_accuracy(run_strategy(name, part, tried, options=chosen, runtime=runtime, progress=progress,
+                                       protocol=p, split="val").rows[-1]) for p in protocols])))
+        _note(progress, name, index, trial, coefficient, scores[-1])
+    return selection_entry(grid, scores, coefficient)

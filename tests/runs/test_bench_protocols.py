@@ -1,0 +1,198 @@
+"""The bench's protocols, what each row keeps of earlier tasks, the claims against the strategies (ACC and BWT
+per protocol, never a strategy's own "normalized") and ``--tune``'s selection grid, on hand-written inputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from editkit.errors import ConfigError
+from editkit.runs.bench.claims import CONTINUAL, claims
+from editkit.runs.bench.config import BenchConfig
+from editkit.runs.bench.kept import inputs_bytes, total
+from editkit.runs.bench.report import METHOD_LABELS, with_backward_transfer
+from editkit.runs.bench.selection import TRIALS, Trial, check_tune, choose, trial_grid
+from editkit.scenario.spec import load_scenario
+from editkit.util.memory import nbytes
+from editkit.runs.bench.run import run_bench
+from helpers.scenarios import write_scenario
+
+MARGIN = 0.005
+
+
+# --- protocols -------------------------------------------------------------------------------------------------
+
+
+def test_protocols_default_to_every_one_a_scenario_runs_and_a_language_scenario_refuses_them():
+    vision, language = load_scenario("split-mnist"), load_scenario("toxic")
+    assert BenchConfig().validated().protocols_of(vision) == ("task", "class")
+    assert BenchConfig(protocols="class,task").validated().protocols == ("task", "class")  # PROTOCOLS' order
+    assert BenchConfig(protocols="class").validated().protocols_of(vision) == ("class",)
+    assert BenchConfig().validated().protocols_of(language) == ()
+    with pytest.raises(ConfigError, match="'toxic' is a language-model scenario, scored by perplexity"):
+        BenchConfig(protocols="class").validated().protocols_of(language)
+    with pytest.raises(ConfigError, match="unknown protocols 'clas'; choose from task, class"):
+        BenchConfig(protocols="clas").validated()
+
+
+# --- what each row keeps ---------------------------------------------------------------------------------------
+
+
+def test_nbytes_counts_data_as_it_is_held():
+    assert nbytes(torch.zeros(3, 32, 32)) == 3 * 32 * 32 * 4
+    assert nbytes(torch.zeros(5, dtype=torch.int64)) == 40
+    assert nbytes(np.zeros((2, 2), dtype=np.float16)) == 8
+    assert nbytes("héllo") == 6  # UTF-8
+    assert nbytes({"ids": torch.zeros(7, dtype=torch.int32), "mask": [1, 1]}) == 28 + 16
+    with pytest.raises(TypeError, match="object"):
+        nbytes(object())
+
+
+def test_inputs_bytes_scales_an_even_sample_to_the_count():
+    images = [torch.zeros(1, 28, 28)] * 1000
+    assert inputs_bytes(1000, images.__getitem__) == 1000 * 28 * 28 * 4
+    texts = ["x" * k for k in range(50)]  # up to SAMPLED inputs: every one counted
+    assert inputs_bytes(50, texts.__getitem__) == sum(range(50))
+    texts = ["ab", "abcd"] * 512  # more: an even sample (every 16th: the short ones) scaled to the count
+    assert inputs_bytes(1024, texts.__getitem__) == 2 * 1024
+    assert inputs_bytes(0, texts.__getitem__) == 0
+
+
+def test_a_rows_entry_sums_its_parts_and_names_what_it_keeps():
+    kept = total([{"what": "vectors", "items": 2, "bytes": 100}, {"what": "curvature", "items": 0, "bytes": 0},
+                  {"what": "class prototypes", "items": 4, "bytes": 64}])
+    assert kept == {"what": "vectors; class prototypes", "items": 6, "bytes": 164,
+                    "parts": [{"what": "vectors", "items": 2, "bytes": 100},
+                              {"what": "class prototypes", "items": 4, "bytes": 64}]}
+    assert total([]) == {"what": "nothing", "items": 0, "bytes": 0, "parts": []}
+
+
+# --- claims against the strategies -----------------------------------------------------------------------------
+
+
+def _row(method, variant, coefficient, absolute, normalized=None, **extra):
+    return {"method": method, "label": METHOD_LABELS[method], "mode": variant if variant != "avalanche" else None,
+            "variant": variant, "coefficient": coefficient, "alpha": 1.0 if coefficient else None,
+            "absolute": absolute, "normalized": normalized, "per_task": {}, **extra}
+
+
+def test_rows_that_are_streams_of_models_carry_their_bwt_per_protocol():
+    rows = [_row("task-arithmetic", "taujp", "1.0", 0.9, 0.95), _row("task-arithmetic", "taujp", "tuned", 0.9, 0.95),
+            _row("lwf", "avalanche", None, 0.8), _row("pretrained", None, None, 0.5)]
+    continual = {"taujp": {"bwt": -0.01}, "lwf": {"bwt": -0.05}}
+    with_backward_transfer(rows, continual, {"taujp": {"bwt": -0.2}})
+    assert [(r["bwt"], r["class_bwt"]) for r in rows] == [(-0.01, -0.2), (None, None), (-0.05, None), (None, None)]
+
+
+def test_taujp_meets_the_strategies_on_acc_and_bwt_of_each_protocol_not_on_their_normalized():
+    ours = _row("task-arithmetic", "taujp", "1.0", 0.90, 0.97, bwt=-0.010, class_incremental=0.60, class_bwt=-0.10)
+    lwf = _row("lwf", "avalanche", None, 0.92, 0.99, bwt=-0.030, class_incremental=0.20, class_bwt=-0.70)
+    ewc = _row("ewc", "avalanche", None, 0.88, 0.999, bwt=-0.005, class_incremental=0.25, class_bwt=-0.60)
+    replay = _row("replay", "avalanche", None, 0.95, None, bwt=-0.002, class_incremental=0.80, class_bwt=-0.15)
+    rows = [_row("pretrained", None, None, 0.5), _row("task-arithmetic", "linear", "tuned", 0.85, 0.9), ours, lwf,
+            ewc, replay]
+    judged = claims(rows, MARGIN)["vs_strategies"]
+    free = judged["rehearsal_free"]
+    assert set(free) == set(CONTINUAL) and "normalized" not in free
+    assert free["absolute"]["verdict"] == "behind" and free["absolute"]["against"]["method"] == "lwf"
+    assert free["bwt"]["verdict"] == "tie" and free["bwt"]["against"]["method"] == "ewc"  # -0.010 vs -0.005
+    assert free["class_incremental"]["verdict"] == "ahead" and free["class_incremental"]["difference"] == pytest.approx(0.35)
+    assert free["class_bwt"]["verdict"] == "ahead" and free["class_bwt"]["against"]["method"] == "ewc"
+    assert judged["rehearsal"]["class_incremental"]["verdict"] == "behind"
+    assert judged["rehearsal"]["class_incremental"]["difference"] == pytest.approx(-0.20)
+
+
+def test_a_protocol_not_run_is_not_claimed():
+    ours = _row("task-arithmetic", "taujp", "1.0", 0.90, 0.97, bwt=-0.01, class_incremental=None, class_bwt=None)
+    naive = _row("naive", "avalanche", None, 0.80, bwt=-0.2, class_incremental=None, class_bwt=None)
+    free = claims([_row("pretrained", None, None, 0.5), ours, naive], MARGIN)["vs_strategies"]["rehearsal_free"]
+    assert free["class_incremental"] is None and free["class_bwt"] is None
+    assert free["absolute"]["verdict"] == "ahead"
+
+
+# --- selection (--tune) ----------------------------------------------------------------------------------------
+
+
+def test_every_row_gets_the_same_trials_around_its_defaults():
+    with_coefficient, lr_only = trial_grid(1e-4, 0.1), trial_grid(1e-4, None)
+    assert len(with_coefficient) == len(lr_only) == TRIALS
+    assert Trial(1e-4, 0.1) in with_coefficient  # the defaults are one trial
+    assert sorted({t.coefficient for t in with_coefficient}) == pytest.approx([0.01, 0.1, 1.0])
+    assert sorted({t.lr for t in with_coefficient}) == pytest.approx([1e-4 / 3, 1e-4, 3e-4])
+    lrs = [t.lr for t in lr_only]  # the same span, nine points evenly spaced in log scale, the default in the middle
+    assert lrs[0] == pytest.approx(1e-4 / 3) and lrs[-1] == pytest.approx(3e-4) and lrs[4] == pytest.approx(1e-4)
+    assert np.allclose(np.diff(np.log(lrs)), math.log(9) / 8)
+    assert all(t.coefficient is None for t in lr_only)
+
+
+def test_the_best_trial_wins_and_a_tie_goes_to_the_first():
+    grid = trial_grid(1.0, None)
+    assert choose(grid, [0.1, 0.5, 0.3, 0.5, 0, 0, 0, 0, 0]) == 1
+
+
+def test_tune_needs_an_experience_to_select_on_and_one_left():
+    check_tune(2, 5)
+    for bad in (0, 5, 7):
+        with pytest.raises(ConfigError, match="give 1 to 4"):
+            check_tune(bad, 5)
+    with pytest.raises(ConfigError, match="--tune is a number of experiences"):
+        BenchConfig(tune=-1).validated()
+
+
+# --- end to end ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def both_protocols(tmp_path_factory):
+    """A two-task bench of tauJp beside Naive and Replay, under both protocols: its report and bank root."""
+    root = tmp_path_factory.mktemp("protocols")
+    scenario = write_scenario(root, train_size=40, test_size=20)
+    config = BenchConfig(scenario=str(scenario), modes=("taujp",), methods=("task-arithmetic",),
+                         strategies=("naive", "replay"), strategy_params=("replay.mem_size=16",),
+                         recipe={"steps": 3}, bank_root=root / "banks", run_dir=root / "run", negation_grid=2,
+                         xi_grid=(0.0, 1.0), xi_samples=4)
+    return run_bench(config).report, root
+
+
+def test_every_row_is_scored_under_both_protocols(both_protocols):
+    report, _ = both_protocols
+    assert report["protocols"] == ["task", "class"]
+    rows = {(r["method"], r["variant"], r["coefficient"]): r for r in report["addition"]["rows"]}
+    ours = rows[("task-arithmetic", "taujp", "1.0")]
+    # the merged model at coefficient 1 is the stream's last model: its class-IL accuracy is the matrix's ACC
+    assert ours["class_incremental"] == pytest.approx(report["continual_class_incremental"]["taujp"]["acc"])
+    assert ours["bwt"] == report["continual"]["taujp"]["bwt"]
+    assert ours["class_bwt"] == report["continual_class_incremental"]["taujp"]["bwt"]
+    assert rows[("pretrained", None, None)]["class_incremental"] is not None
+    assert rows[("single-task", "taujp", None)]["class_incremental"] is None  # one model per task: no shared head
+    for name in ("naive", "replay"):
+        strategy = rows[(name, "avalanche", None)]
+        assert strategy["normalized"] is None and strategy["absolute"] == report["continual"][name]["acc"]
+        assert strategy["class_incremental"] == report["continual_class_incremental"][name]["acc"]
+        assert strategy["class_bwt"] == report["continual_class_incremental"][name]["bwt"]
+    assert set(report["claims"]["vs_strategies"]["rehearsal_free"]) == set(CONTINUAL)
+
+
+def test_the_kept_column_counts_what_each_row_holds_of_the_first_task(both_protocols):
+    """After the second task: tauJp keeps the first task's vector, its unlabeled inputs and its class prototypes
+    (and the generic source, no task's), theta_0 its own prototypes, Naive nothing, Replay its buffer."""
+    from editkit.bank.store import Bank
+
+    report, root = both_protocols
+    entry = Bank(root / "banks" / "bench-mini-taujp").get("digits")
+    examples, classes, features = (entry.prototypes[k] for k in ("examples", "classes", "features"))
+    image = 3 * 32 * 32 * 4  # an RGB float32 input at the scenario's 32 x 32
+    parts = {p["what"]: p for p in report["kept"]["taujp"]["parts"]}
+    assert parts["vectors"] == {"what": "vectors", "items": 1, "bytes": (root / "banks" / "bench-mini-taujp" /
+                                                                          entry.file).stat().st_size}
+    # every training input of the first task (its prototypes average them all: fewer than the cap a class)
+    assert parts["unlabeled inputs of every earlier task"] == {"what": "unlabeled inputs of every earlier task",
+                                                               "items": examples, "bytes": examples * image}
+    assert parts["generic unlabeled inputs"]["items"] == 64
+    assert parts["class prototypes"] == {"what": "class prototypes", "items": classes, "bytes": 4 * classes * features}
+    assert report["kept"]["pretrained"]["items"] == classes
+    assert report["kept"]["naive"]["items"] == 0
+    assert report["kept"]["replay"]["items"] == 16
