@@ -88,27 +88,24 @@ class Prototypes:
 
 
 def class_means(features: torch.Tensor, labels: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Per class, the mean of the L2-normalized ``features`` of its inputs (``counts`` of them, none empty):
-    (classes, features) fp32."""
+    """Per class, the mean of the L2-normalized ``features`` of its inputs (``counts`` of them): (classes,
+    features) fp32; a class without an input keeps a zero row, which :func:`task_bests` never chooses."""
     normalized = F.normalize(features.float(), dim=1)
     sums = torch.zeros(len(counts), normalized.shape[1]).index_add_(0, labels, normalized)
-    return sums / counts.unsqueeze(1)
+    return sums / counts.clamp(min=1).unsqueeze(1)
 
 
 def class_prototypes(tuned: torch.Tensor, pretrained: torch.Tensor, labels: torch.Tensor, classes: int, *,
                      task: str) -> Prototypes:
     """Task ``task``'s prototypes from its training inputs' features under its fine-tuned model (``tuned``) and
-    under theta_0 (``pretrained``), row for row with ``labels``; refuses a label out of range or a class with
-    no input, by task and class."""
+    under theta_0 (``pretrained``), row for row with ``labels``; refuses a label out of range by task and label.
+    A class no training input has (a small or skewed split) gets no prototype, a count of 0: its test inputs are
+    then always wrong, which the accuracy says, where a refusal here would lose the vector just trained."""
     labels = labels.long()
     outside = labels[(labels < 0) | (labels >= classes)]
     if len(outside):
         raise ConfigError(f"task {task}: label {int(outside[0])} is not one of its {classes} classes")
     counts = torch.bincount(labels, minlength=classes)
-    empty = (counts == 0).nonzero().flatten().tolist()
-    if empty:
-        raise ConfigError(f"task {task}: class(es) {', '.join(map(str, empty))} of its {classes} classes have no "
-                          "training input to build a prototype from")
     return Prototypes(class_means(tuned, labels, counts), class_means(pretrained, labels, counts), counts)
 
 
@@ -117,8 +114,15 @@ def task_bests(features: torch.Tensor, means: Sequence[torch.Tensor]) -> tuple[t
     to one of the task's prototypes and that class: two (inputs, tasks) tensors. Kept per task, so a choice
     among any subset of the tasks (:func:`winners`) needs no feature again."""
     unit = F.normalize(features.float(), dim=1)
-    bests = [(unit @ F.normalize(m.float(), dim=1).T).max(dim=1) for m in means]
+    bests = [_similarities(unit, m).max(dim=1) for m in means]
     return torch.stack([b.values for b in bests], dim=1), torch.stack([b.indices for b in bests], dim=1)
+
+
+def _similarities(unit: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity of each unit feature to each prototype; -inf to a class without one (a zero row: the
+    mean of unit vectors of a class with inputs is never exactly zero), so it cannot win."""
+    means = means.float()
+    return (unit @ F.normalize(means, dim=1).T).masked_fill(means.norm(dim=1) == 0, float("-inf"))
 
 
 def winners(values: torch.Tensor, classes: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:

@@ -31,10 +31,18 @@ def test_prototypes_are_per_class_means_of_the_normalized_features():
     assert found.describe() == {"format": "prototypes-1", "classes": 2, "features": 2, "examples": 4}
 
 
-def test_a_class_without_an_input_or_a_label_outside_the_classes_is_refused_by_task_and_class():
+def test_a_class_without_an_input_has_no_prototype_and_is_never_chosen():
+    """Classes 1 and 3 have no training input: count 0, a zero row, and an input facing away from every real
+    prototype still goes to the least far of them, not to an empty class's cosine of 0."""
+    features = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [2.0, 0.0, 0.0], [0.0, 3.0, 0.0]])
+    found = class_prototypes(features, features, torch.tensor([0, 2, 0, 2]), 4, task="cars")
+    assert found.counts.tolist() == [2, 0, 2, 0] and found.examples == 4
+    torch.testing.assert_close(found.tuned, torch.tensor([[1.0, 0, 0], [0, 0, 0], [0, 1.0, 0], [0, 0, 0]]))
+    assert nearest(torch.tensor([[-1.0, -2.0, 0.0], [-2.0, -1.0, 0.0], [0.0, 1.0, 0.1]]), [found.tuned]).tolist() == [0, 2, 2]
+
+
+def test_a_label_outside_the_classes_is_refused_by_task_and_label():
     features = torch.randn(4, 3)
-    with pytest.raises(ConfigError, match=r"task cars: class\(es\) 1, 3 of its 4 classes have no training input"):
-        class_prototypes(features, features, torch.tensor([0, 2, 0, 2]), 4, task="cars")
     with pytest.raises(ConfigError, match="task cars: label 5 is not one of its 3 classes"):
         class_prototypes(features, features, torch.tensor([0, 1, 2, 5]), 3, task="cars")
 
