@@ -623,6 +623,22 @@ def test_avalanche_strategies_run_the_same_stream_beside_the_modes(bench_run):
         assert [run["steps"] for run in got["strategy_cost"][name]["protocols"].values()] == [STEPS * len(TASKS)] * 2
         assert row["class_incremental"] == pytest.approx(np.mean(list(among[-1].values())))
     assert got["strategies"]["replay"]["options"]["task"]["mem_size"] == 50 and got["kept"]["replay"]["items"] == 50
+    # every row under both protocols: the merged model's class-IL accuracy at alpha = 1 is its matrix's ACC
+    ours = next(r for r in got["addition"]["rows"] if r["mode"] == "taujp" and r["coefficient"] == "1.0")
+    assert ours["class_incremental"] == pytest.approx(got["continual_class_incremental"]["taujp"]["acc"])
+    assert ours["class_bwt"] == got["continual_class_incremental"]["taujp"]["bwt"]
+    assert next(r for r in got["addition"]["rows"] if r["method"] == "single-task")["class_incremental"] is None
+    # what each row keeps after the last task, of the first: by hand from the bank and the inputs' size
+    entry = Bank(bench_run[0] / "banks" / f"{got['scenario']}-taujp").get(TASKS[0])
+    examples, classes, features = (entry.prototypes[k] for k in ("examples", "classes", "features"))
+    parts = {p["what"]: p for p in got["kept"]["taujp"]["parts"]}
+    assert parts["vectors"]["items"] == 1
+    assert parts["vectors"]["bytes"] == (bench_run[0] / "banks" / f"{got['scenario']}-taujp" / entry.file).stat().st_size
+    # every training input of the first task (its prototypes average them all: fewer than the cap a class), RGB fp32
+    assert parts["unlabeled inputs of every earlier task"]["items"] == examples
+    assert parts["unlabeled inputs of every earlier task"]["bytes"] == examples * 3 * 32 * 32 * 4
+    assert parts["class prototypes"] == {"what": "class prototypes", "items": classes, "bytes": 4 * classes * features}
+    assert got["kept"]["pretrained"]["items"] == classes and got["kept"]["naive"]["items"] == 0
     assert "continual-learning-baselines" in got["strategies"]["lwf"]["defaults_from"]
     ours = next(r for r in got["addition"]["rows"] if r["mode"] == "taujp" and r["coefficient"] == "1.0")
     free = got["claims"]["vs_strategies"]["rehearsal_free"]["absolute"]

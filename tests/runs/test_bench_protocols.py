@@ -145,54 +145,26 @@ def test_tune_needs_an_experience_to_select_on_and_one_left():
 # --- end to end ------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def both_protocols(tmp_path_factory):
-    """A two-task bench of tauJp beside Naive and Replay, under both protocols: its report and bank root."""
-    root = tmp_path_factory.mktemp("protocols")
-    scenario = write_scenario(root, train_size=40, test_size=20)
-    config = BenchConfig(scenario=str(scenario), modes=("taujp",), methods=("task-arithmetic",),
-                         strategies=("naive", "replay"), strategy_params=("replay.mem_size=16",),
-                         recipe={"steps": 3}, bank_root=root / "banks", run_dir=root / "run", negation_grid=2,
-                         xi_grid=(0.0, 1.0), xi_samples=4)
-    return run_bench(config).report, root
-
-
-def test_every_row_is_scored_under_both_protocols(both_protocols):
-    report, _ = both_protocols
-    assert report["protocols"] == ["task", "class"]
-    rows = {(r["method"], r["variant"], r["coefficient"]): r for r in report["addition"]["rows"]}
-    ours = rows[("task-arithmetic", "taujp", "1.0")]
-    # the merged model at coefficient 1 is the stream's last model: its class-IL accuracy is the matrix's ACC
-    assert ours["class_incremental"] == pytest.approx(report["continual_class_incremental"]["taujp"]["acc"])
-    assert ours["bwt"] == report["continual"]["taujp"]["bwt"]
-    assert ours["class_bwt"] == report["continual_class_incremental"]["taujp"]["bwt"]
-    assert rows[("pretrained", None, None)]["class_incremental"] is not None
-    assert rows[("single-task", "taujp", None)]["class_incremental"] is None  # one model per task: no shared head
-    for name in ("naive", "replay"):
-        strategy = rows[(name, "avalanche", None)]
-        assert strategy["normalized"] is None and strategy["absolute"] == report["continual"][name]["acc"]
-        assert strategy["class_incremental"] == report["continual_class_incremental"][name]["acc"]
-        assert strategy["class_bwt"] == report["continual_class_incremental"][name]["bwt"]
-    assert set(report["claims"]["vs_strategies"]["rehearsal_free"]) == set(CONTINUAL)
-
-
-def test_the_kept_column_counts_what_each_row_holds_of_the_first_task(both_protocols):
-    """After the second task: tauJp keeps the first task's vector, its unlabeled inputs and its class prototypes
-    (and the generic source, no task's), theta_0 its own prototypes, Naive nothing, Replay its buffer."""
+def test_tune_selects_every_row_on_validation_with_the_same_trials_and_runs_the_choice(tmp_path):
+    """--tune 1: tauJp's and EWC's nine trials on the first task's validation split, each row's choice the best of
+    its scores, then the whole stream once with it, banked apart from untuned banks."""
     from editkit.bank.store import Bank
 
-    report, root = both_protocols
-    entry = Bank(root / "banks" / "bench-mini-taujp").get("digits")
-    examples, classes, features = (entry.prototypes[k] for k in ("examples", "classes", "features"))
-    image = 3 * 32 * 32 * 4  # an RGB float32 input at the scenario's 32 x 32
-    parts = {p["what"]: p for p in report["kept"]["taujp"]["parts"]}
-    assert parts["vectors"] == {"what": "vectors", "items": 1, "bytes": (root / "banks" / "bench-mini-taujp" /
-                                                                          entry.file).stat().st_size}
-    # every training input of the first task (its prototypes average them all: fewer than the cap a class)
-    assert parts["unlabeled inputs of every earlier task"] == {"what": "unlabeled inputs of every earlier task",
-                                                               "items": examples, "bytes": examples * image}
-    assert parts["generic unlabeled inputs"]["items"] == 64
-    assert parts["class prototypes"] == {"what": "class prototypes", "items": classes, "bytes": 4 * classes * features}
-    assert report["kept"]["pretrained"]["items"] == classes
-    assert report["kept"]["naive"]["items"] == 0
-    assert report["kept"]["replay"]["items"] == 16
+    scenario = write_scenario(tmp_path, train_size=40, test_size=16)  # every class in each train split
+    report = run_bench(BenchConfig(
+        scenario=str(scenario), modes=("taujp",), methods=("task-arithmetic",), strategies=("ewc",),
+        protocols="task", tune=1, recipe={"steps": 2}, bank_root=tmp_path / "banks", run_dir=tmp_path / "run",
+        negation_grid=2, xi_grid=(0.0, 1.0), xi_samples=4)).report
+    selection = report["selection"]
+    assert selection["experiences"] == ["digits"] and selection["split"] == "val" and selection["trials"] == TRIALS
+    for row, coefficient, default in (("taujp", "lam", 0.1), ("ewc", "ewc_lambda", 1.0)):
+        entry = selection["rows"][row]
+        assert entry["coefficient"] == coefficient and len(entry["trials"]) == len(entry["scores"]) == TRIALS
+        assert {"lr": 1e-4, "coefficient": default} in entry["trials"]
+        assert entry["chosen"] == entry["trials"][int(np.argmax(entry["scores"]))]
+    chosen = selection["rows"]["taujp"]["chosen"]
+    recipe = Bank(tmp_path / "banks" / "tuned" / "bench-mini-taujp").get("mnist").recipe
+    assert (recipe["lr"], recipe["lam"]) == (pytest.approx(chosen["lr"]), pytest.approx(chosen["coefficient"]))
+    ewc = selection["rows"]["ewc"]["chosen"]
+    assert report["strategies"]["ewc"]["options"]["task"]["ewc_lambda"] == pytest.approx(ewc["coefficient"])
+    assert len(list((tmp_path / "banks" / "tune").iterdir())) == TRIALS  # one bank root per trial, kept for a re-run
