@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import dataclasses
 import functools
 import os
 import resource
@@ -112,7 +113,7 @@ class PeakRSS:
 
 def nbytes(value: object) -> int:
     """Bytes a value holds as data: a tensor's or array's elements, a string's UTF-8, the sum over a mapping's
-    values or a sequence's items, 8 for a number. What a method keeps of earlier tasks is counted with it, the
+    values, a sequence's items or a dataclass's fields, 8 for a number. What a method keeps of earlier tasks is counted with it, the
     same way whichever method keeps it (an example, a buffer, a model copy)."""
     if hasattr(value, "element_size") and hasattr(value, "numel"):  # torch.Tensor, without importing torch here
         return int(value.numel() * value.element_size())
@@ -128,4 +129,6 @@ def nbytes(value: object) -> int:
         return sum(nbytes(v) for v in value)
     if isinstance(value, (int, float, bool)):
         return 8
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a batch of texts: ids and mask
+        return sum(nbytes(getattr(value, f.name)) for f in dataclasses.fields(value))
     raise TypeError(f"cannot count the bytes of a {type(value).__name__}")

@@ -440,7 +440,8 @@ def test_the_bench_sections_hold_each_protocols_scores_kept_and_cost():
     assert got["continual"]["replay"] == continual_metrics(tasks, replay["task"].rows)
     assert got["continual_class_incremental"]["replay"] == continual_metrics(tasks, replay["class"].rows)
     assert got["strategies"]["replay"]["options"] == {"task": {"mem_size": 6}, "class": {"mem_size": 6}}
-    assert got["kept"]["replay"] == {**replay["task"].kept, "protocols": {p: replay[p].kept for p in PROTOCOLS}}
+    assert got["kept"]["replay"] == {**replay["task"].kept, "mib": replay["task"].kept["bytes"] / 2**20,
+                                     "protocols": {p: replay[p].kept for p in PROTOCOLS}}
     cost = got["strategy_cost"]["replay"]
     assert cost["steps"] == 12 and set(cost["protocols"]) == set(PROTOCOLS)
     assert cost["train_seconds"] == pytest.approx(sum(c["train_seconds"] for c in cost["protocols"].values()))

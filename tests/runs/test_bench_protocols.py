@@ -47,6 +47,9 @@ def test_nbytes_counts_data_as_it_is_held():
     assert nbytes(np.zeros((2, 2), dtype=np.float16)) == 8
     assert nbytes("héllo") == 6  # UTF-8
     assert nbytes({"ids": torch.zeros(7, dtype=torch.int32), "mask": [1, 1]}) == 28 + 16
+    from editkit.core.batching import SequenceBatch
+
+    assert nbytes(SequenceBatch(torch.zeros(2, 5, dtype=torch.int64), torch.ones(2, 5, dtype=torch.int64))) == 160
     with pytest.raises(TypeError, match="object"):
         nbytes(object())
 
@@ -64,10 +67,10 @@ def test_inputs_bytes_scales_an_even_sample_to_the_count():
 def test_a_rows_entry_sums_its_parts_and_names_what_it_keeps():
     kept = total([{"what": "vectors", "items": 2, "bytes": 100}, {"what": "curvature", "items": 0, "bytes": 0},
                   {"what": "class prototypes", "items": 4, "bytes": 64}])
-    assert kept == {"what": "vectors; class prototypes", "items": 6, "bytes": 164,
+    assert kept == {"what": "vectors; class prototypes", "items": 6, "bytes": 164, "mib": 164 / 2**20,
                     "parts": [{"what": "vectors", "items": 2, "bytes": 100},
                               {"what": "class prototypes", "items": 4, "bytes": 64}]}
-    assert total([]) == {"what": "nothing", "items": 0, "bytes": 0, "parts": []}
+    assert total([]) == {"what": "nothing", "items": 0, "bytes": 0, "mib": 0.0, "parts": []}
 
 
 # --- claims against the strategies -----------------------------------------------------------------------------

@@ -15,7 +15,7 @@ of the tasks before it:
 - **prototypes**: under the class-incremental protocol, each earlier task's class prototypes, one fp32 vector of
   features per class (the set the row classifies with: a stream's fine-tuned ones; theta_0's row its own).
 
-Each row's entry is ``{"what", "items", "bytes", "parts": [...]}``, the parts' sums in the first three.
+Each row's entry is ``{"what", "items", "bytes", "mib", "parts": [...]}``, the parts' sums in the first four.
 """
 
 from __future__ import annotations
@@ -35,10 +35,12 @@ def part(what: str, items: int, size: int) -> dict[str, Any]:
 
 
 def total(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """A row's entry: its parts and their sums (nothing kept: items and bytes 0, ``what`` "nothing")."""
+    """A row's entry: its parts and their sums, bytes also in MiB as tables show them (nothing kept: items and
+    bytes 0, ``what`` "nothing")."""
     kept = [p for p in parts if p["items"]]
+    size = sum(p["bytes"] for p in kept)
     return {"what": "; ".join(p["what"] for p in kept) or "nothing",
-            "items": sum(p["items"] for p in kept), "bytes": sum(p["bytes"] for p in kept), "parts": kept}
+            "items": sum(p["items"] for p in kept), "bytes": size, "mib": size / 2**20, "parts": kept}
 
 
 def inputs_bytes(count: int, read: Callable[[int], Any]) -> int:

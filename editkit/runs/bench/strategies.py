@@ -75,7 +75,8 @@ def strategy_kept(runs: Mapping[str, StrategyResult]) -> dict[str, Any]:
     own under ``protocols`` (the class protocol's model copy or weights carry its growing classifier, not the
     scenario's heads)."""
     first = next(iter(runs.values()))
-    return {**first.kept, "protocols": {protocol: dict(r.kept) for protocol, r in runs.items()}}
+    return {**first.kept, "mib": first.kept["bytes"] / 2**20,
+            "protocols": {protocol: dict(r.kept) for protocol, r in runs.items()}}
 
 
 def strategy_sections(results: Mapping[str, Mapping[str, StrategyResult]], tasks: Sequence[str]) -> dict[str, Any]:

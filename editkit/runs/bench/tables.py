@@ -181,7 +181,7 @@ def kept_table(report: Mapping[str, Any]):
     for column in ("row", "kept", "items", "MiB"):
         table.add_column(column, justify="right" if column in ("items", "MiB") else "left")
     for label, kept in report["kept"].items():
-        table.add_row(label, kept["what"], str(kept["items"]), _num(kept["bytes"] / 2**20, 2))
+        table.add_row(label, kept["what"], str(kept["items"]), _num(kept["mib"], 2))
     return table
 
 
