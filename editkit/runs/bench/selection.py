@@ -63,14 +63,14 @@ def check_tune(experiences: int, tasks: int) -> None:
                           f"give 1 to {tasks - 1} (A-GEM's protocol uses the first few)")
 
 
-def choose(grid: Sequence[Trial], scores: Sequence[float]) -> int:
+def choose(scores: Sequence[float]) -> int:
     """The best trial's index: the highest score, the first of equal ones."""
     return int(np.argmax(np.asarray(scores, dtype=float)))
 
 
 def selection_entry(grid: Sequence[Trial], scores: Sequence[float], coefficient: str | None) -> dict[str, Any]:
     """A row's part of ``report["selection"]``: what it tried, each trial's score and what it chose."""
-    best = choose(grid, scores)
+    best = choose(scores)
     return {"coefficient": coefficient, "trials": [dataclasses.asdict(t) for t in grid], "scores": list(scores),
             "chosen": dataclasses.asdict(grid[best])}
 
