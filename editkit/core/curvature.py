@@ -22,7 +22,11 @@ C_t is approximated per layer (blocks of different layers are taken as independe
 The layers are found by what the module *calls*, not by what classes it holds (a torch function mode sees each
 ``linear`` / ``conv2d`` / norm call with its weight): a package's own convolution class with its own padding is
 factored on the padded input it really convolves. A fused attention (``nn.MultiheadAttention``) calls its
-projections inside one function, so its weights take the diagonal.
+projections inside one function that the mode sees whole; for self-attention (query, key and value one tensor,
+the packed in-projection: a transformer's blocks, CLIP's) the mode runs that function itself as its two
+``linear`` calls around scaled dot-product attention, so the fused in-projection (q, k and v: one block) and the
+out-projection are factored. Any other use of it (separate key / value, ``bias_k``, dropout while training) runs
+as it is and its weights take the diagonal.
 
 Positions (a convolution's spatial positions, a sequence's tokens) are summed in G and averaged in A, so the
 product counts each position once, as in KFC.
@@ -30,6 +34,7 @@ product counts each position once, as in KFC.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from dataclasses import dataclass, field
@@ -204,6 +209,10 @@ class _Calls(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func is F.multi_head_attention_forward:
+            watched = _self_attention(self, {**_MHA_DEFAULTS, **dict(zip(_MHA_DEFAULTS, args)), **kwargs})
+            if watched is not None:
+                return watched
         out = func(*args, **kwargs)
         signature = _SIGNATURES.get(func)
         if signature is None or not isinstance(out, torch.Tensor) or not out.requires_grad:
@@ -235,6 +244,62 @@ _SIGNATURES: dict[Callable, tuple[str, ...]] = {
     F.linear: ("input", "weight", "bias"), torch.conv2d: _CONV, F.conv2d: _CONV,
     F.batch_norm: ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
     F.layer_norm: ("input", "normalized_shape", "weight", "bias", "eps")}
+
+
+#: ``F.multi_head_attention_forward``'s arguments in order, with their defaults (``inspect.Parameter.empty``
+#: where it has none).
+_MHA_DEFAULTS = {name: p.default for name, p in inspect.signature(F.multi_head_attention_forward).parameters.items()}
+
+
+def _self_attention(calls: _Calls, bound: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """A fused self-attention as the mode's own two ``linear`` calls (so both projections are factored) around
+    scaled dot-product attention, computed as ``F.multi_head_attention_forward`` computes it; None where the call
+    is not one (separate key / value or projections, extra key / value biases, zero attention, dropout while
+    training, unbatched input, or neither projection edited): it then runs as it is."""
+    query, weight = bound["query"], bound["in_proj_weight"]
+    edited = id(weight) in calls.names or id(bound["out_proj_weight"]) in calls.names
+    if not (edited and query is bound["key"] is bound["value"] and query.dim() == 3
+            and not bound["use_separate_proj_weight"] and bound["bias_k"] is None and bound["bias_v"] is None
+            and not bound["add_zero_attn"] and (bound["dropout_p"] == 0.0 or not bound["training"])
+            and bound["static_k"] is None and bound["static_v"] is None):
+        return None
+    length, batch, width = query.shape  # sequence first, as nn.MultiheadAttention hands it over
+    heads = bound["num_heads"]
+
+    def split(t: torch.Tensor) -> torch.Tensor:  # (length, batch, width) -> (batch * heads, length, width / heads)
+        return t.reshape(length, batch * heads, width // heads).transpose(0, 1)
+
+    def project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        # batch first for the mode, which reads a call's first dimension as its examples
+        return calls.__torch_function__(F.linear, (), (x.transpose(0, 1), w, b)).transpose(0, 1)
+
+    q, k, v = project(query, weight, bound["in_proj_bias"]).chunk(3, dim=-1)
+    scores = split(q) @ split(k).transpose(1, 2) / math.sqrt(width // heads) + _attention_mask(bound, query, heads)
+    weights = scores.softmax(dim=-1)
+    mixed = (weights @ split(v)).transpose(0, 1).reshape(length, batch, width)
+    out = project(mixed, bound["out_proj_weight"], bound["out_proj_bias"])
+    if not bound["need_weights"]:
+        return out, None
+    weights = weights.view(batch, heads, length, length)
+    return out, weights.mean(dim=1) if bound["average_attn_weights"] else weights
+
+
+def _attention_mask(bound: Mapping[str, Any], query: torch.Tensor, heads: int) -> torch.Tensor | float:
+    """The additive mask of ``attn_mask`` ((L, S) or (batch * heads, L, S)) and ``key_padding_mask`` ((batch, S)),
+    a boolean one's True entries as -inf, as ``F.multi_head_attention_forward`` reads them."""
+
+    def additive(mask: torch.Tensor) -> torch.Tensor:
+        if mask.dtype == torch.bool:
+            return torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill(mask, float("-inf"))
+        return mask.to(query.dtype)
+
+    total: torch.Tensor | float = 0.0
+    if bound["attn_mask"] is not None:
+        total = additive(bound["attn_mask"])
+    if bound["key_padding_mask"] is not None:
+        padding = additive(bound["key_padding_mask"])  # (batch, S) -> (batch * heads, 1, S)
+        total = total + padding[:, None, None, :].expand(-1, heads, 1, -1).reshape(-1, 1, padding.shape[-1])
+    return total
 
 
 def _layer_inputs(bound: Mapping[str, Any], conv: bool, with_bias: bool) -> tuple[torch.Tensor, int]:

@@ -263,3 +263,68 @@ def test_the_step_s_packed_form_is_the_curvature_s_quadratic():
     for combine in ("sum", "apart"):
         packed = CurvatureRegularizer([curvature], lam=1.0, squared=True, combine=combine).loss_of(tau)
         torch.testing.assert_close(packed, curvature.quadratic(tau), rtol=1e-5, atol=1e-7)
+
+
+class SelfAttention(nn.Module):
+    """nn.MultiheadAttention over a sequence, its output flattened as the features; a causal mask and padded
+    keys where asked."""
+
+    def __init__(self, batch_first: bool, masked: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.attn = nn.MultiheadAttention(6, 2, batch_first=batch_first)
+        self.batch_first, self.masked = batch_first, masked
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (batch, length, 6)
+        seq = x if self.batch_first else x.transpose(0, 1)
+        length = x.shape[1]
+        causal = torch.triu(torch.ones(length, length, dtype=torch.bool), 1) if self.masked else None
+        padded = (torch.arange(length) >= length - 1 - torch.arange(x.shape[0])[:, None] % 2) if self.masked else None
+        out = self.attn(seq, seq, seq, attn_mask=causal, key_padding_mask=padded)[0]
+        return (out if self.batch_first else out.transpose(0, 1)).flatten(1)
+
+
+@pytest.mark.parametrize("batch_first, masked", [(True, False), (False, False), (True, True)])
+def test_a_fused_attention_s_projections_are_factored_and_its_out_projection_exactly(batch_first, masked):
+    """Self-attention through nn.MultiheadAttention: its fused in-projection (q, k, v) and its out-projection get
+    Kronecker blocks, not diagonals. The out-projection alone is one linear layer on the features, so its block is
+    exact: it holds only if the attention the mode runs is the module's own (heads, scale, both masks)."""
+    module = SelfAttention(batch_first, masked).eval()
+    x = torch.randn(16, 5, 6, generator=torch.Generator().manual_seed(1))
+    fast = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)  # the exact form's jvp: torch's fused kernel has no forward AD
+    try:
+        check_attention(module, x)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast)
+
+
+def check_attention(module: nn.Module, x: torch.Tensor) -> None:
+    tau = vector(module)
+    out_only = {n: tau[n] for n in ("attn.out_proj.weight", "attn.out_proj.bias")}
+    curvature = compute_curvature(module, [x], names=list(out_only), exact=True)
+    assert set(curvature.blocks) == {"attn.out_proj.weight"} and not curvature.diagonal
+    want = exact_quadratic(module, x, out_only)
+    assert abs(curvature.quadratic(out_only).item() - want) / want < 1e-5
+    whole = compute_curvature(module, [x], exact=True)
+    assert set(whole.blocks) == {"attn.in_proj_weight", "attn.out_proj.weight"} and not whole.diagonal
+    error = abs(whole.quadratic(tau).item() - exact_quadratic(module, x, tau)) / exact_quadratic(module, x, tau)
+    print(f"whole attention: relative error {error:.3f}")
+    assert error < 0.5, error  # the in-projection's block is an approximation (softmax between it and the output)
+
+
+def test_an_attention_the_mode_cannot_run_as_linear_calls_takes_the_diagonal():
+    """Separate key and value: the call runs as it is, and its weights get the exact diagonal (per example)."""
+    torch.manual_seed(0)
+    attn = nn.MultiheadAttention(4, 1, batch_first=True, kdim=3, vdim=3).eval()
+
+    class Cross(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = attn
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.attn(x[..., :4], x[..., 4:], x[..., 4:])[0].flatten(1)
+
+    curvature = compute_curvature(Cross(), [torch.randn(4, 3, 7)], exact=True)
+    assert not curvature.blocks and "attn.q_proj_weight" in curvature.diagonal
