@@ -123,3 +123,39 @@ def test_a_killed_worker_is_rerun_and_resumes_from_its_bank(cluster, tmp_path):
     resumed = Bank(bank)
     assert resumed.names() == whole.names() == ["digits", "mnist"] and resumed.verify() == []
     assert all(torch.equal(resumed.load(n)[k], whole.load(n)[k]) for n in whole.names() for k in whole.load(n))
+
+
+@pytest.mark.slow
+def test_tune_on_ray_runs_every_trial_as_a_unit_and_chooses_as_one_process(cluster, tmp_path):
+    """--tune 1 --ray: tauJp's and EWC's nine trials each a unit of its own (one line each as it ends), the scores
+    and choices those of the plain command with one torch thread, and the tuned bench's rows too."""
+    from editkit.util.progress import NullProgress
+
+    class Lines(NullProgress):
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def note(self, message: str) -> None:
+            self.lines.append(message)
+
+    scenario = write_scenario(tmp_path, train_size=40, test_size=16)
+
+    def config(run: str, **extra) -> BenchConfig:
+        return BenchConfig(scenario=str(scenario), modes=("taujp",), methods=("task-arithmetic",), strategies=("ewc",),
+                           protocols="class", tune=1, recipe={"steps": 2}, bank_root=tmp_path / f"banks-{run}",
+                           run_dir=tmp_path / run, negation_grid=2, xi_grid=(0.0, 1.0), xi_samples=4, **extra)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        plain = run_bench(config("plain")).report
+    finally:
+        torch.set_num_threads(threads)
+    lines = Lines()
+    distributed = run_bench(config("ray", ray="auto"), progress=lines).report
+    assert distributed["selection"] == plain["selection"]
+    assert _numbers(distributed) == _numbers(plain)
+    for row in ("taujp", "ewc"):
+        done = [line for line in lines.lines if line.startswith(f"tune {row} trial ") and ": done on " in line]
+        assert len(done) == 9, lines.lines
+    assert len(list((tmp_path / "banks-ray" / "tune").iterdir())) == 9

@@ -326,15 +326,19 @@ def _tuned(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: 
     states, _ = _mode_states(config, spec)
     built, arms, _ = _build_checked(config, spec, states, runtime, progress, check_banks=False)
     first = spec.task_names[: config.tune]
-    streams = {label: selection.stream_trials(config, spec, arms[state.recipe.adapter], state, runtime=runtime,
-                                              progress=progress, protocols=protocols, experiences=config.tune)
-               for label, state in states.items()}
     per_task = task_recipes(spec, **config.recipe)
     recipes = [per_task[n].resolved(len(built.task(n).train)) for n in first]
     params = STRATEGIES.parse_params(config.strategy_params)
-    strategies = {name: selection.strategy_trials(name, built, recipes, params.get(name, {}), runtime=runtime,
+    if config.ray is not None:
+        streams, strategies = _trials_on_cluster(config, spec, states, recipes, params, runtime, progress)
+    else:
+        streams = {label: selection.stream_trials(config, spec, arms[state.recipe.adapter], state, runtime=runtime,
                                                   progress=progress, protocols=protocols, experiences=config.tune)
-                  for name in config.strategies}
+                   for label, state in states.items()}
+        strategies = {name: selection.strategy_trials(name, built, recipes, params.get(name, {}), runtime=runtime,
+                                                      progress=progress, protocols=protocols,
+                                                      experiences=config.tune)
+                      for name in config.strategies}
     chosen = {**streams, **strategies}
     row_recipes = {label: {k: v for k, v in (("lr", e["chosen"]["lr"]), ("lam", e["chosen"]["coefficient"]))
                            if v is not None} for label, e in streams.items()}
@@ -353,6 +357,62 @@ def _tuned(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: 
 # --------------------------------------------------------------------------- on a cluster (--ray)
 
 
+def _unit_options(runtime: Runtime) -> dict[str, Any]:
+    """What a unit needs to set its runtime up as the driver's (its threads are its CPUs)."""
+    return {"device": str(runtime.device), "precision": runtime.precision, "workers": runtime.workers,
+            "channels_last": runtime.channels_last}
+
+
+def _trials_on_cluster(config: BenchConfig, spec: ScenarioSpec, states: Mapping[str, ModeState],
+                       recipes: Sequence[Recipe], params: Mapping[str, dict], runtime: Runtime,
+                       progress: Progress) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``--tune`` with ``--ray``: every row's every trial a unit (it builds the scenario and trains the first
+    experiences itself), the scores gathered into each row's selection entry as one process gathers them. Returns
+    the streams' entries and the strategies'."""
+    from editkit.runs.bench import selection
+
+    progress.note(f"tune {spec.name} on {connect(config.ray)}")
+    check_shared([config.bank_root])
+    options, gpus = _unit_options(runtime), 1.0 if runtime.device.type == "cuda" else 0.0
+    grids = {label: selection.stream_grid(state) for label, state in states.items()}
+    grids.update({name: selection.strategy_grid(name, recipes, params.get(name, {})) for name in config.strategies})
+    calls = {**{label: _stream_trial_unit for label in states}, **{name: _strategy_trial_unit
+                                                                   for name in config.strategies}}
+    units = [Unit(f"tune {row} trial {i + 1}", calls[row], (config, spec, row, i, options), config.unit_cpus, gpus)
+             for row, (grid, _) in grids.items() for i in range(len(grid))]
+    scores = iter(run_units(units, progress))
+    entries = {row: selection.selection_entry(grid, [next(scores) for _ in grid], coefficient)
+               for row, (grid, coefficient) in grids.items()}
+    return ({label: entries[label] for label in states}, {name: entries[name] for name in config.strategies})
+
+
+def _stream_trial_unit(config: BenchConfig, spec: ScenarioSpec, label: str, index: int, options: dict) -> float:
+    """One selection trial of a mode's stream: its validation score."""
+    from editkit.runs.bench import selection
+
+    runtime = setup(**options)
+    states, _ = _mode_states(config, spec)
+    _, arms, _ = _build_checked(config, spec, states, runtime, NullProgress(), check_banks=False)
+    state = states[label]
+    grid, coefficient = selection.stream_grid(state)
+    trials = selection.StreamTrials(config, spec, arms[state.recipe.adapter], state, runtime=runtime,
+                                    progress=NullProgress(), protocols=config.protocols_of(spec),
+                                    experiences=config.tune)
+    return trials.score(index, grid[index], coefficient)
+
+
+def _strategy_trial_unit(config: BenchConfig, spec: ScenarioSpec, name: str, index: int, options: dict) -> float:
+    """One selection trial of a strategy: its validation score."""
+    from editkit.runs.bench import selection
+
+    runtime = setup(**options)
+    built, per_task = _strategy_scenario(config, spec, runtime)
+    recipes = [per_task[n].resolved(len(built.task(n).train)) for n in spec.task_names[: config.tune]]
+    options_of = STRATEGIES.parse_params(config.strategy_params).get(name, {})
+    return selection.strategy_trial(name, built, recipes, options_of, index, runtime=runtime, progress=NullProgress(),
+                                    protocols=config.protocols_of(spec), experiences=config.tune)
+
+
 def _run_on_cluster(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: Progress) -> BenchResult:
     """The bench's grid as Ray tasks (:mod:`editkit.runs.bench.cluster`): every repeat's streams and strategies
     at once, then every repeat's evaluation over its filled banks; the report assembled as one process does."""
@@ -362,9 +422,7 @@ def _run_on_cluster(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, p
         _bench_checks(one, reordered, runtime)
     check_shared([config.bank_root, config.run_directory(spec.recipe, spec.name)])
     progress.note(f"bench {spec.name} on {joined}: {len(ones)} repeat(s)")
-    options = {"device": str(runtime.device), "precision": runtime.precision, "workers": runtime.workers,
-               "channels_last": runtime.channels_last}
-    gpus = 1.0 if runtime.device.type == "cuda" else 0.0
+    options, gpus = _unit_options(runtime), 1.0 if runtime.device.type == "cuda" else 0.0
     prefix = [f"{r.name}/" for r in repeats] or [""]
     labels = [list(config.variants(reordered.recipe)) for _, reordered in ones]
     trained = run_units([Unit(f"{p}{label} stream", _stream_unit, (one, reordered, label, options), config.unit_cpus,
@@ -404,15 +462,20 @@ def _stream_unit(config: BenchConfig, spec: ScenarioSpec, label: str, options: d
 
 def _strategy_unit(config: BenchConfig, spec: ScenarioSpec, name: str, options: dict) -> Any:
     """One strategy's run over one repeat's stream (its result, as the report reads it)."""
+    runtime = setup(**options)
+    built, per_task = _strategy_scenario(config, spec, runtime)
+    return _run_strategies(config, [name], built, per_task, spec.task_names, runtime, NullProgress(),
+                           config.protocols_of(spec))[name]
+
+
+def _strategy_scenario(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime):
+    """A strategy unit's scenario, built as the driver builds it, and every task's recipe."""
     from editkit.scenario.build import build_scenario
     from editkit.scenario.spec import task_recipes
 
-    runtime = setup(**options)
-    per_task = task_recipes(spec, **config.recipe)
     built = build_scenario(spec, seed=spec.recipe.with_overrides(**config.recipe).seed, build=config.build,
                            device=str(runtime.device), precision=runtime.precision)
-    return _run_strategies(config, [name], built, per_task, spec.task_names, runtime, NullProgress(),
-                           config.protocols_of(spec))[name]
+    return built, task_recipes(spec, **config.recipe)
 
 
 def _run_strategies(config: BenchConfig, names: Sequence[str], built, per_task: Mapping[str, Recipe],

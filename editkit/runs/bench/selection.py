@@ -15,7 +15,9 @@ splits (task-incremental: each task's head; class-incremental: among their class
 for a stream, the merged model at coefficient 1; for a strategy, its model (a run under each protocol). One choice
 serves both protocols, for every row alike. The best trial wins (ties: the first in grid order, the defaults' own
 values sit in the middle of each axis). Trials' banks live under ``<bank-root>/tune/`` and are reused by a
-re-run; the tuned streams bank under ``<bank-root>/tuned/``, so untuned banks stay as they were.
+re-run; the tuned streams bank under ``<bank-root>/tuned/``, so untuned banks stay as they were. A trial is a
+function of its row and index alone (:class:`StreamTrials`, :func:`strategy_trial`), so ``--ray`` runs each as a unit
+of its own and gathers the scores as one process does.
 """
 
 from __future__ import annotations
@@ -88,40 +90,62 @@ def mean_accuracy(per_task: Mapping[str, float]) -> float:
 # --------------------------------------------------------------------------- streams
 
 
+def stream_grid(state) -> tuple[list[Trial], str | None]:
+    """A stream's (a mode's, :class:`~editkit.runs.bench.report.ModeState`) trials and the name of its coefficient
+    (``lam`` where its mode is penalised)."""
+    coefficient = "lam" if state.recipe.mode.penalized else None
+    return trial_grid(state.recipe.lr, state.recipe.lam if coefficient else None), coefficient
+
+
+class StreamTrials:
+    """What a stream's trials share on the first ``experiences`` tasks of ``built`` (its adapter's arm): theta_0
+    placed once, the validation splits' features and the heads; :meth:`score` runs one trial."""
+
+    def __init__(self, config, spec, built, state, *, runtime, progress: Progress, protocols: Sequence[str],
+                 experiences: int) -> None:
+        from editkit.eval.sweep import SharedModels, TaskSplits
+
+        self.config, self.state, self.runtime, self.progress, self.protocols = config, state, runtime, progress, protocols
+        self.first = spec.task_names[:experiences]
+        self.part = dataclasses.replace(spec, tasks=spec.tasks[:experiences])
+        self.arm = dataclasses.replace(built, spec=self.part, tasks=[built.task(n) for n in self.first])
+        module = runtime.place(self.arm.backbone.module)
+        self.data = TaskSplits(module, self.arm.tasks, batch_size=config.batch_size, xi_samples=1, progress=progress,
+                               runtime=runtime, batching=self.arm.backbone.batching)
+        self.heads = {n: self.arm.heads[n].eval() for n in self.first}
+        self.models, self.base = SharedModels.of(module), self.arm.backbone.fingerprint()
+
+    def score(self, index: int, trial: Trial, coefficient: str | None) -> float:
+        """Trial ``index``: fine-tune the first tasks into its own bank (reused by a re-run) and score the merged
+        model at coefficient 1 on their validation splits, the mean over the protocols."""
+        from editkit.eval.sweep import ModeEvaluator
+        from editkit.runs.stream import run_scenario
+
+        state = self.state
+        overrides = {**state.overrides, "lr": trial.lr, **({"lam": trial.coefficient} if coefficient else {})}
+        bank = default_bank_dir(self.part.name, state.label,
+                                root=Path(self.config.bank_root) / "tune" / f"trial-{index}")
+        with tempfile.TemporaryDirectory(prefix="editkit-tune-") as scratch:
+            run_scenario(self.part, bank=bank, run_dir=scratch, resume=True, progress=self.progress,
+                         build=self.config.build, runtime=self.runtime, built=self.arm, **overrides)
+        ev = ModeEvaluator(state.recipe.mode.value, Bank(bank), {n: n for n in self.first}, self.data, self.heads,
+                           self.base, self.models, label=state.label)
+        if ev.linearized:
+            ev.compute_tangents(self.first, splits=("val",))
+        merged = {n: 1.0 for n in self.first}
+        score = float(np.mean([_protocol_score(ev, merged, self.first, p) for p in self.protocols]))
+        _note(self.progress, state.label, index, trial, coefficient, score)
+        return score
+
+
 def stream_trials(config, spec, built, state, *, runtime, progress: Progress, protocols: Sequence[str],
                   experiences: int) -> dict[str, Any]:
-    """A stream's (a mode's, :class:`~editkit.runs.bench.report.ModeState`) trials on the first ``experiences``
-    tasks of ``built`` (its adapter's arm): each fine-tunes them into its own bank and scores the merged model on
-    their validation splits. Returns its :func:`selection_entry`."""
-    from editkit.eval.sweep import ModeEvaluator, SharedModels, TaskSplits
-    from editkit.runs.stream import run_scenario
-
-    first = spec.task_names[:experiences]
-    part = dataclasses.replace(spec, tasks=spec.tasks[:experiences])
-    arm = dataclasses.replace(built, spec=part, tasks=[built.task(n) for n in first])
-    recipe = state.recipe
-    coefficient = "lam" if recipe.mode.penalized else None
-    grid = trial_grid(recipe.lr, recipe.lam if coefficient else None)
-    module = runtime.place(arm.backbone.module)
-    data = TaskSplits(module, arm.tasks, batch_size=config.batch_size, xi_samples=1, progress=progress,
-                      runtime=runtime, batching=arm.backbone.batching)
-    heads = {n: arm.heads[n].eval() for n in first}
-    models, base = SharedModels.of(module), arm.backbone.fingerprint()
-    scores = []
-    for index, trial in enumerate(grid):
-        overrides = {**state.overrides, "lr": trial.lr, **({"lam": trial.coefficient} if coefficient else {})}
-        bank = default_bank_dir(spec.name, state.label, root=Path(config.bank_root) / "tune" / f"trial-{index}")
-        with tempfile.TemporaryDirectory(prefix="editkit-tune-") as scratch:
-            run_scenario(part, bank=bank, run_dir=scratch, resume=True, progress=progress, build=config.build,
-                         runtime=runtime, built=arm, **overrides)
-        ev = ModeEvaluator(recipe.mode.value, Bank(bank), {n: n for n in first}, data, heads, base, models,
-                           label=state.label)
-        if ev.linearized:
-            ev.compute_tangents(first, splits=("val",))
-        merged = {n: 1.0 for n in first}
-        scores.append(float(np.mean([_protocol_score(ev, merged, first, p) for p in protocols])))
-        _note(progress, state.label, index, trial, coefficient, scores[-1])
-    return selection_entry(grid, scores, coefficient)
+    """A stream's trials, one after another in this process: each fine-tunes the first ``experiences`` tasks into
+    its own bank and scores the merged model on their validation splits. Returns its :func:`selection_entry`."""
+    grid, coefficient = stream_grid(state)
+    trials = StreamTrials(config, spec, built, state, runtime=runtime, progress=progress, protocols=protocols,
+                          experiences=experiences)
+    return selection_entry(grid, [trials.score(i, t, coefficient) for i, t in enumerate(grid)], coefficient)
 
 
 def _protocol_score(ev, combo: Mapping[str, float], tasks: Sequence[str], protocol: str) -> float:
@@ -134,23 +158,38 @@ def _protocol_score(ev, combo: Mapping[str, float], tasks: Sequence[str], protoc
 # --------------------------------------------------------------------------- strategies
 
 
+def strategy_grid(name: str, recipes: Sequence, options: Mapping[str, Any]) -> tuple[list[Trial], str | None]:
+    """A strategy's trials around its learning rate (the first task's recipe's) and its coefficient's value
+    (``options``, else its default), and the coefficient's name (None: it has none)."""
+    from editkit.integrations.avalanche.strategies import STRATEGIES
+
+    coefficient = STRATEGIES[name].coefficient or None
+    value = STRATEGIES.options(name, options)[coefficient] if coefficient else None
+    return trial_grid(recipes[0].lr, value), coefficient
+
+
+def strategy_trial(name: str, built, recipes: Sequence, options: Mapping[str, Any], index: int, *, runtime,
+                   progress: Progress, protocols: Sequence[str], experiences: int) -> float:
+    """Trial ``index`` of a strategy on the first ``experiences`` tasks of ``built`` (``recipes``: theirs,
+    resolved): a run under every protocol, scored on their validation splits (the mean over the protocols)."""
+    from editkit.integrations.avalanche.strategies import run_strategy
+
+    grid, coefficient = strategy_grid(name, recipes, options)
+    trial = grid[index]
+    part = dataclasses.replace(built, tasks=list(built.tasks[:experiences]))
+    tried = [r.with_overrides(lr=trial.lr) for r in recipes[:experiences]]
+    chosen = {**options, **({coefficient: trial.coefficient} if coefficient else {})}
+    score = float(np.mean([mean_accuracy(run_strategy(name, part, tried, options=chosen, runtime=runtime,
+                                                      progress=progress, protocol=p, split="val").rows[-1])
+                           for p in protocols]))
+    _note(progress, name, index, trial, coefficient, score)
+    return score
+
+
 def strategy_trials(name: str, built, recipes: Sequence, options: Mapping[str, Any], *, runtime, progress: Progress,
                     protocols: Sequence[str], experiences: int) -> dict[str, Any]:
-    """A strategy's trials on the first ``experiences`` tasks of ``built`` (``recipes``: theirs, resolved), each a
-    run under every protocol scored on their validation splits. Returns its :func:`selection_entry`."""
-    from editkit.integrations.avalanche.strategies import STRATEGIES, run_strategy
-
-    record = STRATEGIES[name]
-    coefficient = record.coefficient or None
-    value = STRATEGIES.options(name, options)[coefficient] if coefficient else None
-    grid = trial_grid(recipes[0].lr, value)
-    part = dataclasses.replace(built, tasks=list(built.tasks[:experiences]))
-    scores = []
-    for index, trial in enumerate(grid):
-        tried = [r.with_overrides(lr=trial.lr) for r in recipes[:experiences]]
-        chosen = {**options, **({coefficient: trial.coefficient} if coefficient else {})}
-        scores.append(float(np.mean([
-            mean_accuracy(run_strategy(name, part, tried, options=chosen, runtime=runtime, progress=progress,
-                                       protocol=p, split="val").rows[-1]) for p in protocols])))
-        _note(progress, name, index, trial, coefficient, scores[-1])
-    return selection_entry(grid, scores, coefficient)
+    """A strategy's trials, one after another in this process. Returns its :func:`selection_entry`."""
+    grid, coefficient = strategy_grid(name, recipes, options)
+    return selection_entry(grid, [strategy_trial(name, built, recipes, options, i, runtime=runtime, progress=progress,
+                                                 protocols=protocols, experiences=experiences)
+                                  for i in range(len(grid))], coefficient)
