@@ -48,16 +48,10 @@ class ClassIncrementalModel(nn.Module):
 
     @property
     def theta(self) -> list[nn.Parameter]:
-        """What the strategy trains: the backbone's weights and the classifier's, as the classifier is now (it is
-        replaced when it grows, so this is read again for each experience)."""
+        """What the strategy trains (what :class:`~editkit.integrations.avalanche.plugin.StepBudget`'s optimizer
+        and clipping take): the backbone's weights and the classifier's, as the classifier is now (it is replaced
+        when it grows, so this is read again for each experience)."""
         return [*self.features.theta, *self.classifier.parameters()]
-
-    @property
-    def task_model(self) -> "ClassIncrementalModel":
-        """The model whose ``theta`` the recipe's optimizer and clipping take
-        (:class:`~editkit.integrations.avalanche.plugin.StepBudget` reads ``model.task_model.theta``, the task
-        protocol's backbone weights): here the whole model, so the growing classifier is trained too."""
-        return self
 
     def forward(self, x: Any) -> torch.Tensor:
         """Logits over every class seen so far (fp32 whatever the :attr:`forward_context`: the strategy's loss is

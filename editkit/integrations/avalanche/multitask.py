@@ -102,6 +102,11 @@ class MultiHeadTaskModel(MultiTaskModule):
         self.forward_context: Callable[[], ContextManager] = contextlib.nullcontext
         self._last = _LastFeatures()
 
+    @property
+    def theta(self) -> list[nn.Parameter]:
+        """What a strategy trains: the task model's copy of the backbone's weights (the heads are fixed)."""
+        return list(self.task_model.theta)
+
     def set_mode(self, mode: str) -> None:
         """Train and evaluate in ``mode``; the task model is rebuilt around theta_0 only when the mode
         changes between linearized and plain (``taujp`` and ``linear`` share one linearized model)."""

@@ -332,12 +332,12 @@ class StepBudget(SupervisedPlugin):
     def before_training_exp(self, strategy, **kwargs) -> None:
         self._budget = self.steps[self._call]
         recipe = self.recipe.with_overrides(steps=self._budget, epochs=None)
-        strategy.optimizer, self._schedule = optimizer_for(list(strategy.model.task_model.theta), recipe)
+        strategy.optimizer, self._schedule = optimizer_for(strategy.model.theta, recipe)
         self._count = 0
         self._started = time.perf_counter()
 
     def before_update(self, strategy, **kwargs) -> None:
-        clip_gradients([p for p in strategy.model.task_model.theta if p.grad is not None], self.recipe.grad_clip)
+        clip_gradients([p for p in strategy.model.theta if p.grad is not None], self.recipe.grad_clip)
 
     def after_update(self, strategy, **kwargs) -> None:
         self._schedule.step()

@@ -281,7 +281,7 @@ def run_strategy(name: str, built, recipes: Sequence, *, options: Mapping[str, A
         model.forward_context = runtime.autocast  # its forwards in the precision editkit's modes train in
         strategy = spec.build(
             # a placeholder: StepBudget gives each experience a fresh optimizer with the recipe's schedule
-            model=model, optimizer=torch.optim.AdamW(list(model.task_model.theta), lr=recipe.lr),
+            model=model, optimizer=torch.optim.AdamW(model.theta, lr=recipe.lr),
             criterion=torch.nn.CrossEntropyLoss(), train_mb_size=recipe.batch_size,
             train_epochs=max(steps) + 1,  # every epoch takes a step at least: the budget ends each experience
             eval_mb_size=256, device=runtime.device, plugins=[budget], evaluator=EvaluationPlugin(), eval_every=-1,
