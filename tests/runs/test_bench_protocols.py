@@ -12,7 +12,7 @@ import torch
 from editkit.errors import ConfigError
 from editkit.runs.bench.claims import CONTINUAL, claims
 from editkit.runs.bench.config import BenchConfig
-from editkit.runs.bench.kept import inputs_bytes, total
+from editkit.runs.bench.kept import inputs_bytes, stream_kept, total
 from editkit.runs.bench.report import METHOD_LABELS, with_backward_transfer
 from editkit.runs.bench.selection import TRIALS, Trial, check_tune, choose, trial_grid
 from editkit.scenario.spec import load_scenario
@@ -71,6 +71,32 @@ def test_a_rows_entry_sums_its_parts_and_names_what_it_keeps():
                     "parts": [{"what": "vectors", "items": 2, "bytes": 100},
                               {"what": "class prototypes", "items": 4, "bytes": 64}]}
     assert total([]) == {"what": "nothing", "items": 0, "bytes": 0, "mib": 0.0, "parts": []}
+
+
+def test_a_stream_keeps_the_generic_source_under_either_penalty_and_curvature_files_under_kfac(tmp_path):
+    """Both penalties read the generic source (drawn from; its curvature computed from it each stream), so both
+    keep its inputs; kfac keeps each earlier task's curvature file instead of its inputs. By hand: 5 generic
+    inputs of 2 x 3 fp32, 7 task inputs of the same, files of 10 and 30 bytes."""
+    from types import SimpleNamespace
+
+    from editkit.train.recipe import Recipe
+
+    (tmp_path / "a.safetensors").write_bytes(b"v" * 10)
+    (tmp_path / "a.curvature.safetensors").write_bytes(b"c" * 30)
+    entry = SimpleNamespace(name="a", file="a.safetensors", curvature={"file": "a.curvature.safetensors"})
+    bank = SimpleNamespace(root=tmp_path, entries=lambda: [entry])
+    generic = type("Generic", (), {"__len__": lambda self: 5, "load": lambda self, rows: torch.zeros(len(rows), 2, 3)})()
+    task = SimpleNamespace(train=[(torch.zeros(2, 3), 0)] * 7)
+    built = SimpleNamespace(generic=generic, task=lambda name: task)
+
+    def parts(penalty: str) -> dict:
+        state = SimpleNamespace(bank=bank, recipe=Recipe(mode="taujp", penalty=penalty))
+        return {p["what"]: (p["items"], p["bytes"]) for p in stream_kept(state, built, ["a", "b"], ["task"])["parts"]}
+
+    assert parts("inputs") == {"vectors": (1, 10), "unlabeled inputs of every earlier task": (7, 7 * 24),
+                               "generic unlabeled inputs": (5, 5 * 24)}
+    assert parts("kfac") == {"vectors": (1, 10), "curvature of every earlier task": (1, 30),
+                             "generic unlabeled inputs": (5, 5 * 24)}
 
 
 # --- claims against the strategies -----------------------------------------------------------------------------

@@ -9,9 +9,10 @@ of the tasks before it:
   their running sum, one model's worth; a tuned coefficient and every other merge method read each vector.
 - **unlabeled inputs**: the tauJp penalty (``penalty = "inputs"``) draws each step from every earlier task's
   unlabeled inputs, so it keeps them all (their bytes as the data source gives them, counted on up to
-  :data:`SAMPLED` examples and scaled to the split); the scenario's generic source, no task's data, is a part of
-  its own.
+  :data:`SAMPLED` examples and scaled to the split).
 - **curvature**: the data-free penalty (``penalty = "kfac"``) keeps each earlier task's Kronecker factors instead.
+- **generic inputs**: the scenario's generic source, no task's data, a part of its own for either penalty: the
+  inputs penalty draws from it, the data-free one computes its curvature from it at the start of each stream.
 - **prototypes**: under the class-incremental protocol, each earlier task's class prototypes, one fp32 vector of
   features per class (the set the row classifies with: a stream's fine-tuned ones; theta_0's row its own).
 
@@ -69,12 +70,12 @@ def stream_kept(state, built, tasks: Sequence[str], protocols: Sequence[str]) ->
         sources = [built.task(t).train for t in earlier]
         parts.append(part("unlabeled inputs of every earlier task", sum(map(len, sources)),
                           sum(inputs_bytes(len(s), input_accessor(s)) for s in sources)))
-        if recipe.generic and built.generic is not None:
-            generic = built.generic
-            parts.append(part("generic unlabeled inputs", len(generic),
-                              inputs_bytes(len(generic), lambda i: generic.load([i]))))
     if recipe.regularized and recipe.penalty == "kfac":
         parts.append(part("curvature of every earlier task", *_files(state.bank, earlier, "curvature")))
+    if recipe.regularized and recipe.generic and built.generic is not None:
+        generic = built.generic
+        parts.append(part("generic unlabeled inputs", len(generic),
+                          inputs_bytes(len(generic), lambda i: generic.load([i]))))
     if "class" in protocols:
         parts.append(prototypes_part(state.bank, earlier))
     return total(parts)
