@@ -20,7 +20,8 @@ The strategy's model must be a :class:`~editkit.integrations.avalanche.multitask
    loss before the backward pass;
 4. after the experience appends tau = theta - theta_0 to the bank (main process only) with
    its scenario, step and recipe and the experience's class prototypes (what a head shared by every class
-   seen reads, :mod:`editkit.core.prototypes`: as ``editkit stream`` banks them), and keeps up to ``mem_size`` of the experience's inputs,
+   seen reads, :mod:`editkit.core.prototypes`: as ``editkit stream`` banks them), and keeps up to
+   ``mem_size`` of the experience's inputs,
    never its labels, as a penalty source for the experiences after it. With the data-free
    penalty (``penalty="kfac"``) it keeps no input: it banks the experience's curvature at
    theta_0 beside its vector, and later experiences are penalised by the banked curvatures.

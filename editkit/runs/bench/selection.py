@@ -105,7 +105,8 @@ class StreamTrials:
                  experiences: int) -> None:
         from editkit.eval.sweep import SharedModels, TaskSplits
 
-        self.config, self.state, self.runtime, self.progress, self.protocols = config, state, runtime, progress, protocols
+        self.config, self.state, self.runtime, self.progress = config, state, runtime, progress
+        self.protocols = protocols
         self.first = spec.task_names[:experiences]
         self.part = dataclasses.replace(spec, tasks=spec.tasks[:experiences])
         self.arm = dataclasses.replace(built, spec=self.part, tasks=[built.task(n) for n in self.first])
