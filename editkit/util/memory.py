@@ -113,8 +113,8 @@ class PeakRSS:
 
 def nbytes(value: object) -> int:
     """Bytes a value holds as data: a tensor's or array's elements, a string's UTF-8, the sum over a mapping's
-    values, a sequence's items or a dataclass's fields, 8 for a number. What a method keeps of earlier tasks is counted with it, the
-    same way whichever method keeps it (an example, a buffer, a model copy)."""
+    values, a sequence's items or a dataclass's fields, 8 for a number. What a method keeps of earlier tasks is
+    counted with it, the same way whichever method keeps it (an example, a buffer, a model copy)."""
     if hasattr(value, "element_size") and hasattr(value, "numel"):  # torch.Tensor, without importing torch here
         return int(value.numel() * value.element_size())
     if hasattr(value, "nbytes"):  # numpy arrays
