@@ -17,9 +17,10 @@ from typer.testing import CliRunner
 from editkit.bank.store import Bank
 from editkit.cli import app
 from editkit.errors import ConfigError, MissingResourceError
-from editkit.runs.bench.cluster import connect
+from editkit.runs.bench.cluster import Unit, connect, run_units
 from editkit.runs.bench.config import BenchConfig
 from editkit.runs.bench.run import run_bench
+from editkit.util.progress import NullProgress
 from helpers.scenarios import write_scenario
 
 ray = pytest.importorskip("ray")
@@ -60,6 +61,21 @@ def test_a_missing_extra_and_an_unreachable_address_are_refused_in_one_line(tmp_
         connect("auto")
     with pytest.raises(ConfigError, match="--unit-cpus must be >= 1"):
         BenchConfig(unit_cpus=0).validated()
+
+
+def test_units_never_outnumber_the_cluster_cpus(cluster):
+    """Four one-CPU units of three seconds each on a two-CPU cluster: at no moment do more than two run (a unit's
+    threads are its CPUs; more units than CPUs would oversubscribe the node and time every unit wrong)."""
+
+    def timed(seconds: float) -> tuple[float, float]:  # local, so Ray ships it by value
+        start = time.time()
+        time.sleep(seconds)
+        return start, time.time()
+
+    spans = run_units([Unit(f"sleep {i}", timed, (3.0,), cpus=1) for i in range(4)], NullProgress())
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])  # an end before a start
+    running = [sum(change for _, change in events[:i + 1]) for i in range(len(events))]
+    assert max(running) == 2, spans
 
 
 @pytest.mark.slow
