@@ -35,6 +35,7 @@ ForceOption = typer.Option(False, "--force", help="--out may replace an existing
 #: the runtime options every computing command takes.
 RUNTIME = Fields(RuntimeOptions)
 KEEP_SCENARIO = "(default: the scenario's)"
+LANGUAGE_RECIPE = "Language scenarios, when the vector is fine-tuned first (default: the scenario's)."
 RECIPE = Fields(Recipe, keep=True, keep_help=KEEP_SCENARIO)
 BUILD = Fields(BuildOptions, keep=True, keep_help=KEEP_SCENARIO)
 REBUILD = Fields(BuildOptions, keep=True, keep_help="(default: what the stream was given, else the scenario's)")
@@ -197,8 +198,10 @@ def negate(
     mode: Optional[str] = option_for(Recipe, "mode"),
     steps: Optional[int] = typer.Option(None, help="Language scenarios: optimizer steps when the vector is "
                                         "fine-tuned first (default: the scenario's)."),
+    penalty: Optional[str] = option_for(Recipe, "penalty", keep_help=LANGUAGE_RECIPE),
+    lam: Optional[float] = option_for(Recipe, "lam", keep_help=LANGUAGE_RECIPE),
     run_dir: Optional[Path] = typer.Option(None, help="Language vectors: directory of report.json and the plot "
-                                           "(default runs/negate-<name>-<mode>)."),
+                                           "(default runs/negate-<name>-<mode>[-kfac])."),
     out: Optional[Path] = typer.Option(None, help="Write the negated model theta_0 - alpha tau into this directory: "
                                        "model.pt2 (the scored model with every scored task's head, a torch.export "
                                        "program), the weights in the family's own format, editkit.json and a model "
@@ -214,14 +217,20 @@ def negate(
 
     spec = language_scenario(name)  # with or without --bank: a bank lacking the vector gets it fine-tuned first
     mode = mode or (spec.recipe.mode if spec is not None else None)
-    if bank is None:
-        bank = default_bank_dir(spec.name, mode) if spec is not None else DEFAULT_BANK
+    fields = {"mode": mode, "steps": steps, "penalty": penalty, "lam": lam}  # a language vector fine-tuned first
+    if spec is not None:  # its bank and run directory named as a stream names them (-kfac: the data-free penalty)
+        label = spec.recipe.with_overrides(**fields).label
+        bank, run_dir = bank or default_bank_dir(spec.name, label), run_dir or default_run_dir(f"negate-{name}", label)
+    elif penalty is not None or lam is not None:
+        raise ConfigError("--penalty and --lam shape a language scenario's vector when it is fine-tuned first; "
+                          f"{name!r} names no language scenario")
+    bank = bank or DEFAULT_BANK
     writes_model = _check_out(out, tau_only, force)  # refused before anything is fine-tuned or scored
     if spec is not None or is_language_vector(Bank(bank), name):
         if tau_only:
             raise ConfigError("--tau-only: a language vector's negation is written as its model (--out), and the "
                               "vector is in the bank")
-        _negate_language(name, spec, bank, alpha=None if tune_alpha else alpha, mode=mode, steps=steps,
+        _negate_language(name, spec, bank, alpha=None if tune_alpha else alpha, recipe=fields,
                          run_dir=run_dir, json_path=json_path, language=language, build=BuildOptions(**build),
                          runtime_options=runtime_options, out=out, force=force)
         return
@@ -337,8 +346,8 @@ def _negate_vision(name: str, bank: Path, alpha: float, *, tune_alpha: bool, min
     _save_outputs(result, None if writes_model else out, json_path, force=force)
 
 
-def _negate_language(name: str, spec, bank: Path, *, alpha: Optional[float], mode: Optional[str],
-                     steps: Optional[int], run_dir: Optional[Path], json_path: Optional[Path], language: dict,
+def _negate_language(name: str, spec, bank: Path, *, alpha: Optional[float], recipe: dict,
+                     run_dir: Optional[Path], json_path: Optional[Path], language: dict,
                      build: BuildOptions, runtime_options: dict, out: Optional[Path] = None,
                      force: bool = False) -> None:
     from editkit.bank.store import open_bank
@@ -351,7 +360,7 @@ def _negate_language(name: str, spec, bank: Path, *, alpha: Optional[float], mod
     with process_runtime(**runtime_options, scenario=spec) as runtime:
         if spec is not None:
             report = negate_scenario(spec, name, bank, alpha=alpha, settings=language, progress=progress,
-                                     build=build, runtime=runtime, mode=mode, steps=steps)
+                                     build=build, runtime=runtime, **recipe)
         else:
             report = negate_language(open_bank(bank), name, alpha=alpha, settings=language, progress=progress,
                                      build=build, runtime=runtime)

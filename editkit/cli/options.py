@@ -106,9 +106,11 @@ def with_options(**groups: Fields) -> Callable[[Callable], Callable]:
     return decorate
 
 
-def option_for(cls: type, name: str) -> Any:
-    """The ``typer.Option`` of one field (its own default), for a command that takes it alone."""
-    return fields_as_options(Fields(cls, names=(name,)))[0].default
+def option_for(cls: type, name: str, keep_help: str | None = None) -> Any:
+    """The ``typer.Option`` of one field, for a command that takes it alone: its own default, or with ``keep_help``
+    None, meaning "keep the value from below" (``keep_help`` says where it comes from)."""
+    spec = Fields(cls, names=(name,), keep=keep_help is not None, keep_help=keep_help or "")
+    return fields_as_options(spec)[0].default
 
 
 def _field_default(f: dataclasses.Field) -> Any:

@@ -30,6 +30,11 @@ as it is and its weights take the diagonal.
 
 Positions (a convolution's spatial positions, a sequence's tokens) are summed in G and averaged in A, so the
 product counts each position once, as in KFC.
+
+What the penalty measures of the features' drift sets the probes' covariance M (:data:`MEASURES`, the recipe's
+``penalty_on``): ``features``, the identity; through a language model's fixed linear head W, ``logits`` W^T W / V
+(s = W^T z, z ~ N(0, I / V) on the V logits: the input penalty averages over the vocabulary) and ``distribution`` W^T (diag p - p p^T) W, the second-order KL of
+theta_0's next-token distribution p (s = W^T (e_y - p) with y ~ p: the Fisher's sampled label, as K-FAC draws it).
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ from editkit.errors import ConfigError
 
 FORMAT = "kfac-1"
 COMBINES = ("sum", "apart")
+#: What a curvature measures of the features' drift (the recipe's ``penalty_on``): the last two through a head.
+MEASURES = ("features", "logits", "distribution")
 
 
 @dataclass
@@ -103,6 +110,8 @@ class Curvature:
     #: A norm's scale with its shift: per element the exact 2 x 2 block of (scale, shift), shaped (*scale, 2, 2),
     #: by scale name, with the shift's name.
     pairs: dict[str, tuple[str, torch.Tensor]] = field(default_factory=dict)
+    #: What it measures of the features' drift (:data:`MEASURES`).
+    measure: str = "features"
 
     @property
     def nbytes(self) -> int:
@@ -119,8 +128,9 @@ class Curvature:
 
     def describe(self) -> dict[str, Any]:
         """What ``bank show`` and a manifest entry say of it."""
-        return {"format": FORMAT, "kronecker_layers": len(self.blocks), "norm_layers": len(self.pairs),
-                "diagonal_parameters": len(self.diagonal), "examples": self.examples, "bytes": self.nbytes}
+        return {"format": FORMAT, "measure": self.measure, "kronecker_layers": len(self.blocks),
+                "norm_layers": len(self.pairs), "diagonal_parameters": len(self.diagonal), "examples": self.examples,
+                "bytes": self.nbytes}
 
     # -- files: tensors plus a header, so a bank stores it as safetensors
     def to_tensors(self) -> dict[str, torch.Tensor]:
@@ -134,12 +144,13 @@ class Curvature:
     def header(self) -> dict[str, str]:
         layers = {k: {"weight": b.weight, "bias": b.bias, "groups": b.groups} for k, b in self.blocks.items()}
         shifts = {scale: shift for scale, (shift, _) in self.pairs.items()}
-        return {"format": FORMAT, "examples": str(self.examples), "layers": json.dumps(layers, sort_keys=True),
-                "pairs": json.dumps(shifts, sort_keys=True)}
+        return {"format": FORMAT, "measure": self.measure, "examples": str(self.examples),
+                "layers": json.dumps(layers, sort_keys=True), "pairs": json.dumps(shifts, sort_keys=True)}
 
     @classmethod
     def from_tensors(cls, tensors: Mapping[str, torch.Tensor], header: Mapping[str, str]) -> Curvature:
-        """Read back :meth:`to_tensors` / :meth:`header`; refuses another format by name."""
+        """Read back :meth:`to_tensors` / :meth:`header`; refuses another format by name. A header without a
+        measure was written before curvatures measured anything but the features."""
         if header.get("format") != FORMAT:
             raise ConfigError(f"curvature format {header.get('format')!r} is not {FORMAT!r}: it was written by "
                               "another editkit; compute the factors again")
@@ -148,7 +159,10 @@ class Curvature:
                   for k, v in layers.items()}
         diagonal = {k[len("diag/"):]: t for k, t in tensors.items() if k.startswith("diag/")}
         pairs = {scale: (shift, tensors[f"pair/{scale}"]) for scale, shift in json.loads(header["pairs"]).items()}
-        return cls(blocks, diagonal, int(header["examples"]), pairs)
+        measure = header.get("measure", "features")
+        if measure not in MEASURES:
+            raise ConfigError(f"curvature measure {measure!r} is not one of {', '.join(MEASURES)}")
+        return cls(blocks, diagonal, int(header["examples"]), pairs, measure)
 
     def check_fits(self, shapes: Mapping[str, Sequence[int]], what: str) -> None:
         """Refuse, naming the first layer, factors whose shapes do not match a model's parameters ``shapes``."""
@@ -174,13 +188,22 @@ def mean_curvature(curvatures: Sequence[Curvature], energy: float = 1.0) -> Curv
     """One factor set for many tasks (TAK's Eq. 8, constant memory and cost): per layer mean A (x) mean G (their
     roots again, of at most the summed ranks), mean diagonal and norm blocks. Not the mean of the products: it
     also counts task i's inputs against task j's output gradients."""
-    first = curvatures[0]
+    first = same_measure(curvatures)
     blocks = {k: KroneckerBlock(b.weight, b.bias, b.groups, _mean_root([c.blocks[k].A for c in curvatures], energy),
                                 _mean_root([c.blocks[k].G for c in curvatures], energy))
               for k, b in first.blocks.items()}
     diagonal = {k: _mean([c.diagonal[k] for c in curvatures]) for k in first.diagonal}
     pairs = {k: (shift, _mean([c.pairs[k][1] for c in curvatures])) for k, (shift, _) in first.pairs.items()}
-    return Curvature(blocks, diagonal, sum(c.examples for c in curvatures), pairs)
+    return Curvature(blocks, diagonal, sum(c.examples for c in curvatures), pairs, first.measure)
+
+
+def same_measure(curvatures: Sequence[Curvature]) -> Curvature:
+    """The first of ``curvatures``, after refusing a set that measures different things (their quadratic forms are
+    not on one scale, and their sum is no penalty the recipe asked for)."""
+    measures = sorted({c.measure for c in curvatures})
+    if len(measures) > 1:
+        raise ConfigError(f"curvatures measuring {' and '.join(measures)} cannot be combined into one penalty")
+    return curvatures[0]
 
 
 def _mean_root(roots: list[torch.Tensor], energy: float) -> torch.Tensor:
@@ -379,13 +402,13 @@ class _Sums:
     def add(table: dict[str, torch.Tensor], key: str, value: torch.Tensor) -> None:
         table[key] = table[key] + value if key in table else value
 
-    def curvature(self, examples: int, energy: float) -> Curvature:
+    def curvature(self, examples: int, energy: float, measure: str) -> Curvature:
         blocks = {n: KroneckerBlock(n, *self.layout[n], factor_root(a / examples, energy),
                                     factor_root(self.G[n] / examples, energy)) for n, a in self.A.items()}
         pairs = {n: (self.shift[n], (m / examples).float()) for n, m in self.pairs.items()}
         diagonal = {n: (self.diagonal[n] / examples).float() if n in self.diagonal
                     else torch.zeros(self.shapes[n]) for n in self.shapes if n not in self._blocked()}
-        return Curvature(blocks, diagonal, examples, pairs)
+        return Curvature(blocks, diagonal, examples, pairs, measure)
 
     def _blocked(self) -> set[str]:
         """The parameters a Kronecker or a norm's 2 x 2 block holds (the rest have a diagonal)."""
@@ -395,18 +418,25 @@ class _Sums:
 
 def compute_curvature(module: nn.Module, batches: Iterable[Any], *, names: Sequence[str] | None = None,
                       batching: Batching | None = None, seed: int = 0, exact: bool = False,
-                      energy: float = 1.0) -> Curvature:
+                      energy: float = 1.0, measure: str = "features",
+                      head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Curvature:
     """The curvature of ``module`` (theta_0, left unchanged) at its parameters ``names`` (default: every parameter),
     estimated on ``batches`` (of the ``batching``'s kind: tensors by default).
 
-    One probe s ~ N(0, I) per example on the features, seeded; ``exact`` backpropagates every output coordinate
-    instead (the factors are then exact sums over them: for tests on tiny models). ``energy`` < 1 keeps of each
+    One probe per example on the features, seeded, of the covariance ``measure`` asks for (:func:`_probes`;
+    ``logits`` and ``distribution`` through ``head``, the fixed linear map from features to logits); ``exact``
+    backpropagates every column of the covariance's root instead (the factors are then exact sums over them: for
+    tests on tiny models). ``energy`` < 1 keeps of each
     Kronecker factor only the eigenvectors that hold that share of its trace (:func:`factor_root`). Examples run one at a time where
     batching them would mix them: sequences (their padding would enter A), and models with parameters outside the
     factored calls (their diagonal needs per-example gradients). A parameter that never reaches the features has a
     zero diagonal.
     """
     batching = batching or TensorBatching()
+    if measure not in MEASURES:
+        raise ConfigError(f"unknown curvature measure {measure!r}: expected one of {', '.join(MEASURES)}")
+    if measure != "features" and head is None:
+        raise ConfigError(f"a curvature measuring {measure} needs the head that maps the features to logits")
     params = dict(module.named_parameters())
     names = list(names) if names is not None else list(params)
     missing = [n for n in names if n not in params]
@@ -427,7 +457,7 @@ def compute_curvature(module: nn.Module, batches: Iterable[Any], *, names: Seque
                 one_at_a_time = not isinstance(batching, TensorBatching) or not _all_factored(module, batch, batching,
                                                                                               params, names)
             for part in ([batch[i:i + 1] for i in range(len(batch))] if one_at_a_time else [batch]):
-                _accumulate(module, part, batching, params, names, sums, generator, exact)
+                _accumulate(module, part, batching, params, names, sums, _Probes(generator, exact, measure, head))
                 examples += len(part)
     finally:
         for n, p in params.items():
@@ -436,7 +466,7 @@ def compute_curvature(module: nn.Module, batches: Iterable[Any], *, names: Seque
         module.train(was_training)
     if not examples:
         raise ConfigError("no examples to compute the curvature on")
-    return sums.curvature(examples, energy)
+    return sums.curvature(examples, energy, measure)
 
 
 def _all_factored(module: nn.Module, batch: Any, batching: Batching, params: Mapping[str, nn.Parameter],
@@ -449,14 +479,14 @@ def _all_factored(module: nn.Module, batch: Any, batching: Batching, params: Map
 
 
 def _accumulate(module: nn.Module, batch: Any, batching: Batching, params: Mapping[str, nn.Parameter],
-                names: Sequence[str], sums: _Sums, generator: torch.Generator, exact: bool) -> None:
+                names: Sequence[str], sums: _Sums, probes: _Probes) -> None:
     """Forward ``batch`` with the calls watched and backpropagate its probes; parameters the calls did not cover
     add their squared gradients to the diagonal (``batch`` is then one example)."""
     calls = _Calls({id(params[n]): n for n in names}, sums)
     with calls:
         features = batching.run(module, batch)
     rest = {n: params[n] for n in names if n not in calls.covered}
-    for probe in _probes(features, batching.output_mask(batch), generator, exact):
+    for probe in probes(features, batching.output_mask(batch)):
         for p in rest.values():
             p.grad = None
         torch.autograd.backward(features, probe.to(features.dtype), retain_graph=True)
@@ -465,25 +495,71 @@ def _accumulate(module: nn.Module, batch: Any, batching: Batching, params: Mappi
                 sums.add_squared_gradient(n, p.grad)
 
 
-def _probes(features: torch.Tensor, mask: torch.Tensor | None, generator: torch.Generator,
-            exact: bool) -> Iterable[torch.Tensor]:
-    """s ~ N(0, I) over the features (one draw), or, ``exact``, each output coordinate's indicator in turn; zero
-    at padded positions."""
-    keep = (torch.ones(features.shape[:1], dtype=torch.bool) if mask is None else mask.bool().cpu())
-    keep = keep.reshape(*keep.shape, *(1,) * (features.dim() - keep.dim())).to(features.device)
-    if not exact:
-        yield torch.randn(features.shape, generator=generator).to(features.device) * keep
-        return
-    per_example = math.prod(features.shape[1:])
-    for k in range(per_example):
-        probe = torch.zeros(features.shape[0], per_example, device=features.device)
-        probe[:, k] = 1.0
-        yield probe.reshape(features.shape) * keep
+@dataclass
+class _Probes:
+    """The probes s backpropagated from the features: one draw per example with E[s s^T] = M, M the metric the
+    penalty measures the features' drift with (see the module docstring), or, ``exact``, the columns of a root
+    L L^T = M one at a time; zero at padded positions."""
+
+    generator: torch.Generator
+    exact: bool
+    measure: str = "features"
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def __call__(self, features: torch.Tensor, mask: torch.Tensor | None) -> Iterable[torch.Tensor]:
+        keep = (torch.ones(features.shape[:1], dtype=torch.bool) if mask is None else mask.bool().cpu())
+        keep = keep.reshape(*keep.shape, *(1,) * (features.dim() - keep.dim())).to(features.device)
+        if self.measure == "features":
+            draws = self._columns(features.shape, features.device) if self.exact else [self._normal(features.shape)]
+            return (s.to(features.device) * keep for s in draws)
+        logits, transpose = self._through_head(features)
+        return (transpose(z) * keep for z in self._logit_probes(logits))
+
+    def _logit_probes(self, logits: torch.Tensor) -> Iterable[torch.Tensor]:
+        """z on the logits with E[z z^T] = I / V (``logits``) or diag p - p p^T (``distribution``), per position."""
+        if self.measure == "logits":
+            scale = logits.shape[-1] ** -0.5
+            yield from (c * scale for c in (self._columns(logits.shape, logits.device) if self.exact
+                                             else [self._normal(logits.shape).to(logits.device)]))
+            return
+        p = logits.float().softmax(-1)
+        if not self.exact:  # e_y - p, y ~ p at each position
+            drawn = torch.multinomial(p.reshape(-1, p.shape[-1]).cpu(), 1, generator=self.generator)
+            onehot = torch.zeros(p.reshape(-1, p.shape[-1]).shape).scatter_(1, drawn, 1.0)
+            yield onehot.reshape(p.shape).to(p.device) - p
+            return
+        for column in self._columns(p.shape, p.device):  # column (position, v) of L: sqrt(p_v) (e_v - p) there
+            at = column.sum(-1, keepdim=True)  # 1 at the column's position
+            yield (column - p * at) * (p * column).sum(-1, keepdim=True).sqrt()
+
+    def _through_head(self, features: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+        """theta_0's logits, and z -> W^T z: the head is linear, so its transpose is its vector-Jacobian product."""
+        with torch.enable_grad():
+            at = features.detach().requires_grad_(True)
+            logits = self.head(at)
+
+        def transpose(z: torch.Tensor) -> torch.Tensor:
+            return torch.autograd.grad(logits, at, z.to(logits.dtype), retain_graph=True)[0]
+
+        return logits.detach(), transpose
+
+    def _normal(self, shape: torch.Size) -> torch.Tensor:
+        return torch.randn(shape, generator=self.generator)
+
+    @staticmethod
+    def _columns(shape: torch.Size, device: torch.device) -> Iterable[torch.Tensor]:
+        """Each per-example coordinate's indicator in turn (the columns of the identity)."""
+        per_example = math.prod(shape[1:])
+        for k in range(per_example):
+            column = torch.zeros(shape[0], per_example, device=device)
+            column[:, k] = 1.0
+            yield column.reshape(shape)
 
 
 def source_curvature(module: nn.Module, source: Any, *, examples: int, batching: Batching | None = None,
                      names: Sequence[str] | None = None, seed: int = 0, energy: float = 1.0,
-                     device: torch.device | str | None = None, chunk: int = 64) -> Curvature:
+                     device: torch.device | str | None = None, chunk: int = 64, measure: str = "features",
+                     head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Curvature:
     """:func:`compute_curvature` on the first ``examples`` inputs an :class:`~editkit.core.taujp.UnlabeledSource`
     draws (its seeded order; fewer where it holds fewer), loaded ``chunk`` at a time, on ``device``. The source is
     restarted before and after, so its draws elsewhere are what they would have been."""
@@ -493,7 +569,8 @@ def source_curvature(module: nn.Module, source: Any, *, examples: int, batching:
     batches = (source.next_batch(size).to(device) if device is not None else source.next_batch(size)
                for size in sizes)
     try:
-        return compute_curvature(module, batches, names=names, batching=batching, seed=seed, energy=energy)
+        return compute_curvature(module, batches, names=names, batching=batching, seed=seed, energy=energy,
+                                 measure=measure, head=head)
     finally:
         source.restart()
 
@@ -521,6 +598,8 @@ class CurvatureRegularizer:
             raise ConfigError(f"unknown curvature combine {combine!r}: expected one of {', '.join(COMBINES)}")
         self.lam, self.squared, self.combine = lam, squared, combine
         self.tasks = len(curvatures)
+        if curvatures:
+            same_measure(curvatures)
         self.curvatures = ([mean_curvature(curvatures, energy)] if combine == "sum" and curvatures
                            else list(curvatures))
         self._device: torch.device | None = None

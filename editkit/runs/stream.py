@@ -176,6 +176,9 @@ class StreamRunner:
                 else:
                     found.check_fits({n: p.shape for n, p in self.backbone.module.named_parameters()},
                                      f"the curvature banked with {name}")
+                    if found.measure != recipe.penalty_on:
+                        raise ConfigError(f"the curvature banked with {name} measures {found.measure}, this recipe's "
+                                          f"penalty_on is {recipe.penalty_on}: use another --bank directory")
             else:
                 found = self.compute_curvature(index, recipe)
             self._curvatures[index] = found
@@ -188,9 +191,22 @@ class StreamRunner:
         with self.progress.task(f"curvature of {source.name} at theta_0", total=1) as bar:
             curvature = source_curvature(self.backbone.module, source, examples=recipe.curvature_examples,
                                          batching=self.backbone.batching, names=trainable_names(self.backbone.module),
-                                         seed=recipe.seed, energy=recipe.curvature_energy, device=self.runtime.device)
+                                         seed=recipe.seed, energy=recipe.curvature_energy, device=self.runtime.device,
+                                         measure=recipe.penalty_on, head=self.measure_head(recipe))
             bar.advance(1)
         return curvature
+
+    def measure_head(self, recipe: Recipe) -> Any:
+        """The head a curvature of ``recipe.penalty_on`` measures through: None for the features; for a language
+        model's logits or distribution its one head, which every task shares (task i's and task j's curvatures
+        must measure one output, or their sum is no penalty)."""
+        if recipe.penalty != "kfac" or recipe.penalty_on == "features":
+            return None
+        heads = {id(h): h for h in self.heads.values()}
+        if len(heads) != 1:
+            raise ConfigError(f"recipe.penalty kfac with penalty_on = {recipe.penalty_on!r} measures through one head "
+                              "every task shares (a language model's); this scenario's tasks have heads of their own")
+        return next(iter(heads.values()))
 
     def skip_draws(self, t: int) -> None:
         """Advance the shared sources past banked experience t's reg draws, as if it had trained here."""
@@ -324,6 +340,8 @@ class StreamRunner:
 
     def run(self, *, resume: bool, on_step: StreamStepCallback | None = None) -> StreamResult:
         self._check_processes()
+        for t in range(len(self.exps)):  # before any work: a curvature of logits needs the one head they share
+            self.measure_head(self._task_recipe(t))
         held = (self.bank.writer(f"editkit stream --scenario {self.scenario} --mode {self.recipe.mode}")
                 if self.runtime.is_main else contextlib.nullcontext())  # the main process is the bank's writer
         with held:

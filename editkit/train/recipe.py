@@ -149,9 +149,6 @@ class Recipe:
         if self.curvature_examples < 1 or not 0 < self.curvature_energy <= 1:
             raise ConfigError("recipe: curvature_examples must be >= 1 and curvature_energy in (0, 1], got "
                               f"{self.curvature_examples} and {self.curvature_energy}")
-        if self.penalty == "kfac" and self.penalty_on != "features":
-            raise ConfigError(f"recipe.penalty kfac measures the backbone's features; penalty_on = {self.penalty_on!r} "
-                              "is not factored (use penalty = inputs for it)")
         if self.reg_batch is not None and self.reg_batch < 1:
             raise ConfigError(f"recipe.reg_batch must be >= 1 (or unset), got {self.reg_batch}")
         within = self.reg_within_batch

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from editkit.data.text import pack
 from editkit.eval.language import distinct_n
@@ -159,6 +160,33 @@ def test_negate_fine_tunes_and_scores_on_one_built_scenario_and_times_its_parts(
     assert len(chosen) == 1 and chosen[0].endswith(" tau")
     assert set(parts) == {"val perplexities", "test perplexities", "sampling theta_0", "sampling +tau", *chosen}
     assert all(value > 0 for value in parts.values())
+
+
+def test_the_data_free_penalty_measures_the_next_token_distribution_and_banks_its_curvature(tmp_path,
+                                                                                           language_extensions,
+                                                                                           monkeypatch):
+    """`negate NAME --penalty kfac` of a scenario whose penalty measures the next-token distribution: the penalty
+    reads the generic text's curvature through the model's head (no reg rows drawn), the task's own curvature is
+    banked measuring the same, and the bank is the stream's `-kfac` one."""
+    from editkit import settings
+    from editkit.bank.store import Bank
+
+    scenario = scenario_file(tmp_path, name="rude")
+    scenario.write_text(scenario.read_text().replace("[recipe]\n", '[recipe]\npenalty_on = "distribution"\n'))
+    monkeypatch.setenv(settings.SCENARIOS_ENV, str(scenario.parent))
+    monkeypatch.chdir(tmp_path)
+    result = invoke("negate", "rude", "--steps", 3, "--alpha", 1.0, "--penalty", "kfac")
+    assert result.exit_code == 0, result.output
+    bank = Bank(tmp_path / "banks" / "rude-taujp-kfac")
+    entry, curvature = bank.get("rude"), bank.curvature("rude")
+    assert entry.recipe["penalty"] == "kfac" and entry.recipe["penalty_on"] == "distribution"
+    assert curvature.measure == "distribution" and curvature.examples > 0 and curvature.blocks
+    assert (tmp_path / "runs" / "negate-rude-taujp-kfac" / "report.json").is_file()
+    unpenalized = invoke("negate", "rude", "--steps", 3, "--alpha", 1.0, "--penalty", "kfac", "--lam", 0,
+                         "--bank", tmp_path / "bank0")
+    assert unpenalized.exit_code == 0, unpenalized.output
+    tau, tau0 = bank.load("rude"), Bank(tmp_path / "bank0").load("rude")
+    assert any(not torch.equal(tau[n], tau0[n]) for n in tau)  # the penalty moved the vector
 
 
 def test_theta0s_scores_are_computed_once_whatever_asks_for_them(streamed, monkeypatch):

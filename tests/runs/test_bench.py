@@ -703,7 +703,8 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path):
     refused(base + ["--adapters", "none,dora"], "unknown adapters 'dora'")
     refused(base + ["--penalties", "inputs,kfac", "--penalty", "kfac"], "--penalties", "not both")
     refused(base + ["--penalties", "inputs,tak"], "unknown penalties 'tak'")
-    refused(base + ["--penalty", "kfac", "--penalty-on", "logits"], "penalty_on = 'logits' is not factored")
+    refused(base + ["--penalty", "kfac", "--penalty-on", "logits"],
+            "penalty_on = 'logits' measures through one head every task shares")
     one = write_scenario(tmp_path, tasks=["digits"], name="bench-one")
     refused(["bench", "--scenario", str(one), "--run-dir", str(run)], "at least 2")
     assert (run / "report.json").read_text() == "previous"

@@ -157,6 +157,9 @@ class TauJpPlugin(SupervisedPlugin):
                               "is trained, never the later ones")
         if self.recipe.accumulation != 1:
             raise ConfigError("TauJpPlugin needs accumulation = 1: Avalanche takes one optimizer step per batch")
+        if self.recipe.penalty == "kfac" and self.recipe.penalty_on != "features":
+            raise ConfigError(f"TauJpPlugin: penalty kfac measures a classifier's features; penalty_on = "
+                              f"{self.recipe.penalty_on!r} is a language model's (editkit stream)")
         self.bank = bank if isinstance(bank, Bank) else Bank(bank)
         self.names = list(names) if names is not None else None
         self.scenario = scenario
