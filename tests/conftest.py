@@ -7,9 +7,25 @@ Code that cannot take a fixture (helper functions, spawned worker processes) cal
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from helpers import models
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist (pyproject's ``-n 2``) each worker takes its share of the cores, set before torch starts
+    its thread pool and inherited by the processes tests spawn: two workers at torch's default of every core each
+    oversubscribe the machine, and OpenMP's spinning threads then slow both many times over."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        share = str(max(1, (os.cpu_count() or 1) // workers))
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, share)
+
+
+_share_the_cores()
+
+from helpers import models  # noqa: E402  (torch starts its threads here, after the share is set)
 
 
 @pytest.fixture(autouse=True)
