@@ -12,20 +12,31 @@ import os
 import pytest
 
 
-def _share_the_cores() -> None:
-    """Under pytest-xdist (pyproject's ``-n 2``) each worker takes its share of the cores, set before torch starts
-    its thread pool and inherited by the processes tests spawn: two workers at torch's default of every core each
-    oversubscribe the machine, and OpenMP's spinning threads then slow both many times over."""
+def _worker_environment() -> None:
+    """Under pytest-xdist (pyproject's ``-n 2``) a worker runs its tests as one process would, in its share of the
+    cores. Its threads are set before torch starts its pool and inherited by the processes tests spawn: two
+    workers at torch's default of every core each oversubscribe the machine, and OpenMP's spinning threads then
+    slow both many times over. And it drops the 80 x 24 terminal size xdist gives it (``COLUMNS``, ``LINES``),
+    which would make editkit's consoles wrap tables a run off a terminal lays out whole."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         share = str(max(1, (os.cpu_count() or 1) // workers))
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(name, share)
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
 
 
-_share_the_cores()
+_worker_environment()
 
 from helpers import models  # noqa: E402  (torch starts its threads here, after the share is set)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files with slow tests first, each file's tests in their own order: the workers take whole files in
+    collection order, and a long file dealt last leaves one worker running it alone."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 @pytest.fixture(autouse=True)
