@@ -33,8 +33,9 @@ product counts each position once, as in KFC.
 
 What the penalty measures of the features' drift sets the probes' covariance M (:data:`MEASURES`, the recipe's
 ``penalty_on``): ``features``, the identity; through a language model's fixed linear head W, ``logits`` W^T W / V
-(s = W^T z, z ~ N(0, I / V) on the V logits: the input penalty averages over the vocabulary) and ``distribution`` W^T (diag p - p p^T) W, the second-order KL of
-theta_0's next-token distribution p (s = W^T (e_y - p) with y ~ p: the Fisher's sampled label, as K-FAC draws it).
+(s = W^T z, z ~ N(0, I / V) on the V logits: the input penalty averages over the vocabulary) and
+``distribution`` W^T (diag p - p p^T) W, the second-order KL of theta_0's next-token distribution p
+(s = W^T (e_y - p) with y ~ p: the Fisher's sampled label, as K-FAC draws it).
 """
 
 from __future__ import annotations
@@ -423,14 +424,13 @@ def compute_curvature(module: nn.Module, batches: Iterable[Any], *, names: Seque
     """The curvature of ``module`` (theta_0, left unchanged) at its parameters ``names`` (default: every parameter),
     estimated on ``batches`` (of the ``batching``'s kind: tensors by default).
 
-    One probe per example on the features, seeded, of the covariance ``measure`` asks for (:func:`_probes`;
+    One probe per example on the features, seeded, of the covariance ``measure`` asks for (:class:`_Probes`;
     ``logits`` and ``distribution`` through ``head``, the fixed linear map from features to logits); ``exact``
     backpropagates every column of the covariance's root instead (the factors are then exact sums over them: for
-    tests on tiny models). ``energy`` < 1 keeps of each
-    Kronecker factor only the eigenvectors that hold that share of its trace (:func:`factor_root`). Examples run one at a time where
-    batching them would mix them: sequences (their padding would enter A), and models with parameters outside the
-    factored calls (their diagonal needs per-example gradients). A parameter that never reaches the features has a
-    zero diagonal.
+    tests on tiny models). ``energy`` < 1 keeps of each Kronecker factor only the eigenvectors that hold that share
+    of its trace (:func:`factor_root`). Examples run one at a time where batching them would mix them: sequences
+    (their padding would enter A), and models with parameters outside the factored calls (their diagonal needs
+    per-example gradients). A parameter that never reaches the features has a zero diagonal.
     """
     batching = batching or TensorBatching()
     if measure not in MEASURES:
@@ -447,6 +447,7 @@ def compute_curvature(module: nn.Module, batches: Iterable[Any], *, names: Seque
     flags, was_training = {n: p.requires_grad for n, p in params.items()}, module.training
     module.eval()
     examples, one_at_a_time = 0, None
+    probes = _Probes(generator, exact, measure, head)
     try:
         for p in params.values():
             p.requires_grad_(False)
@@ -457,7 +458,7 @@ def compute_curvature(module: nn.Module, batches: Iterable[Any], *, names: Seque
                 one_at_a_time = not isinstance(batching, TensorBatching) or not _all_factored(module, batch, batching,
                                                                                               params, names)
             for part in ([batch[i:i + 1] for i in range(len(batch))] if one_at_a_time else [batch]):
-                _accumulate(module, part, batching, params, names, sums, _Probes(generator, exact, measure, head))
+                _accumulate(module, part, batching, params, names, sums, probes)
                 examples += len(part)
     finally:
         for n, p in params.items():

@@ -339,6 +339,8 @@ def test_plugin_refuses_what_a_strategy_cannot_do(tmp_path):
         TauJpPlugin(bank=tmp_path, scope="all")
     with pytest.raises(ConfigError, match="accumulation"):
         TauJpPlugin(bank=tmp_path, accumulation=2)
+    with pytest.raises(ConfigError, match="penalty_on = 'distribution' is a language model's"):
+        TauJpPlugin(bank=tmp_path, penalty="kfac", penalty_on="distribution")
     with pytest.raises(ConfigError, match="unknown recipe field"):
         TauJpPlugin(bank=tmp_path, lamda=0.1)
 
