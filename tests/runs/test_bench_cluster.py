@@ -78,10 +78,41 @@ def test_units_never_outnumber_the_cluster_cpus(cluster):
     assert max(running) == 2, spans
 
 
+class _Watch:
+    """The most bench units seen running at once: Ray titles a worker's process ``ray::<task name>`` while it
+    runs a task (``ray::IDLE`` between tasks); the board actor and Ray's own agents are not units."""
+
+    def __init__(self) -> None:
+        self.peak, self.seen = 0, set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            running = set()
+            for process in psutil.process_iter(["cmdline"]):
+                title = " ".join(process.info["cmdline"] or []).strip()
+                if title.startswith("ray::") and not any(k in title for k in ("IDLE", "_Board", "Agent")):
+                    running.add(title)
+            if len(running) > self.peak:
+                self.peak, self.seen = len(running), running
+            time.sleep(0.05)
+
+    def __enter__(self) -> "_Watch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 @pytest.mark.slow
 def test_a_bench_on_ray_gives_the_rows_of_one_process(cluster, tmp_path):
     """Two seeds, two modes, a strategy: streams, strategy runs and evaluations as Ray units with 1 CPU each equal
-    the plain bench run with one torch thread, row for row, in every repeat and in the means."""
+    the plain bench run with one torch thread, row for row, in every repeat and in the means. Three units wait
+    for two CPUs, and no more than two run at once: a unit that blocks in ``ray.get`` (its board line) hands its
+    CPU back, and Ray started a third unit on it (sleeping units do not show this; real ones did)."""
     scenario = write_scenario(tmp_path, train_size=48, test_size=24)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -89,7 +120,9 @@ def test_a_bench_on_ray_gives_the_rows_of_one_process(cluster, tmp_path):
         plain = run_bench(_config(tmp_path, scenario, "plain")).report
     finally:
         torch.set_num_threads(threads)
-    distributed = run_bench(_config(tmp_path, scenario, "ray", ray="auto")).report
+    with _Watch() as watch:
+        distributed = run_bench(_config(tmp_path, scenario, "ray", ray="auto")).report
+    assert 1 < watch.peak <= 2, watch.seen
     assert _numbers(distributed) == _numbers(plain)
     for seed in ("seed-0", "seed-1"):
         one = json.loads((tmp_path / "plain" / seed / "report.json").read_text())

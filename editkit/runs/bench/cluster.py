@@ -168,12 +168,15 @@ class _Board:
 
 
 def _run_unit(board: Any, name: str, call: Callable[..., Any], args: tuple, cpus: int) -> tuple[Any, dict]:
-    """A unit in its worker: its torch threads set to its CPUs (what the numbers depend on beyond the seed)."""
+    """A unit in its worker: its torch threads set to its CPUs (what the numbers depend on beyond the seed).
+
+    It tells the board it started without waiting for the answer: a task blocked in ``ray.get`` hands its CPUs
+    back to Ray, which starts a queued unit on them, and the node then runs more units than it has CPUs."""
     import ray
     import torch
 
     node = ray.util.get_node_ip_address()
-    ray.get(board.started.remote(name, node))
+    board.started.remote(name, node)
     torch.set_num_threads(cpus)
     start = time.perf_counter()
     result = call(*args)
