@@ -71,6 +71,7 @@ import torch
 from torch import nn
 
 from editkit.bank.store import Bank
+from editkit.eval.continual import PROTOCOLS
 from editkit.eval.features import EVAL_BATCH_SIZE
 from editkit.settings import default_bank_dir, torchrun_world
 from editkit.train.runtime import Runtime, setup
@@ -425,12 +426,16 @@ def _run_on_cluster(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, p
     options, gpus = _unit_options(runtime), 1.0 if runtime.device.type == "cuda" else 0.0
     prefix = [f"{r.name}/" for r in repeats] or [""]
     labels = [list(config.variants(reordered.recipe)) for _, reordered in ones]
+    protocols = [p for p in PROTOCOLS if p in config.protocols_of(spec)] if config.strategies else []
     trained = run_units([Unit(f"{p}{label} stream", _stream_unit, (one, reordered, label, options), config.unit_cpus,
                               gpus) for p, (one, reordered), modes in zip(prefix, ones, labels) for label in modes]
-                        + [Unit(f"{p}{name}", _strategy_unit, (one, reordered, name, options), config.unit_cpus, gpus)
-                           for p, (one, reordered) in zip(prefix, ones) for name in config.strategies], progress)
+                        + [Unit(f"{p}{name} ({protocol})", _strategy_unit, (one, reordered, name, protocol, options),
+                                config.unit_cpus, gpus)
+                           for p, (one, reordered) in zip(prefix, ones) for name in config.strategies
+                           for protocol in protocols], progress)
     streams, strategies = iter(trained[:sum(map(len, labels))]), iter(trained[sum(map(len, labels)):])
-    done = [_Done({label: next(streams) for label in modes}, {name: next(strategies) for name in config.strategies})
+    done = [_Done({label: next(streams) for label in modes},
+                  {name: {protocol: next(strategies) for protocol in protocols} for name in config.strategies})
             for modes in labels]
     reports = run_units([Unit(f"{p}evaluation", _evaluation_unit, (one, reordered, i == 0, d, options),
                               config.unit_cpus, gpus) for i, (p, (one, reordered), d) in enumerate(zip(prefix, ones, done))],
@@ -460,12 +465,14 @@ def _stream_unit(config: BenchConfig, spec: ScenarioSpec, label: str, options: d
     return states[label].trained, states[label].stream_seconds
 
 
-def _strategy_unit(config: BenchConfig, spec: ScenarioSpec, name: str, options: dict) -> Any:
-    """One strategy's run over one repeat's stream (its result, as the report reads it)."""
+def _strategy_unit(config: BenchConfig, spec: ScenarioSpec, name: str, protocol: str, options: dict) -> Any:
+    """One strategy's run over one repeat's stream under one protocol (its result, as the report reads it): a
+    unit a protocol, so a strategy's two runs (A-GEM's are the longest) share the cluster's CPUs instead of
+    running one after the other in one unit."""
     runtime = setup(**options)
     built, per_task = _strategy_scenario(config, spec, runtime)
     return _run_strategies(config, [name], built, per_task, spec.task_names, runtime, NullProgress(),
-                           config.protocols_of(spec))[name]
+                           (protocol,))[name][protocol]
 
 
 def _strategy_scenario(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime):
