@@ -110,8 +110,8 @@ class _Watch:
 @pytest.mark.slow
 def test_a_bench_on_ray_gives_the_rows_of_one_process(cluster, tmp_path):
     """Two seeds, two modes, a strategy: streams, strategy runs and evaluations as Ray units with 1 CPU each equal
-    the plain bench run with one torch thread, row for row, in every repeat and in the means. Three units wait
-    for two CPUs, and no more than two run at once: a unit that blocks in ``ray.get`` (its board line) hands its
+    the plain bench run with one torch thread, row for row, in every repeat and in the means. A repeat's four
+    units (two streams, the strategy under each protocol) wait for two CPUs, and no more than two run at once: a unit that blocks in ``ray.get`` (its board line) hands its
     CPU back, and Ray started a third unit on it (sleeping units do not show this; real ones did)."""
     scenario = write_scenario(tmp_path, train_size=48, test_size=24)
     threads = torch.get_num_threads()
