@@ -495,7 +495,7 @@ class Bank:
         path, tensors, header = self._read_beside(entry, "curvature")
         try:
             return Curvature.from_tensors(tensors, header)
-        except (KeyError, ValueError) as exc:
+        except (ConfigError, KeyError, ValueError) as exc:  # its checksum holds: another editkit's format
             raise CorruptVectorError(f"curvature file {path} of {name!r} is not a curvature editkit wrote ({exc})") from exc
 
     def prototypes(self, name: str) -> Prototypes | None:

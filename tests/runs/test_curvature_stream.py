@@ -81,6 +81,28 @@ def test_a_corrupt_curvature_file_is_refused_by_name(tmp_path):
         stream(tmp_path / "bank", resume=True, recipe_fields=KFAC)
 
 
+def test_a_curvature_file_of_another_format_is_refused_as_corrupt_by_name(tmp_path):
+    """A file whose checksum holds but whose header is another editkit's factor format: refused as the bank's
+    corruption, naming the file, like a damaged one (not as a setting the user could change)."""
+    import hashlib
+
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+
+    stream(tmp_path / "bank", names=NAMES[:2], recipe_fields=KFAC)
+    path = tmp_path / "bank" / "a.curvature.safetensors"
+    with safe_open(str(path), "pt") as f:
+        header = f.metadata()
+    save_file(load_file(str(path)), str(path), metadata={**header, "format": "kfac-0"})
+    manifest = tmp_path / "bank" / "manifest.json"
+    entries = json.loads(manifest.read_text())
+    [entry] = [e for e in entries["vectors"] if e["name"] == "a"]
+    entry["curvature"]["checksum"] = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    manifest.write_text(json.dumps(entries))
+    with pytest.raises(CorruptVectorError, match="a.curvature.safetensors.*'kfac-0'"):
+        Bank(tmp_path / "bank").curvature("a")
+
+
 def test_removing_a_vector_removes_its_curvature(tmp_path):
     stream(tmp_path / "bank", names=NAMES[:2], recipe_fields=KFAC)
     bank = Bank(tmp_path / "bank")
