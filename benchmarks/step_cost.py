@@ -9,7 +9,8 @@ against the plain (non-linear) step and writes them as JSON.
   taujp (the scenario's own penalty recipe), the paper's cyclic and strict schedules (batch / 8 reg rows
   beside a full batch), mixed (``--mixed-reg-batch`` rows beside a full batch), taujp-nonlinear
   (cyclic: plain steps plus the penalty's jvp on the reg batch only) and the data-free penalty (``kfac``, the
-  sources' curvature summed or apart, computed once before the timed runs), on the first task with the others
+  sources' curvature summed or apart, computed once before the timed runs; ``taujp_kfac_energy``: summed, each
+  factor cut to ``--curvature-energy`` of its trace, default 0.9), on the first task with the others
   (and the generic source) as penalty sources; ``--labels`` times some of them only;
 - language scenarios (``--scenario toxic``): nonlinear, linear and taujp for each
   number of trainable decoder blocks in ``--blocks`` (default 1, 4 and all), with the
@@ -30,7 +31,8 @@ and the scenario's own penalty against ``linear`` over every task of a stream (`
 a cost the host's slow spells do not move, beside the timed one they do.
 
     python benchmarks/step_cost.py [--scenario toxic] [--steps 30] [--warmup 5] [--rounds 3] [--threads N]
-                                   [--channels-last] [--mixed-reg-batch N] [--flops] [--json runs/step_cost.json]
+                                   [--channels-last] [--mixed-reg-batch N] [--curvature-energy E] [--flops]
+                                   [--json runs/step_cost.json]
 """
 
 from __future__ import annotations
@@ -64,13 +66,15 @@ RATIOS = {  # name -> (label over label), each the median over rounds of the rou
     "taujp_nonlinear_over_nonlinear": ("taujp_nonlinear", "nonlinear"),
     "kfac_over_linear": ("taujp_kfac", "linear"),
     "kfac_apart_over_linear": ("taujp_kfac_apart", "linear"),
+    "kfac_energy_over_linear": ("taujp_kfac_energy", "linear"),
 }
 
 
-def variants(recipe: Recipe, mixed_reg_batch: int | None) -> dict[str, Recipe]:
+def variants(recipe: Recipe, mixed_reg_batch: int | None, energy: float) -> dict[str, Recipe]:
     """label -> the recipe its runs train with. ``taujp`` is the scenario's own penalty (its schedule, reg rows
     and where they ride); beside it the paper's schedules, batch // 8 reg rows beside a full batch (``mixed``:
-    ``mixed_reg_batch`` rows, default the scenario's reg batch); ``taujp_nonlinear`` penalises as cyclic does."""
+    ``mixed_reg_batch`` rows, default the scenario's reg batch); ``taujp_nonlinear`` penalises as cyclic does;
+    ``taujp_kfac_energy`` keeps ``energy`` of each factor's trace (the cheaper, lossy curvature)."""
     paper = {"reg_batch": max(1, recipe.batch_size // 8), "reg_within_batch": False}
     return {
         "nonlinear": recipe.with_overrides(mode="nonlinear"),
@@ -83,6 +87,7 @@ def variants(recipe: Recipe, mixed_reg_batch: int | None) -> dict[str, Recipe]:
         "taujp_nonlinear": recipe.with_overrides(mode="taujp-nonlinear", schedule="cyclic", **paper),
         "taujp_kfac": recipe.with_overrides(mode="taujp", penalty="kfac"),
         "taujp_kfac_apart": recipe.with_overrides(mode="taujp", penalty="kfac", curvature_combine="apart"),
+        "taujp_kfac_energy": recipe.with_overrides(mode="taujp", penalty="kfac", curvature_energy=energy),
     }
 
 
@@ -215,6 +220,8 @@ def main() -> None:
                         help="the mixed run's reg rows per step, beside a full batch (default: the scenario's reg batch)")
     parser.add_argument("--flops", action="store_true",
                         help="also count each recipe's FLOPs per step (one more untimed run each) and their ratios")
+    parser.add_argument("--curvature-energy", type=float, default=0.9,
+                        help="share of each factor's trace the taujp_kfac_energy run keeps (default 0.9)")
     parser.add_argument("--labels", default=None,
                         help="comma-separated recipes to time (default: all of them; nonlinear and linear always run)")
     parser.add_argument("--json", type=Path, default=Path("runs/step_cost.json"))
@@ -241,7 +248,7 @@ def main() -> None:
     # first calls) that the per-mode warm-up alone does not absorb.
     runtime = Runtime(channels_last=args.channels_last)
     measure(built, spec.recipe.with_overrides(mode="taujp", steps=args.warmup + 1), sources, args.warmup, runtime)
-    recipes = variants(spec.recipe.with_overrides(steps=args.steps), args.mixed_reg_batch)
+    recipes = variants(spec.recipe.with_overrides(steps=args.steps), args.mixed_reg_batch, args.curvature_energy)
     if args.labels:
         wanted = {"nonlinear", "linear", *args.labels.split(",")}
         if unknown := sorted(wanted - set(recipes)):
@@ -270,6 +277,7 @@ def main() -> None:
         "recipes": {label: {"mode": str(r.mode), "schedule": r.schedule, "reg_batch": r.reg_batch_size,
                             "reg_within_batch": r.reg_within_batch} for label, r in recipes.items()},
         "n_sources_strict": len(sources),
+        "curvature_energy": args.curvature_energy,
         "torch_threads": torch.get_num_threads(),
         "runtime": runtime.describe(),
         "rounds": args.rounds,
