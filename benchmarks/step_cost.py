@@ -10,8 +10,7 @@ against the plain (non-linear) step and writes them as JSON.
   beside a full batch), mixed (``--mixed-reg-batch`` rows beside a full batch), taujp-nonlinear
   (cyclic: plain steps plus the penalty's jvp on the reg batch only) and the data-free penalty (``kfac``, the
   sources' curvature summed or apart, computed once before the timed runs; ``taujp_kfac_energy``: summed, each
-  factor cut to ``--curvature-energy`` of its trace, default 0.9; ``taujp_kfac_every``: summed, evaluated every
-  ``--curvature-every`` steps, default 8), on the first task with the others
+  factor cut to ``--curvature-energy`` of its trace, default 0.9), on the first task with the others
   (and the generic source) as penalty sources; ``--labels`` times some of them only;
 - language scenarios (``--scenario toxic``): nonlinear, linear and taujp for each
   number of trainable decoder blocks in ``--blocks`` (default 1, 4 and all), with the
@@ -32,8 +31,7 @@ and the scenario's own penalty against ``linear`` over every task of a stream (`
 a cost the host's slow spells do not move, beside the timed one they do.
 
     python benchmarks/step_cost.py [--scenario toxic] [--steps 30] [--warmup 5] [--rounds 3] [--threads N]
-                                   [--channels-last] [--mixed-reg-batch N] [--curvature-energy E]
-                                   [--curvature-every K] [--flops]
+                                   [--channels-last] [--mixed-reg-batch N] [--curvature-energy E] [--flops]
                                    [--json runs/step_cost.json]
 """
 
@@ -69,16 +67,14 @@ RATIOS = {  # name -> (label over label), each the median over rounds of the rou
     "kfac_over_linear": ("taujp_kfac", "linear"),
     "kfac_apart_over_linear": ("taujp_kfac_apart", "linear"),
     "kfac_energy_over_linear": ("taujp_kfac_energy", "linear"),
-    "kfac_every_over_linear": ("taujp_kfac_every", "linear"),
 }
 
 
-def variants(recipe: Recipe, mixed_reg_batch: int | None, energy: float, every: int) -> dict[str, Recipe]:
+def variants(recipe: Recipe, mixed_reg_batch: int | None, energy: float) -> dict[str, Recipe]:
     """label -> the recipe its runs train with. ``taujp`` is the scenario's own penalty (its schedule, reg rows
     and where they ride); beside it the paper's schedules, batch // 8 reg rows beside a full batch (``mixed``:
     ``mixed_reg_batch`` rows, default the scenario's reg batch); ``taujp_nonlinear`` penalises as cyclic does;
-    ``taujp_kfac_energy`` keeps ``energy`` of each factor's trace (the cheaper, lossy curvature);
-    ``taujp_kfac_every`` evaluates the penalty every ``every`` steps, reusing its gradient between."""
+    ``taujp_kfac_energy`` keeps ``energy`` of each factor's trace (the cheaper, lossy curvature)."""
     paper = {"reg_batch": max(1, recipe.batch_size // 8), "reg_within_batch": False}
     return {
         "nonlinear": recipe.with_overrides(mode="nonlinear"),
@@ -92,7 +88,6 @@ def variants(recipe: Recipe, mixed_reg_batch: int | None, energy: float, every: 
         "taujp_kfac": recipe.with_overrides(mode="taujp", penalty="kfac"),
         "taujp_kfac_apart": recipe.with_overrides(mode="taujp", penalty="kfac", curvature_combine="apart"),
         "taujp_kfac_energy": recipe.with_overrides(mode="taujp", penalty="kfac", curvature_energy=energy),
-        "taujp_kfac_every": recipe.with_overrides(mode="taujp", penalty="kfac", curvature_every=every),
     }
 
 
@@ -227,8 +222,6 @@ def main() -> None:
                         help="also count each recipe's FLOPs per step (one more untimed run each) and their ratios")
     parser.add_argument("--curvature-energy", type=float, default=0.9,
                         help="share of each factor's trace the taujp_kfac_energy run keeps (default 0.9)")
-    parser.add_argument("--curvature-every", type=int, default=8,
-                        help="steps between the taujp_kfac_every run's evaluations of the penalty (default 8)")
     parser.add_argument("--labels", default=None,
                         help="comma-separated recipes to time (default: all of them; nonlinear and linear always run)")
     parser.add_argument("--json", type=Path, default=Path("runs/step_cost.json"))
@@ -255,8 +248,7 @@ def main() -> None:
     # first calls) that the per-mode warm-up alone does not absorb.
     runtime = Runtime(channels_last=args.channels_last)
     measure(built, spec.recipe.with_overrides(mode="taujp", steps=args.warmup + 1), sources, args.warmup, runtime)
-    recipes = variants(spec.recipe.with_overrides(steps=args.steps), args.mixed_reg_batch, args.curvature_energy,
-                       args.curvature_every)
+    recipes = variants(spec.recipe.with_overrides(steps=args.steps), args.mixed_reg_batch, args.curvature_energy)
     if args.labels:
         wanted = {"nonlinear", "linear", *args.labels.split(",")}
         if unknown := sorted(wanted - set(recipes)):
@@ -286,7 +278,6 @@ def main() -> None:
                             "reg_within_batch": r.reg_within_batch} for label, r in recipes.items()},
         "n_sources_strict": len(sources),
         "curvature_energy": args.curvature_energy,
-        "curvature_every": args.curvature_every,
         "torch_threads": torch.get_num_threads(),
         "runtime": runtime.describe(),
         "rounds": args.rounds,

@@ -587,12 +587,6 @@ class CurvatureRegularizer:
     Eq. 8); ``apart`` keeps every task's and averages their quadratic forms (TAK's Eq. 7: cost grows with tasks).
     The square root is tauJp's norm on the mean squared drift (its gradient at tau = 0 is taken as zero, as a
     norm's is), so lambda weighs it as tauJp's lambda weighs the mean norm.
-
-    every: evaluate the penalty on every ``every``-th call only (one call a step). A call between evaluations
-    returns the last evaluation extended linearly to the vector's move since, so its gradient is the last
-    evaluation's: the products with the factors, which cost a large share of a small step, are paid once in
-    ``every`` steps. The quadratic form is fixed, so the reused gradient is off by C times that move (the root's
-    by its change of direction): small over a few steps at a fine-tuning's learning rate, and measured.
     """
 
     needs_inputs = False
@@ -600,10 +594,10 @@ class CurvatureRegularizer:
     rows_per_step = 0
 
     def __init__(self, curvatures: Sequence[Curvature], *, lam: float, squared: bool = False,
-                 combine: str = "sum", energy: float = 1.0, every: int = 1) -> None:
+                 combine: str = "sum", energy: float = 1.0) -> None:
         if combine not in COMBINES:
             raise ConfigError(f"unknown curvature combine {combine!r}: expected one of {', '.join(COMBINES)}")
-        self.lam, self.squared, self.combine, self.every = lam, squared, combine, every
+        self.lam, self.squared, self.combine = lam, squared, combine
         self.tasks = len(curvatures)
         if curvatures:
             same_measure(curvatures)
@@ -611,8 +605,6 @@ class CurvatureRegularizer:
                            else list(curvatures))
         self._device: torch.device | None = None
         self._packed: _Packed | None = None
-        self._calls = 0
-        self._last: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None
 
     @property
     def active(self) -> bool:
@@ -627,8 +619,7 @@ class CurvatureRegularizer:
         return []
 
     def prepare(self, steps: int) -> None:
-        """Nothing to encode ahead (the penalty reads no input); a fine-tune's first call evaluates it."""
-        self._calls, self._last = 0, None
+        """Nothing to encode ahead: the penalty reads no input."""
 
     def skip(self, steps: int) -> None:
         """Nothing to skip: no source is drawn from."""
@@ -641,22 +632,6 @@ class CurvatureRegularizer:
         return self._packed.quadratic(tau)
 
     def loss_of(self, tau: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """lambda times the penalty of ``tau`` (differentiable in it); with ``every`` > 1, evaluated on every
-        ``every``-th call and extended linearly from the last evaluation between them."""
-        evaluate = self._calls % self.every == 0
-        self._calls += 1
-        if self.every == 1:
-            return self._exact(tau)
-        if evaluate:  # the loss and its gradient g at tau_e; later: loss(tau_e) + g . (tau - tau_e)
-            names = [n for n, t in tau.items() if t.requires_grad]
-            loss = self._exact(tau)
-            found = torch.autograd.grad(loss, [tau[n] for n in names], allow_unused=True)
-            grads = {n: g for n, g in zip(names, found) if g is not None}
-            self._last = (loss.detach() - sum((tau[n].detach() * g).sum() for n, g in grads.items()), grads)
-        offset, grads = self._last
-        return offset + sum((tau[n] * g).sum() for n, g in grads.items())
-
-    def _exact(self, tau: Mapping[str, torch.Tensor]) -> torch.Tensor:
         value = self.quadratic(tau)
         return self.lam * (value if self.squared else value.clamp_min(1e-20).sqrt())
 

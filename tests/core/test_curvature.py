@@ -192,33 +192,6 @@ def test_the_penalty_is_lambda_times_the_root_of_the_form_and_flat_at_zero():
     assert all(torch.equal(t.grad, torch.zeros_like(t)) for t in zero.values())  # a norm's gradient at zero
 
 
-def test_evaluated_every_n_steps_the_penalty_is_exact_there_and_between_reuses_its_gradient():
-    """One linear layer, whose factors are exact: the penalty by hand is lambda sqrt(E ||dW x + db||^2). With
-    every = 3, calls 0 and 3 return it; calls 1, 2 and 4 return the last evaluation extended linearly to the
-    vector they are given, so their gradient is that evaluation's, whatever the vector now."""
-    torch.manual_seed(0)
-    layer, x = nn.Linear(3, 2), torch.randn(64, 3)
-    regularizer = CurvatureRegularizer([compute_curvature(layer, [x], exact=True)], lam=0.3, every=3)
-
-    def hand(tau: dict[str, torch.Tensor]) -> torch.Tensor:
-        return 0.3 * (x @ tau["weight"].T + tau["bias"]).square().sum(1).mean().sqrt()
-
-    taus = [{n: (0.1 * (i + 1) * torch.randn_like(p)).requires_grad_() for n, p in layer.named_parameters()}
-            for i in range(5)]
-    for i, tau in enumerate(taus):
-        loss = regularizer.loss_of(tau)
-        grads = torch.autograd.grad(loss, list(tau.values()))
-        at = {n: t.detach().requires_grad_() for n, t in taus[i - i % 3].items()}  # the last evaluation's
-        exact = hand(at)
-        want = torch.autograd.grad(exact, list(at.values()))
-        moved = sum(((tau[n].detach() - at[n].detach()) * g).sum() for n, g in zip(at, want))
-        torch.testing.assert_close(loss.detach(), exact.detach() + moved, rtol=1e-5, atol=1e-7)
-        for got, expected in zip(grads, want):
-            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
-    regularizer.prepare(10)  # a new fine-tune: its first call evaluates
-    torch.testing.assert_close(regularizer.loss_of(taus[4]).detach(), hand(taus[4]).detach(), rtol=1e-5, atol=1e-7)
-
-
 def test_no_curvature_is_an_inactive_penalty_and_an_unknown_combine_is_refused():
     assert not CurvatureRegularizer([], lam=0.1).active
     with pytest.raises(ConfigError, match="combine"):

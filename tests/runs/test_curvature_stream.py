@@ -117,21 +117,6 @@ def test_a_resume_with_other_curvature_fields_is_refused_by_field(tmp_path):
         stream(tmp_path / "bank", resume=True, recipe_fields={**KFAC, "curvature_examples": 30})
     with pytest.raises(BankError, match="penalty 'kfac' banked, None now"):
         stream(tmp_path / "bank", resume=True)
-    with pytest.raises(BankError, match="curvature_every None banked, 2 now"):
-        stream(tmp_path / "bank", resume=True, recipe_fields={**KFAC, "curvature_every": 2})
-
-
-def test_a_penalty_evaluated_every_few_steps_trains_another_vector_once_there_is_curvature(tmp_path):
-    """The recipe's ``curvature_every`` reaches the step: the first task (no curvature yet) trains the same
-    vector, the second another; the field is recorded only where it is not 1 (banks written before it match)."""
-    stream(tmp_path / "every", names=NAMES[:2], recipe_fields={**KFAC, "curvature_every": 4})
-    stream(tmp_path / "exact", names=NAMES[:2], recipe_fields=KFAC)
-    every, exact = Bank(tmp_path / "every"), Bank(tmp_path / "exact")
-    assert torch.equal(every.load("a")["0.weight"], exact.load("a")["0.weight"])
-    assert not torch.equal(every.load("b")["0.weight"], exact.load("b")["0.weight"])
-    assert every.get("b").recipe["curvature_every"] == 4 and "curvature_every" not in exact.get("b").recipe
-    with pytest.raises(ConfigError, match="curvature_every must be >= 1"):
-        Recipe(penalty="kfac", curvature_every=0)
 
 
 def test_a_vector_banked_without_curvature_is_left_out_with_a_warning(tmp_path, caplog):

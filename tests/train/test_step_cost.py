@@ -23,7 +23,7 @@ def fields(recipe: Recipe) -> tuple:
 
 def test_the_scenarios_own_penalty_is_timed_beside_the_papers_schedules():
     own = Recipe(batch_size=32, schedule="mixed", reg_batch=8, reg_within_batch=True, steps=30)
-    recipes = benchmark_script("step_cost").variants(own, None, 0.9, 8)
+    recipes = benchmark_script("step_cost").variants(own, None, 0.9)
     assert {label: fields(r) for label, r in recipes.items()} == {
         "nonlinear": ("nonlinear", "mixed", 8, True),  # penalty fields a plain step never reads
         "linear": ("linear", "mixed", 8, True),
@@ -35,14 +35,12 @@ def test_the_scenarios_own_penalty_is_timed_beside_the_papers_schedules():
         "taujp_kfac": ("taujp", "mixed", 8, True),  # the data-free penalty draws no reg rows: these do not apply
         "taujp_kfac_apart": ("taujp", "mixed", 8, True),
         "taujp_kfac_energy": ("taujp", "mixed", 8, True),
-        "taujp_kfac_every": ("taujp", "mixed", 8, True),
     }
-    assert {label: (r.penalty, r.curvature_combine, r.curvature_energy, r.curvature_every)
-            for label, r in recipes.items() if r.penalty != "inputs"} == {
-        "taujp_kfac": ("kfac", "sum", 1.0, 1), "taujp_kfac_apart": ("kfac", "apart", 1.0, 1),
-        "taujp_kfac_energy": ("kfac", "sum", 0.9, 1), "taujp_kfac_every": ("kfac", "sum", 1.0, 8)}
+    assert {label: (r.penalty, r.curvature_combine, r.curvature_energy) for label, r in recipes.items()
+            if r.penalty != "inputs"} == {"taujp_kfac": ("kfac", "sum", 1.0), "taujp_kfac_apart": ("kfac", "apart", 1.0),
+                                          "taujp_kfac_energy": ("kfac", "sum", 0.9)}
     assert all(r.steps == 30 and r.batch_size == 32 for r in recipes.values())
-    assert fields(benchmark_script("step_cost").variants(own, 6, 0.9, 8)["taujp_mixed"]) == ("taujp", "mixed", 6, False)
+    assert fields(benchmark_script("step_cost").variants(own, 6, 0.9)["taujp_mixed"]) == ("taujp", "mixed", 6, False)
 
 
 D, F, C, B, R = 5, 3, 2, 8, 2  # a bias-free linear backbone D -> F, a frozen head F -> C, batch B, R reg rows
