@@ -145,6 +145,33 @@ def test_an_onnx_model_that_differs_is_not_written_and_the_program_stays(clip_ex
                      f"{out} has no model.onnx: {skipped}")
 
 
+def test_the_export_check_measures_a_refused_onnx_model_in_the_onnx_process(clip_export, tmp_path):
+    """Where ``--out`` refused model.onnx, ``benchmarks/export_check.py`` converts the same program again into a
+    scratch directory and runs it in its onnxruntime-only process: here (a copy of an export whose file was kept,
+    made to read as refused) the refused file scores every task as editkit's own logits do."""
+    import shutil
+
+    out, bank = clip_export
+    refused = tmp_path / "refused"
+    shutil.copytree(out, refused)
+    manifest = json.loads((refused / "editkit.json").read_text())
+    manifest["onnx"] = {"skipped": "model.onnx was not written: (as if refused)"}
+    (refused / "editkit.json").write_text(json.dumps(manifest))
+    (refused / "model.onnx").unlink()
+    built = provenance.bank_scenario(bank, bank.names()[0])
+    vector, tasks = combine(bank, dict.fromkeys(bank.names(), 1.0)), bank.names()
+    data, own = check.payload(built, tasks), check.editkit_logits(built, vector, tasks)
+    rows = {t: {"reported": float((own[t].argmax(1) == data[t]["labels"]).double().mean())} for t in tasks}
+    measured = check.onnx_check(refused, data, own, rows, 1.0, built, vector)
+    assert measured["skipped"] == "model.onnx was not written: (as if refused)"
+    assert measured["unkept"]["same_accuracy"] and measured["unkept"]["process_imported"] == []
+    for task in tasks:
+        scale = float(own[task].abs().max())
+        assert rows[task]["unkept_onnx"] == rows[task]["reported"]
+        assert rows[task]["unkept_onnx_max_abs_logit_difference"] <= VERIFY_TOLERANCE * max(scale, 1.0)
+    assert not (refused / "model.onnx").exists()  # measured in scratch, nothing added to the export
+
+
 def test_a_conversion_that_fails_or_missing_packages_skip_onnx_in_one_line(clip_export, tmp_path, monkeypatch):
     _, bank = clip_export
 
