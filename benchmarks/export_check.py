@@ -307,15 +307,17 @@ def onnx_check(out: Path, data: Mapping[str, Any], own: Mapping[str, Any], rows:
 
 def unkept_onnx(out: Path, scratch: Path, built: Any, vector: Any, tasks: list[str]) -> Path:
     """The conversion ``--out`` made and refused, made again into ``scratch`` without the check, beside a copy of
-    the export's manifest naming it (and a link to its tokenizer): a directory :func:`run_onnx` reads."""
+    the export's manifest naming it and links to the export's other files (a text model's tokenizer): a directory
+    :func:`run_onnx` reads."""
     from editkit.io.onnx import convert
     from editkit.io.program import trace
 
+    for entry in out.iterdir():
+        if entry.name != "editkit.json":
+            (scratch / entry.name).symlink_to(entry.resolve())
     program, inputs = trace(built.backbone, vector, {task: built.heads[task] for task in tasks})
     manifest = json.loads((out / "editkit.json").read_text())
     manifest["onnx"] = convert(program, inputs.spec["names"], tasks, scratch / "model.onnx", inputs.dynamic)
-    if manifest["input"]["kind"] == "text":
-        (scratch / manifest["input"]["tokenizer"]).symlink_to((out / manifest["input"]["tokenizer"]).resolve())
     (scratch / "editkit.json").write_text(json.dumps(manifest))
     return scratch
 
