@@ -92,13 +92,16 @@ def test_tiny_t5_streams_two_steps_per_task_from_local_copies(offline, tmp_path,
 def assert_the_program_scores_teacher_forced_as_reported(out: Path, bank: Bank, report: dict) -> None:
     """``--out`` of a seq2seq bank: a Hugging Face directory of theta_0 + the sum in every parameter, and a program
     of the linearized model over (prompt, teacher-forced decoder input) whose every-label-token accuracy on each
-    task's test split is the reported one."""
+    task's test split is the reported one; and its ``model.onnx``, whose logits ONNX Runtime gives as the program's
+    on those splits (within the program's tolerance)."""
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
     from editkit.core.batching import IGNORE_INDEX
+    from editkit.io import onnx as onnx_io
+    from editkit.io.program import VERIFY_TOLERANCE
+    from editkit.io.read import OnnxModel, read_export
     from editkit.scenario import provenance
-    from editkit.io.read import read_export
 
     manifest = json.loads((out / "editkit.json").read_text())
     assert manifest["input"]["kind"] == "text-to-text" and manifest["weights"]["format"] == "transformers"
@@ -110,6 +113,10 @@ def assert_the_program_scores_teacher_forced_as_reported(out: Path, bank: Bank, 
     for name, param in loaded.named_parameters():
         torch.testing.assert_close(param, theta0[name] + tau[name], rtol=0, atol=1e-6)
     program = read_export(out).program()
+    converted = not onnx_io.missing_packages()
+    if converted:  # the seq2seq program converts like the others: one output per task, checked before it is kept
+        assert manifest["onnx"]["outputs"] == TASKS and manifest["onnx"]["verified"]["within_tolerance"]
+        onnx_model = OnnxModel(out / "model.onnx")
     for task in TASKS:
         test = built.task(task).test
         inputs = built.backbone.program_batch(test, range(len(test)))
@@ -118,3 +125,6 @@ def assert_the_program_scores_teacher_forced_as_reported(out: Path, bank: Bank, 
             logits = program(*inputs)[task]
         right = ((logits.argmax(-1) == labels) | (labels == IGNORE_INDEX)).all(dim=1)
         assert float(right.double().mean()) == pytest.approx(report["per_task"][task], abs=0), task
+        if converted:
+            scale = max(float(logits.abs().max()), 1.0)
+            torch.testing.assert_close(onnx_model(*inputs)[task], logits, rtol=0, atol=VERIFY_TOLERANCE * scale)
