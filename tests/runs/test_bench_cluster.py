@@ -78,6 +78,22 @@ def test_units_never_outnumber_the_cluster_cpus(cluster):
     assert max(running) == 2, spans
 
 
+def test_a_unit_that_needs_others_starts_when_they_are_done_and_not_after_the_rest(cluster):
+    """A repeat's evaluation needs its streams, not its strategies. With a CPU free, a unit that needs another waits
+    for it and gets its result; and it starts as soon as that one is done, while a longer unit still runs."""
+
+    def timed(seconds: float, *needed: tuple) -> tuple[float, float, tuple]:  # local, so Ray ships it by value
+        start = time.time()
+        time.sleep(seconds)
+        return start, time.time(), needed
+
+    first, then = run_units([Unit("a", timed, (2.0,)), Unit("c", timed, (0.5,), needs=(0,))], NullProgress())
+    assert then[0] >= first[1] and then[2] == (first,)  # a CPU was free, yet it waited, and it was handed a's result
+    first, long, then = run_units([Unit("a", timed, (1.0,)), Unit("b", timed, (8.0,)),
+                                   Unit("c", timed, (0.5,), needs=(0,))], NullProgress())
+    assert first[1] <= then[0] and then[1] < long[1]  # beside b, not after it
+
+
 class _Watch:
     """The most bench units seen running at once: Ray titles a worker's process ``ray::<task name>`` while it
     runs a task (``ray::IDLE`` between tasks); the board actor and Ray's own agents are not units."""

@@ -4,7 +4,7 @@ A unit is a module-level function and its arguments, with its own CPU / GPU requ
 runs and, when a worker dies, re-runs it (``max_retries``). The bench gives it four kinds of unit
 (:mod:`editkit.runs.bench.run`): a mode's stream for one seed or task order (it fills that stream's bank, and a
 re-run resumes from what the bank already holds), a strategy's run under one protocol, each repeat's evaluation
-over its finished banks, and with ``--tune`` each row's selection trials (:mod:`editkit.runs.bench.selection`),
+over its finished banks (it needs that repeat's stream units, not its strategies), and with ``--tune`` each row's selection trials (:mod:`editkit.runs.bench.selection`),
 one unit a trial.
 Every unit sets its torch threads to the CPUs it asked for and records them, so a unit computes what the
 plain command computes with ``--threads`` equal to that number: the same rows, to the last digit.
@@ -34,14 +34,16 @@ RAY_EXTRA = 'pip install -e ".[ray]"'
 
 @dataclass(frozen=True)
 class Unit:
-    """One independent piece of the grid: ``call(*args)`` in a worker with ``cpus`` CPUs (its torch threads) and
-    ``gpus`` GPUs."""
+    """One piece of the grid: ``call(*args, *results)`` in a worker with ``cpus`` CPUs (its torch threads) and
+    ``gpus`` GPUs, where ``results`` are those of the earlier units of the same :func:`run_units` call that it
+    ``needs`` (by index): Ray starts it once they are done, whatever else still runs."""
 
     name: str
     call: Callable[..., Any]
     args: tuple
     cpus: int = 1
     gpus: float = 0.0
+    needs: tuple[int, ...] = ()
 
 
 def connect(address: str) -> str:
@@ -117,19 +119,23 @@ def _readable(paths: list[str]) -> list[str]:
 
 
 def run_units(units: Sequence[Unit], progress: Progress) -> list[Any]:
-    """Every unit as a Ray task at once (Ray queues what the cluster cannot hold yet); their results in the
-    order given. One line per unit as it is queued, starts (on which node, which attempt), ends or fails; the
-    first failure that is not a dead worker stops the bench with the unit's own one-line message."""
+    """Every unit as a Ray task at once (Ray queues what the cluster cannot hold yet, and a unit that needs others
+    until they are done); their results in the order given. One line per unit as it is queued, starts (on which
+    node, which attempt), ends or fails; the first failure that is not a dead worker stops the bench with the
+    unit's own one-line message."""
     import ray
 
     board = ray.remote(num_cpus=0)(_Board).remote()
     task = ray.remote(_run_unit)
-    refs = [task.options(num_cpus=u.cpus, num_gpus=u.gpus, max_retries=RETRIES, name=u.name).remote(
-        board, u.name, u.call, u.args, u.cpus) for u in units]
+    refs: list[Any] = []
+    for u in units:  # the results a unit needs as top-level arguments: Ray resolves them before it starts the unit
+        refs.append(task.options(num_cpus=u.cpus, num_gpus=u.gpus, max_retries=RETRIES, name=u.name).remote(
+            board, u.name, u.call, u.args, u.cpus, *(refs[i] for i in u.needs)))
     names = {ref: unit.name for ref, unit in zip(refs, units)}
     for unit in units:
+        after = f", after {', '.join(units[i].name for i in unit.needs)}" if unit.needs else ""
         progress.note(f"{unit.name}: queued ({unit.cpus} CPU{'s' if unit.cpus > 1 else ''}"
-                      f"{f', {unit.gpus:g} GPU' if unit.gpus else ''})")
+                      f"{f', {unit.gpus:g} GPU' if unit.gpus else ''}{after})")
     pending, results, shown = list(refs), {}, 0
     while pending:
         done, pending = ray.wait(pending, num_returns=1, timeout=1.0)
@@ -168,8 +174,10 @@ class _Board:
         return self.lines[index:]
 
 
-def _run_unit(board: Any, name: str, call: Callable[..., Any], args: tuple, cpus: int) -> tuple[Any, dict]:
-    """A unit in its worker: its torch threads set to its CPUs (what the numbers depend on beyond the seed).
+def _run_unit(board: Any, name: str, call: Callable[..., Any], args: tuple, cpus: int, *needed: tuple[Any, dict]
+              ) -> tuple[Any, dict]:
+    """A unit in its worker: its torch threads set to its CPUs (what the numbers depend on beyond the seed);
+    ``needed``: what the units it needs returned (their results passed on after ``args``).
 
     It tells the board it started without waiting for the answer: a task blocked in ``ray.get`` hands its CPUs
     back to Ray, which starts a queued unit on them, and the node then runs more units than it has CPUs."""
@@ -180,5 +188,5 @@ def _run_unit(board: Any, name: str, call: Callable[..., Any], args: tuple, cpus
     board.started.remote(name, node)
     torch.set_num_threads(cpus)
     start = time.perf_counter()
-    result = call(*args)
+    result = call(*args, *(done for done, _ in needed))
     return result, {"node": node, "threads": torch.get_num_threads(), "seconds": time.perf_counter() - start}

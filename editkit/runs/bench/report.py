@@ -165,23 +165,21 @@ def with_backward_transfer(rows: Sequence[AdditionRow], continual: Mapping[str, 
 
 def bench_report(spec, built, config: BenchConfig, states: Mapping[str, ModeState], tasks: Sequence[str],
                  pretrained: Mapping[str, Mapping[str, float]], results: Mapping[str, dict[str, Any]],
-                 sections: Mapping[str, Any], strategies: Mapping[str, Any], run_dir: Path,
+                 sections: Mapping[str, Any], strategies: Mapping[str, Any] | None, run_dir: Path,
                  protocols: Sequence[str]) -> dict[str, Any]:
-    """``report.json``'s document: every mode's rows and sections (``results``, ``sections``), the strategies',
-    each stream's provenance and cost, what every row keeps of earlier tasks, and the claims read from the rows."""
+    """``report.json``'s document: every mode's rows and sections (``results``, ``sections``), the strategies'
+    (:func:`with_strategies`; ``None``: the caller adds them later), each stream's provenance and cost, what every
+    row keeps of earlier tasks, and the claims read from the rows."""
     theta0 = next(iter(results.values()))["pretrained_class_incremental"]
     rows = [addition_row("pretrained", None, None, None, pretrained["test"], None,
                          val_absolute=addition_summary(pretrained["val"], None)["absolute"], **theta0)]
     for mode in states:
         rows += results[mode]["rows"]
-    rows += strategies["rows"]
     continual = {**{mode: state.stream.continual for mode, state in states.items()},
                  **{f"{mode}/{method}": numbers for mode in states
-                    for method, numbers in results[mode]["continual"].items()},
-                 **strategies.get("continual", {})}
-    continual_class = {**{mode: results[mode]["continual_class_incremental"] for mode in states
-                          if results[mode]["continual_class_incremental"] is not None},
-                       **strategies.get("continual_class_incremental", {})}
+                    for method, numbers in results[mode]["continual"].items()}}
+    continual_class = {mode: results[mode]["continual_class_incremental"] for mode in states
+                       if results[mode]["continual_class_incremental"] is not None}
     with_backward_transfer(rows, continual, continual_class)
     streams: dict[str, StreamSection] = {}
     for mode, state in states.items():
@@ -192,7 +190,7 @@ def bench_report(spec, built, config: BenchConfig, states: Mapping[str, ModeStat
             "steps": [{"step": s.step, "task": s.task, "resumed": s.resumed, "single_task": s.single_task,
                        "pretrained": s.pretrained, "merged": dict(s.merged)} for s in state.stream.steps],
         }
-    return jsonable({
+    report = jsonable({
         "scenario": spec.name,
         "scenario_file": str(spec.path) if spec.path else None,
         "backbone": built.backbone.name,
@@ -222,13 +220,30 @@ def bench_report(spec, built, config: BenchConfig, states: Mapping[str, ModeStat
         "continual": continual,
         "continual_class_incremental": continual_class,
         "kept": {"pretrained": pretrained_kept(states, tasks, protocols),
-                 **{m: stream_kept(s, built, tasks, protocols) for m, s in states.items()},
-                 **strategies.get("kept", {})},
-        "strategies": strategies.get("strategies", {}),
-        "strategy_cost": strategies.get("strategy_cost", {}),
+                 **{m: stream_kept(s, built, tasks, protocols) for m, s in states.items()}},
+        "strategies": {},
+        "strategy_cost": {},
         "cost": with_step_ratios({m: cost_section(states[m], results[m], tasks) for m in states}),
         "claims": claims(rows, config.claim_margin),
     })
+    return report if strategies is None else with_strategies(report, strategies, config.claim_margin)
+
+
+def with_strategies(report: dict[str, Any], strategies: Mapping[str, Any], margin: float) -> dict[str, Any]:
+    """``report`` (:func:`bench_report`'s, without strategies) with the strategies' sections
+    (:func:`~editkit.runs.bench.strategies.strategy_sections`) added: their rows after the modes', continual numbers,
+    what they keep, their cost, and the claims read again from every row. Apart from :func:`bench_report` so that a
+    bench on a cluster evaluates the merged models while the strategies still run, and adds them after."""
+    rows = report["addition"]["rows"] + jsonable(strategies["rows"])
+    continual = {**report["continual"], **jsonable(strategies.get("continual", {}))}
+    continual_class = {**report["continual_class_incremental"],
+                       **jsonable(strategies.get("continual_class_incremental", {}))}
+    with_backward_transfer(rows, continual, continual_class)
+    return {**report, "addition": {**report["addition"], "rows": rows}, "continual": continual,
+            "continual_class_incremental": continual_class,
+            "kept": {**report["kept"], **jsonable(strategies.get("kept", {}))},
+            "strategies": jsonable(strategies.get("strategies", {})),
+            "strategy_cost": jsonable(strategies.get("strategy_cost", {})), "claims": claims(rows, margin)}
 
 
 def write_outputs(report: dict[str, Any], run_dir: Path) -> None:

@@ -79,8 +79,7 @@ from editkit.integrations.avalanche.strategies import STRATEGIES
 from editkit.runs.bench.checks import check_bank, refuse_unswept_heads
 from editkit.runs.bench.config import BenchConfig
 from editkit.runs.bench.addition import evaluate_mode
-from editkit.runs.bench.report import (RSS_METRIC, ModeState, bench_report,
-                                       write_outputs)
+from editkit.runs.bench.report import RSS_METRIC, ModeState, bench_report, with_strategies, write_outputs
 from editkit.runs.bench.strategies import run_strategies, strategy_sections
 from editkit.runs.bench.sections import FIRST_REPEAT_ONLY, diagnostic_sections, negation_section
 from editkit.runs.bench.cluster import Unit, check_shared, connect, run_units
@@ -136,18 +135,18 @@ def run_bench(config: BenchConfig, *, runtime: Runtime | None = None, progress: 
 
 @dataclass
 class _Done:
-    """What a repeat's other units did before its evaluation (``--ray``): each stream's tasks trained and its
-    seconds, each strategy's result."""
+    """What a repeat's stream units did before its evaluation (``--ray``): each stream's tasks trained and its
+    seconds. The strategies may still run: the driver adds them to the evaluation's report and writes it."""
 
     streams: dict[str, tuple[list[str], float]]
-    strategies: dict[str, Any]
 
 
 def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: Progress, *,
                 extras: bool = True, done: _Done | None = None) -> BenchResult:
     """One bench of ``spec`` (its tasks in the order it lists them), with a validated ``config``; without
     ``extras``, no negation and no diagnostics (a repeat whose report only the repeated one reads). ``done``: its
-    streams and strategies ran as units of their own (their banks filled, the streams here only resume)."""
+    streams ran as units of their own (their banks filled, the streams here only resume) and its strategies run
+    apart: the report comes back without them, unwritten (the caller adds them: :func:`with_strategies`)."""
     from editkit.scenario.spec import task_recipes
     from editkit.scenario.build import require_scenario
 
@@ -175,7 +174,8 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
     timings["stream_seconds"] = {m: s.stream_seconds for m, s in states.items()}
     t0 = time.perf_counter()
     per_task = task_recipes(spec, **config.recipe)
-    strategies = strategy_sections(done.strategies if done is not None else _run_strategies(
+    later = done is not None  # a cluster's evaluation unit: the driver adds the strategies and writes the report
+    strategies = None if later else strategy_sections(_run_strategies(
         config, config.strategies, built, per_task, tasks, runtime, progress, protocols), tasks)
     timings["strategy_seconds"] = time.perf_counter() - t0
 
@@ -227,6 +227,8 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
     report["runtime"] = runtime.describe()  # with the threads, what the numbers depend on beyond the seed
     timings["total_seconds"] = time.perf_counter() - started
     report["timings"] = timings
+    if later:
+        return BenchResult(report, run_dir)
     write_outputs(report, run_dir)
     log.info("bench %s done in %.0f s; report %s", spec.name, timings["total_seconds"], run_dir / "report.json")
     return BenchResult(report, run_dir)
@@ -416,7 +418,8 @@ def _strategy_trial_unit(config: BenchConfig, spec: ScenarioSpec, name: str, ind
 
 def _run_on_cluster(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: Progress) -> BenchResult:
     """The bench's grid as Ray tasks (:mod:`editkit.runs.bench.cluster`): every repeat's streams and strategies
-    at once, then every repeat's evaluation over its filled banks; the report assembled as one process does."""
+    at once, each repeat's evaluation as soon as its streams have filled their banks (beside the strategies still
+    running); then each report completed with its strategies and assembled as one process does."""
     joined = connect(config.ray)
     over, repeats, ones = _repeats(config, spec)
     for one, reordered in ones:  # every refusal a one-process bench makes, before any unit starts
@@ -427,19 +430,25 @@ def _run_on_cluster(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, p
     prefix = [f"{r.name}/" for r in repeats] or [""]
     labels = [list(config.variants(reordered.recipe)) for _, reordered in ones]
     protocols = [p for p in PROTOCOLS if p in config.protocols_of(spec)] if config.strategies else []
-    trained = run_units([Unit(f"{p}{label} stream", _stream_unit, (one, reordered, label, options), config.unit_cpus,
-                              gpus) for p, (one, reordered), modes in zip(prefix, ones, labels) for label in modes]
-                        + [Unit(f"{p}{name} ({protocol})", _strategy_unit, (one, reordered, name, protocol, options),
-                                config.unit_cpus, gpus)
-                           for p, (one, reordered) in zip(prefix, ones) for name in config.strategies
-                           for protocol in protocols], progress)
-    streams, strategies = iter(trained[:sum(map(len, labels))]), iter(trained[sum(map(len, labels)):])
-    done = [_Done({label: next(streams) for label in modes},
-                  {name: {protocol: next(strategies) for protocol in protocols} for name in config.strategies})
-            for modes in labels]
-    reports = run_units([Unit(f"{p}evaluation", _evaluation_unit, (one, reordered, i == 0, d, options),
-                              config.unit_cpus, gpus) for i, (p, (one, reordered), d) in enumerate(zip(prefix, ones, done))],
-                        progress)
+    units = [Unit(f"{p}{label} stream", _stream_unit, (one, reordered, label, options), config.unit_cpus, gpus)
+             for p, (one, reordered), modes in zip(prefix, ones, labels) for label in modes]
+    first_stream = [sum(map(len, labels[:i])) for i in range(len(ones))]
+    units += [Unit(f"{p}{name} ({protocol})", _strategy_unit, (one, reordered, name, protocol, options),
+                   config.unit_cpus, gpus)
+              for p, (one, reordered) in zip(prefix, ones) for name in config.strategies for protocol in protocols]
+    # a repeat's evaluation needs its streams' banks only: it starts when they are done, beside the strategies
+    units += [Unit(f"{p}evaluation", _evaluation_unit, (one, reordered, i == 0, modes, options), config.unit_cpus,
+                   gpus, needs=tuple(range(first, first + len(modes))))
+              for i, (p, (one, reordered), modes, first) in enumerate(zip(prefix, ones, labels, first_stream))]
+    results = run_units(units, progress)
+    strategies = iter(results[sum(map(len, labels)):])
+    per_repeat = [{name: {protocol: next(strategies) for protocol in protocols} for name in config.strategies}
+                  for _ in ones]
+    reports = []
+    for evaluated, ran, (_, reordered) in zip(results[-len(ones):], per_repeat, ones):
+        report = with_strategies(evaluated, strategy_sections(ran, reordered.task_names), config.claim_margin)
+        write_outputs(report, Path(report["run_dir"]))
+        reports.append(report)
     if not repeats:
         return BenchResult(reports[0], config.run_directory(spec.recipe, spec.name))
     return _aggregated(config, spec, over, repeats, reports)
@@ -497,9 +506,11 @@ def _run_strategies(config: BenchConfig, names: Sequence[str], built, per_task: 
             for name in names}
 
 
-def _evaluation_unit(config: BenchConfig, spec: ScenarioSpec, extras: bool, done: _Done, options: dict
-                     ) -> dict[str, Any]:
-    """One repeat's evaluation over the banks its stream units filled: its report (written to its run dir)."""
+def _evaluation_unit(config: BenchConfig, spec: ScenarioSpec, extras: bool, labels: Sequence[str], options: dict,
+                     *streams: tuple[list[str], float]) -> dict[str, Any]:
+    """One repeat's evaluation over the banks its stream units filled (``streams``: their results, in ``labels``'
+    order): its report without the strategies, which the driver adds and writes."""
+    done = _Done(dict(zip(labels, streams)))
     return _bench_once(config, spec, setup(**options), NullProgress(), extras=extras, done=done).report
 
 
