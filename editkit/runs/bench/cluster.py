@@ -4,8 +4,8 @@ A unit is a module-level function and its arguments, with its own CPU / GPU requ
 runs and, when a worker dies, re-runs it (``max_retries``). The bench gives it four kinds of unit
 (:mod:`editkit.runs.bench.run`): a mode's stream for one seed or task order (it fills that stream's bank, and a
 re-run resumes from what the bank already holds), a strategy's run under one protocol, each repeat's evaluation
-over its finished banks (it needs that repeat's stream units, not its strategies), and with ``--tune`` each row's selection trials (:mod:`editkit.runs.bench.selection`),
-one unit a trial.
+over its finished banks (it needs that repeat's stream units, not its strategies), and with ``--tune`` each row's
+selection trials (:mod:`editkit.runs.bench.selection`), one unit a trial.
 Every unit sets its torch threads to the CPUs it asked for and records them, so a unit computes what the
 plain command computes with ``--threads`` equal to that number: the same rows, to the last digit.
 
