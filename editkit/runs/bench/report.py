@@ -168,8 +168,8 @@ def bench_report(spec, built, config: BenchConfig, states: Mapping[str, ModeStat
                  sections: Mapping[str, Any], strategies: Mapping[str, Any] | None, run_dir: Path,
                  protocols: Sequence[str]) -> dict[str, Any]:
     """``report.json``'s document: every mode's rows and sections (``results``, ``sections``), the strategies'
-    (:func:`with_strategies`; ``None``: the caller adds them later), each stream's provenance and cost, what every
-    row keeps of earlier tasks, and the claims read from the rows."""
+    (:func:`with_strategies`, which also reads every row's BWT and the claims; ``None``: the caller adds them
+    later), each stream's provenance and cost, and what every row keeps of earlier tasks."""
     theta0 = next(iter(results.values()))["pretrained_class_incremental"]
     rows = [addition_row("pretrained", None, None, None, pretrained["test"], None,
                          val_absolute=addition_summary(pretrained["val"], None)["absolute"], **theta0)]
@@ -180,7 +180,6 @@ def bench_report(spec, built, config: BenchConfig, states: Mapping[str, ModeStat
                     for method, numbers in results[mode]["continual"].items()}}
     continual_class = {mode: results[mode]["continual_class_incremental"] for mode in states
                        if results[mode]["continual_class_incremental"] is not None}
-    with_backward_transfer(rows, continual, continual_class)
     streams: dict[str, StreamSection] = {}
     for mode, state in states.items():
         streams[mode] = {
@@ -224,7 +223,6 @@ def bench_report(spec, built, config: BenchConfig, states: Mapping[str, ModeStat
         "strategies": {},
         "strategy_cost": {},
         "cost": with_step_ratios({m: cost_section(states[m], results[m], tasks) for m in states}),
-        "claims": claims(rows, config.claim_margin),
     })
     return report if strategies is None else with_strategies(report, strategies, config.claim_margin)
 
@@ -232,7 +230,7 @@ def bench_report(spec, built, config: BenchConfig, states: Mapping[str, ModeStat
 def with_strategies(report: dict[str, Any], strategies: Mapping[str, Any], margin: float) -> dict[str, Any]:
     """``report`` (:func:`bench_report`'s, without strategies) with the strategies' sections
     (:func:`~editkit.runs.bench.strategies.strategy_sections`) added: their rows after the modes', continual numbers,
-    what they keep, their cost, and the claims read again from every row. Apart from :func:`bench_report` so that a
+    what they keep, their cost, then every row's BWT and the claims read from all the rows. Apart from :func:`bench_report` so that a
     bench on a cluster evaluates the merged models while the strategies still run, and adds them after."""
     rows = report["addition"]["rows"] + jsonable(strategies["rows"])
     continual = {**report["continual"], **jsonable(strategies.get("continual", {}))}
