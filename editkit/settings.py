@@ -38,6 +38,11 @@ DEFAULT_SCENARIO = "offline-vision"
 #: Training inputs per class a task's class prototypes average at most (a seeded choice where a class has more):
 #: a class mean is well estimated long before a large train split is exhausted, so a big split costs little.
 PROTOTYPE_EXAMPLES_PER_CLASS = 512
+#: Shrinkage of the class-incremental head's pooled covariance towards a multiple of the identity (0: the pooled
+#: covariance itself, 1: the Euclidean nearest-class-mean head). Strong, because an earlier task's statistics were
+#: taken before the later vectors were added, and a weakly shrunk inverse amplifies whatever those vectors still
+#: move on its inputs (:mod:`editkit.core.prototypes`); chosen on validation splits (docs: the class protocol).
+CLASS_HEAD_SHRINKAGE = 0.5
 
 
 def _path(variable: str) -> Path | None:

@@ -5,7 +5,7 @@ Layout: one directory, one JSON manifest naming every vector, one safetensors fi
     <root>/manifest.json          format version, base-model fingerprint, one entry per vector
     <root>/<name>.safetensors     tau = theta_ft - theta_0, tensors keyed by parameter name
     <root>/<name>.curvature.safetensors   the task's curvature at theta_0, where the data-free penalty banked it
-    <root>/<name>.prototypes.safetensors  the task's class prototypes, where it has classes
+    <root>/<name>.prototypes-2.safetensors  the task's class prototypes (format 2), where it has classes
     <root>/.lock                  file lock serialising writers
     <root>/.writer                who holds the bank for a whole run (a stream), beside its lock
 
@@ -73,7 +73,6 @@ MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".lock"
 VECTOR_SUFFIX = ".safetensors"
 CURVATURE_SUFFIX = ".curvature" + VECTOR_SUFFIX
-PROTOTYPES_SUFFIX = ".prototypes" + VECTOR_SUFFIX
 
 # Filesystem-safe on every platform; the length cap keeps "<name>.safetensors" and
 # its temporary sibling under the usual 255-byte filename limit.
@@ -100,6 +99,12 @@ class _Manifest:
 
 
 # --------------------------------------------------------------------------- files
+
+
+def prototypes_file(name: str, prototypes: Prototypes) -> str:
+    """The file a vector's class prototypes are banked in, named for their format: prototypes of a new format
+    go to a new file, so a file a reader may be reading is never rewritten."""
+    return f"{name}.{prototypes.describe()['format']}{VECTOR_SUFFIX}"
 
 
 def _sha256_file(path: Path) -> str:
@@ -339,7 +344,7 @@ class Bank:
             if curvature is not None:
                 described["curvature"] = self._write_beside(name + CURVATURE_SUFFIX, curvature)
             if prototypes is not None:
-                described["prototypes"] = self._write_beside(name + PROTOTYPES_SUFFIX, prototypes)
+                described["prototypes"] = self._write_beside(prototypes_file(name, prototypes), prototypes)
             file_name = name + VECTOR_SUFFIX
             checksum = self._write_vector(file_name, cpu, name=name, task=task, mode=mode, base=base)
             entry = VectorEntry(
@@ -393,19 +398,22 @@ class Bank:
     # ---- other writes
 
     def set_prototypes(self, name: str, prototypes: Prototypes) -> VectorEntry:
-        """Bank the class prototypes of a vector banked without them (a bank written before they existed), the
-        file first, then the manifest (atomic). An entry's files are never rewritten (readers take no lock), so
-        one that has prototypes is refused."""
+        """Bank the class prototypes of a vector banked without them (just appended, or written before they
+        existed) or with an earlier format of them: the file first, then the manifest (atomic), then the earlier
+        file is removed. An entry's files are never rewritten in place (readers take no lock: each format has a
+        file name of its own), so prototypes of this format are refused."""
         self.get(name)  # refuse unknown names before touching the directory
         with self._locked():
             manifest = self._read_manifest()
             old = self._get(manifest, name)
-            if old.prototypes:
+            if old.prototypes.get("format") == prototypes.describe()["format"]:
                 raise BankError(f"vector {name!r} of bank {self.root} already has its class prototypes")
-            record = self._write_beside(name + PROTOTYPES_SUFFIX, prototypes)
+            record = self._write_beside(prototypes_file(name, prototypes), prototypes)
             entry = VectorEntry(**{**old.to_json(), "prototypes": record})
             manifest.vectors[manifest.vectors.index(old)] = entry
             self._write_manifest(manifest)
+            if old.prototypes and old.prototypes["file"] != record["file"]:
+                (self.root / old.prototypes["file"]).unlink(missing_ok=True)
         logger.info("bank %s: added the class prototypes of %s", self.root, name)
         return entry
 
@@ -500,11 +508,12 @@ class Bank:
 
     def prototypes(self, name: str) -> Prototypes | None:
         """Vector ``name``'s class prototypes, after checking their checksum and that they are what the manifest
-        says (classes, features, examples); None where none were banked."""
-        from editkit.core.prototypes import Prototypes
+        says (classes, features, examples); None where none were banked, or only in an earlier format (a resumed
+        stream computes them again)."""
+        from editkit.core.prototypes import FORMAT, Prototypes
 
         entry = self.get(name)
-        if not entry.prototypes:
+        if entry.prototypes.get("format") != FORMAT:
             return None
         path, tensors, header = self._read_beside(entry, "prototypes")
         try:

@@ -93,9 +93,9 @@ def outputs_over(fn: Callable[..., Any], dataset: Dataset, *, batch_size: int, b
 def task_prototypes(module: torch.nn.Module, mode: str, tau: Mapping[str, torch.Tensor], dataset: Dataset,
                     classes: int, *, task: str, seed: int, batch_size: int, batching: Batching, runtime: Runtime,
                     progress: Progress) -> Prototypes:
-    """A task's class prototypes (:mod:`editkit.core.prototypes`) on its training split ``dataset``, at most
+    """A task's class statistics (:mod:`editkit.core.prototypes`) on its training split ``dataset``, at most
     :data:`~editkit.settings.PROTOTYPE_EXAMPLES_PER_CLASS` inputs per class (a choice drawn with ``seed``): their
-    features under its own fine-tuned model theta_0 + ``tau`` in ``mode``'s model (``tuned``) and under theta_0
+    features under the stream's merged model theta_0 + ``tau`` in ``mode``'s model (``merged``) and under theta_0
     (``pretrained``), both from one pass over the inputs."""
     rows = capped_rows(class_labels(dataset), PROTOTYPE_EXAMPLES_PER_CLASS, seed)
     model = runtime.place(build_task_model(module, mode, names=list(tau)))
@@ -103,10 +103,10 @@ def task_prototypes(module: torch.nn.Module, mode: str, tau: Mapping[str, torch.
     model.eval()
     labels: list[torch.Tensor] = []
     with progress.task(f"prototypes of {task}", total=-(-len(rows) // batch_size)) as bar:
-        pretrained, tuned = outputs_over(pretrained_and_tuned(model), subset(dataset, rows.tolist()),
-                                         batch_size=batch_size, batching=batching, runtime=runtime, bar=bar,
-                                         labels=labels)
-    return class_prototypes(tuned, pretrained, torch.cat(labels), classes, task=task)
+        pretrained, merged = outputs_over(pretrained_and_tuned(model), subset(dataset, rows.tolist()),
+                                          batch_size=batch_size, batching=batching, runtime=runtime, bar=bar,
+                                          labels=labels)
+    return class_prototypes(merged, pretrained, torch.cat(labels), classes, task=task)
 
 
 def pretrained_and_tuned(model: torch.nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:

@@ -21,7 +21,7 @@ from torch import nn
 
 from editkit.bank.store import Bank
 from editkit.core.batching import Batching, TensorBatching
-from editkit.core.prototypes import Prototypes, task_bests, winners
+from editkit.core.prototypes import ClassHead, Prototypes, class_head
 from editkit.eval.accuracy import classify
 from editkit.eval.diagnostics import tangent_norms
 from editkit.eval.features import outputs_over, prefix
@@ -30,9 +30,10 @@ from editkit.errors import BankError, ConfigError
 from editkit.core.linearize import LinearizedModel, NonLinearModel
 from editkit.core.modes import Mode
 from editkit.util.progress import Progress
+from editkit.settings import CLASS_HEAD_SHRINKAGE
 
 SPLITS = ("val", "test")
-CLASS_INCREMENTAL = "class-incremental"  # a memo key's tag: each input's nearest prototype of each task
+CLASS_INCREMENTAL = "class-incremental"  # a memo key's tag: each input's class under each prefix's head
 IN_MEMORY_LIMIT = 4 << 30  # bytes of banked vectors a mode keeps in memory; above it sums stream from the bank
 
 
@@ -113,6 +114,7 @@ class ModeEvaluator:
         self._memo: dict[tuple, Any] = {}
         self._last: tuple[tuple, dict[str, torch.Tensor]] | None = None
         self._prototypes: dict[str, Prototypes | None] | None = None  # by task, read from the bank once
+        self._class_heads: dict[str, list[ClassHead] | None] = {}  # by prototype set, one per prefix of the stream
 
     # vectors
     def vector(self, key: str) -> dict[str, torch.Tensor]:
@@ -215,8 +217,8 @@ class ModeEvaluator:
     # predictions
     @torch.no_grad()
     def predictions(self, combo: Combo, split: str, tasks: Sequence[str]) -> dict[str, torch.Tensor]:
-        """Each task's predicted classes under its own head (task-incremental); each input's nearest prototype of
-        every task of the stream, from the same features, is kept beside them
+        """Each task's predicted classes under its own head (task-incremental); each input's class under the
+        class-incremental head of every prefix of the stream, from the same features, is kept beside them
         (:meth:`class_incremental_accuracies`)."""
         key = _combo_key(combo)
         missing = [t for t in tasks if (key, split, t) not in self._memo]
@@ -238,13 +240,14 @@ class ModeEvaluator:
 
     def _remember(self, key: tuple, split: str, task: str, features: torch.Tensor) -> None:
         """Memoise a task's predictions from its features, and, for a task of the stream whose bank holds every
-        task's prototypes, each input's best cosine similarity to each task's prototypes and its class (the
-        control task, ImageNet, is no class of the stream): a choice among any of the tasks needs no feature
-        again."""
+        task's prototypes, its inputs' classes (global, in stream order) under the head of each prefix of the
+        stream: the classes seen after each step (the control task, ImageNet, is no class of the stream).
+        A class-incremental accuracy among any seen tasks then needs no feature again."""
         self._memo[(key, split, task)] = self._chunked(lambda f: classify(self.heads[task], f), features)
-        means = self._class_means(key)
-        if task in self.vector_names and means is not None:
-            self._memo[(key, split, task, CLASS_INCREMENTAL)] = self._chunked(lambda f: task_bests(f, means), features)
+        heads = self._prefix_heads("merged" if key else "pretrained")
+        if task in self.vector_names and heads is not None:
+            self._memo[(key, split, task, CLASS_INCREMENTAL)] = self._chunked(
+                lambda f: torch.stack([head.predict(f) for head in heads], dim=1), features)
 
     @staticmethod
     def _chunked(fn, features: torch.Tensor) -> Any:
@@ -260,21 +263,23 @@ class ModeEvaluator:
             self._prototypes = {t: self.bank.prototypes(name) for t, name in self.vector_names.items()}
         return self._prototypes
 
-    def _class_means(self, key: tuple) -> list[torch.Tensor] | None:
-        """Every task's prototypes, in stream order, a combination's features are classified by: theta_0's own
-        (``pretrained``) for theta_0 alone, else each task's fine-tuned model's (``tuned``); None where a
-        vector was banked without them."""
-        banked = list(self._banked_prototypes().values())
-        if any(p is None for p in banked):
-            return None
-        return [p.means("tuned" if key else "pretrained") for p in banked]
+    def _prefix_heads(self, kind: str) -> list[ClassHead] | None:
+        """The class-incremental head (:func:`~editkit.core.prototypes.class_head`) over the first k tasks of the
+        stream, for k = 1..all, from their ``kind`` prototypes (theta_0's own, ``pretrained``, for theta_0
+        alone; else ``merged``); None where a vector was banked without them."""
+        if kind not in self._class_heads:
+            banked = list(self._banked_prototypes().values())
+            self._class_heads[kind] = None if any(p is None for p in banked) else [
+                class_head(banked[:k], kind, CLASS_HEAD_SHRINKAGE) for k in range(1, len(banked) + 1)]
+        return self._class_heads[kind]
 
     def class_incremental_accuracies(self, combo: Combo, split: str, tasks: Sequence[str],
                                      among: Sequence[str] | None = None) -> dict[str, float]:
         """Each task's accuracy when its ``split`` inputs, under the combination's features, are classified among
-        every class of the tasks ``among`` (default: every task of the stream, in stream order) without the
-        task id, by the nearest class prototype (:func:`~editkit.core.prototypes.nearest`); right only when it
-        is the input's own task's right class."""
+        every class of the tasks ``among`` (default: every task of the stream) without the task id, by the
+        shared-covariance head over their prototypes (:class:`~editkit.core.prototypes.ClassHead`); right only
+        when it is the input's own task's right class. ``among`` is the tasks seen so far: a prefix of the stream,
+        in any order."""
         stream = list(self.vector_names)
         among = stream if among is None else list(among)
         self._require_prototypes(among)
@@ -282,20 +287,22 @@ class ModeEvaluator:
         if outside:
             raise ConfigError(f"task(s) {', '.join(outside)} are not among the tasks classified over "
                               f"({', '.join(among)}): their inputs could never be right")
+        seen = len(among)
+        if set(among) != set(stream[:seen]):
+            raise ConfigError(f"class-incremental accuracy among {', '.join(among)}: the classes seen are those of "
+                              f"the stream's first tasks ({', '.join(stream)}), a prefix of it")
         self.predictions(combo, split, tasks)
-        key, columns = _combo_key(combo), [stream.index(t) for t in among]
-        sizes = [self._prototypes[t].classes for t in among]
+        key = _combo_key(combo)
+        offsets = dict(zip(stream, torch.tensor([0, *[p.classes for p in self._prototypes.values()]]).cumsum(0)))
         out = {}
         for t in tasks:
-            values, classes = self._memo[(key, split, t, CLASS_INCREMENTAL)]
-            predicted = winners(values[:, columns], classes[:, columns], sizes)
-            own = sum(sizes[: among.index(t)]) + self.data.labels[split][t]
-            out[t] = float((predicted == own).double().mean())
+            predicted = self._memo[(key, split, t, CLASS_INCREMENTAL)][:, seen - 1]
+            out[t] = float((predicted == offsets[t] + self.data.labels[split][t]).double().mean())
         return out
 
     def _require_prototypes(self, among: Sequence[str]) -> None:
         """Refuse, naming the bank and the task, tasks that are not the stream's or were banked without their
-        class prototypes (and say how to fill them in)."""
+        class prototypes of this format (and say how to fill them in)."""
         unknown = [t for t in among if t not in self.vector_names]
         if unknown or not among:
             raise ConfigError(f"class-incremental accuracy among {', '.join(among) or 'no task'}: "
@@ -304,7 +311,7 @@ class ModeEvaluator:
         if missing:
             entry = self.bank.get(self.vector_names[missing[0]])
             raise BankError(f"bank {self.bank.root}: task {missing[0]}'s vector {entry.name!r} was banked without "
-                            f"class prototypes; fill them in with `editkit stream --scenario {entry.scenario or '<scenario>'} "
+                            f"class prototypes (or with an earlier format of them); fill them in with `editkit stream --scenario {entry.scenario or '<scenario>'} "
                             f"--mode {entry.mode} --bank {self.bank.root} --resume`")
 
     def accuracies(self, combo: Combo, split: str, tasks: Sequence[str]) -> dict[str, float]:

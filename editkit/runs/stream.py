@@ -1,7 +1,8 @@
 """Run a stream: for each experience fine-tune -> bank -> evaluate the merged model.
 
 A classification task's vector is banked with its class prototypes (``editkit.core.prototypes``), computed from
-its training inputs when it is trained; a resumed run computes them for a vector banked before they existed.
+its training inputs under the merged model once it is banked; a resumed run computes them for a vector banked
+without them (or with an earlier format of them).
 
 Works on any Avalanche benchmark (``run_benchmark``) and on editkit scenarios
 (``run_scenario``). After experience t the bank holds tau_0..tau_t and the merged
@@ -58,7 +59,7 @@ from editkit.runs.records import MergedScores, StepRecord, StreamResult, StreamS
 from editkit.train.recipe import Recipe, attach_adapter
 from editkit.core.adapters import trainable_names
 from editkit.core.curvature import Curvature, CurvatureRegularizer, source_curvature
-from editkit.core.prototypes import Prototypes
+from editkit.core.prototypes import FORMAT as PROTOTYPE_FORMAT, Prototypes
 from editkit.core.taujp import Regularizer, UnlabeledSource, unlabeled_source
 from editkit.train.loop import fine_tune
 from editkit.scenario.options import BuildOptions
@@ -220,21 +221,26 @@ class StreamRunner:
         the tasks whose classes prototypes stand for; a language model's or a text-to-text task's have none."""
         return self.eval_task(t).scores_features
 
-    def prototypes(self, t: int, tau, mode: str) -> Prototypes:
-        """Experience t's class prototypes from its training inputs, under its vector ``tau`` (of ``mode``) and
-        under theta_0."""
+    def prototypes(self, t: int) -> Prototypes:
+        """Banked experience t's class statistics from its training inputs, under the model the stream holds once
+        it is added (theta_0 plus the run's merge of the vectors banked up to t) and under theta_0. Taken there,
+        not under its vector alone: the later vectors, which the tauJp penalty keeps from moving its inputs'
+        features, are all the merged model adds to them."""
         exp = self.exps[t]
-        return task_prototypes(self.backbone.module, mode, tau, exp.train, exp.num_classes, task=exp.name,
-                               seed=self._task_recipe(t).seed, batch_size=self.eval_batch_size,
+        names = [self.exps[i].name for i in range(t + 1)]
+        merged = stream_merge(self.bank, names, self.merge)
+        return task_prototypes(self.backbone.module, self.bank.get(exp.name).mode, merged, exp.train, exp.num_classes,
+                               task=exp.name, seed=self._task_recipe(t).seed, batch_size=self.eval_batch_size,
                                batching=self.backbone.batching, runtime=self.runtime, progress=self.progress)
 
     def fill_prototypes(self, t: int) -> None:
-        """Bank the prototypes of banked experience t where it was banked without them (before they existed):
-        computed from its banked vector, nothing is trained again."""
+        """Bank the class statistics of banked experience t where it has none (just trained, or banked before
+        they existed) or has them in an earlier format: computed from the banked vectors, nothing is trained
+        again."""
         name = self.exps[t].name
         entry = self.bank.get(name)
-        if self.runtime.is_main and not entry.prototypes and self.has_classes(t):
-            self.bank.set_prototypes(name, self.prototypes(t, self.bank.load(name, base=self.base), entry.mode))
+        if self.runtime.is_main and entry.prototypes.get("format") != PROTOTYPE_FORMAT and self.has_classes(t):
+            self.bank.set_prototypes(name, self.prototypes(t))
         self.runtime.barrier()
 
     # -- evaluation ----------------------------------------------------------------------------
@@ -296,12 +302,13 @@ class StreamRunner:
         if self.runtime.is_main:
             # the data-free penalty banks the task's curvature beside its vector: later tasks read it, not its inputs
             curvature = self.curvature(t, recipe) if recipe.penalty == "kfac" and recipe.regularized else None
-            # its class prototypes too: a head over every class seen, which needs no earlier task's data
-            prototypes = self.prototypes(t, result.task_vector, recipe.mode) if self.has_classes(t) else None
             self.bank.append(exp.name, result.task_vector, task=exp.name, mode=recipe.mode, base=self.base,
                              scenario=self.scenario, step=t, recipe=recipe.to_dict(), metrics=record.metrics(),
-                             provenance=self.provenance, curvature=curvature, prototypes=prototypes)
+                             provenance=self.provenance, curvature=curvature)
         self.runtime.barrier()
+        # its class statistics next, under the merged model that now holds it: a head over every class seen,
+        # which needs no earlier task's data
+        self.fill_prototypes(t)
         return record
 
     def merge_and_evaluate(self, t: int) -> MergedScores:

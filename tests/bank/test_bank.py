@@ -482,11 +482,9 @@ def test_shapes_read_the_header_and_stay_inside_the_bank(bank: Bank, tmp_path: P
 
 
 def prototypes(seed: int = 0, classes: int = 3, dim: int = 5):
-    from editkit.core.prototypes import Prototypes
+    from helpers.prototypes import random_prototypes
 
-    g = torch.Generator().manual_seed(seed)
-    return Prototypes(torch.randn(classes, dim, generator=g), torch.randn(classes, dim, generator=g),
-                      torch.randint(1, 600, (classes,), generator=g))
+    return random_prototypes(classes, dim, seed)
 
 
 def same_prototypes(a, b) -> bool:
@@ -497,7 +495,7 @@ def same_prototypes(a, b) -> bool:
 def test_prototypes_round_trip_bit_exact_beside_their_vector(bank: Bank) -> None:
     stored = prototypes()
     entry = add(bank, "a", prototypes=stored)
-    assert entry.prototypes["file"] == "a.prototypes.safetensors" and entry.prototypes["checksum"].startswith("sha256:")
+    assert entry.prototypes["file"] == "a.prototypes-2.safetensors" and entry.prototypes["checksum"].startswith("sha256:")
     assert {k: entry.prototypes[k] for k in ("format", "classes", "features", "examples")} == stored.describe()
     assert same_prototypes(Bank(bank.root).prototypes("a"), stored)
     assert Bank(bank.root).get("a").prototypes == entry.prototypes  # the manifest keeps the record
@@ -513,7 +511,7 @@ def test_set_prototypes_fills_in_an_entry_banked_without_them_and_touches_nothin
     stored = prototypes(2)
     entry = bank.set_prototypes("a", stored)
     after = snapshot(bank.root)
-    assert set(after) - set(before) == {"a.prototypes.safetensors"}
+    assert set(after) - set(before) == {"a.prototypes-2.safetensors"}
     assert all(after[name] == before[name] for name in before if name != "manifest.json")
     assert same_prototypes(bank.prototypes("a"), stored) and bank.get("a") == entry
     assert {k: v for k, v in entry.to_json().items() if k != "prototypes"} == {
@@ -529,24 +527,24 @@ def test_removing_a_vector_removes_its_prototypes(bank: Bank) -> None:
     add(bank, "a", prototypes=prototypes())
     add(bank, "b", seed=1)
     bank.remove("a")
-    assert not (bank.root / "a.prototypes.safetensors").exists() and bank.orphans() == []
+    assert not (bank.root / "a.prototypes-2.safetensors").exists() and bank.orphans() == []
 
 
 def test_damaged_prototype_files_are_refused_by_name(bank: Bank) -> None:
     add(bank, "a", prototypes=prototypes())
-    path = bank.root / "a.prototypes.safetensors"
+    path = bank.root / "a.prototypes-2.safetensors"
     original = path.read_bytes()
     damaged = bytearray(original)
     damaged[-3] ^= 0xFF
     path.write_bytes(bytes(damaged))
-    with pytest.raises(CorruptVectorError, match="a.prototypes.safetensors: checksum mismatch"):
+    with pytest.raises(CorruptVectorError, match="a.prototypes-2.safetensors: checksum mismatch"):
         bank.prototypes("a")
-    assert any("a.prototypes.safetensors" in problem for problem in bank.verify())
+    assert any("a.prototypes-2.safetensors" in problem for problem in bank.verify())
     path.write_bytes(original[: len(original) // 2])
-    with pytest.raises(CorruptVectorError, match="a.prototypes.safetensors is truncated or unreadable"):
+    with pytest.raises(CorruptVectorError, match="a.prototypes-2.safetensors is truncated or unreadable"):
         bank.prototypes("a")
     path.unlink()
-    with pytest.raises(CorruptVectorError, match="a.prototypes.safetensors of 'a' is missing"):
+    with pytest.raises(CorruptVectorError, match="a.prototypes-2.safetensors of 'a' is missing"):
         bank.prototypes("a")
 
 
@@ -554,7 +552,7 @@ def rewrite_with_checksum(bank: Bank, name: str, tensors: dict, header: dict) ->
     """Replace an entry's prototype file and its manifest checksum alike: what only a bug or a hand edit does."""
     from safetensors.torch import save_file
 
-    path = bank.root / f"{name}.prototypes.safetensors"
+    path = bank.root / f"{name}.prototypes-2.safetensors"
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=header)
     manifest = json.loads(bank.manifest_path.read_text())
     manifest["vectors"][0]["prototypes"]["checksum"] = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
@@ -564,14 +562,15 @@ def rewrite_with_checksum(bank: Bank, name: str, tensors: dict, header: dict) ->
 @pytest.mark.parametrize("change, message", [
     (lambda t: {**t, "counts": t["counts"][:2]}, "one count per class"),
     (lambda t: {**t, "pretrained": t["pretrained"][:, :4]}, "one count per class"),
-    (lambda t: {k: v for k, v in t.items() if k != "tuned"}, "lack tensor.s. tuned"),
-    (lambda t: {k: v[:2] for k, v in t.items()}, "holds .*'classes': 2.*, its manifest entry says .*'classes': 3"),
+    (lambda t: {k: v for k, v in t.items() if k != "merged"}, "lack tensor.s. merged"),
+    (lambda t: {k: v if k.endswith("scatter") else v[:2] for k, v in t.items()},
+     "holds .*'classes': 2.*, its manifest entry says .*'classes': 3"),
 ])
 def test_prototypes_of_the_wrong_shape_are_refused_by_file_even_with_a_matching_checksum(bank, change, message):
     stored = prototypes()
     add(bank, "a", prototypes=stored)
     rewrite_with_checksum(bank, "a", change(stored.to_tensors()), stored.header())
-    with pytest.raises(CorruptVectorError, match=f"prototype file .*a.prototypes.safetensors of 'a' .*{message}"):
+    with pytest.raises(CorruptVectorError, match=f"prototype file .*a.prototypes-2.safetensors of 'a' .*{message}"):
         bank.prototypes("a")
 
 

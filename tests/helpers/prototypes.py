@@ -1,7 +1,7 @@
-"""Class prototypes by hand: the cosine argmax input by input, and a tiny bank whose vectors carry prototypes.
+"""Class statistics by hand: the shared-covariance head input by input, and a tiny bank whose vectors carry them.
 
-The hand versions loop in Python over inputs, tasks and classes with ``math``, so they share no code (and no
-vectorised shortcut) with ``editkit.core.prototypes``.
+The hand versions loop in Python over inputs, tasks and classes, with numpy's fp64 solve for the covariance, so
+they share no code (and no vectorised shortcut) with ``editkit.core.prototypes``.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from editkit.bank.store import Bank
@@ -26,27 +27,48 @@ from helpers import models
 CLASSES = {"a": 2, "b": 3}
 
 
-def cosine(u: Sequence[float], v: Sequence[float]) -> float:
-    dot = sum(x * y for x, y in zip(u, v))
-    return dot / (math.sqrt(sum(x * x for x in u)) * math.sqrt(sum(y * y for y in v)))
+def unit(x: Sequence[float]) -> np.ndarray:
+    v = np.asarray(x, dtype=np.float64)
+    return v / math.sqrt(float(v @ v))
 
 
-def nearest_by_hand(features: torch.Tensor, means: Sequence[torch.Tensor]) -> list[int]:
-    """Each input's global class (the classes of the tasks before the winner, plus its class) of highest cosine."""
+def statistics_by_hand(features: torch.Tensor, labels: torch.Tensor, classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per class the mean of the unit features, and the sum over inputs of (z - its class mean)(z - its class
+    mean)^T, one input at a time."""
+    zs = [unit(x) for x in features.tolist()]
+    ys = labels.tolist()
+    means = [sum((z for z, y in zip(zs, ys) if y == c), np.zeros(len(zs[0]))) / max(ys.count(c), 1)
+             for c in range(classes)]
+    scatter = sum(np.outer(z - means[y], z - means[y]) for z, y in zip(zs, ys))
+    return torch.tensor(np.stack(means), dtype=torch.float32), torch.tensor(scatter, dtype=torch.float32)
+
+
+def head_by_hand(features: torch.Tensor, tasks: Sequence[Prototypes], kind: str, shrinkage: float) -> list[int]:
+    """Each input's global class (the classes of the tasks before the winner, plus its class) of highest
+    discriminant z . C^-1 mu - mu . C^-1 mu / 2, C the tasks' pooled scatter over their inputs, shrunk."""
+    pooled = sum(t.scatter(kind).double().numpy() for t in tasks) / sum(t.examples for t in tasks)
+    width = pooled.shape[0]
+    covariance = (1 - shrinkage) * pooled + shrinkage * np.trace(pooled) / width * np.eye(width)
+    classes = [(mu, count) for t in tasks for mu, count in zip(t.means(kind).double().numpy(), t.counts.tolist())]
     out = []
     for x in features.tolist():
-        scored = [(cosine(x, prototype), offset + c)
-                  for offset, task in zip([sum(len(m) for m in means[:k]) for k in range(len(means))], means)
-                  for c, prototype in enumerate(task.tolist())]
-        out.append(max(scored)[1])
+        z = unit(x)
+        scores = [(float(z @ np.linalg.solve(covariance, mu) - mu @ np.linalg.solve(covariance, mu) / 2), index)
+                  for index, (mu, count) in enumerate(classes) if count > 0]
+        out.append(max(scores)[1])
     return out
 
 
 def random_prototypes(classes: int, dim: int, seed: int) -> Prototypes:
-    """Prototypes of no model: what an evaluator is checked against needs only to be distinct per set."""
+    """Prototypes of no model: means, positive definite scatters and counts distinct per seed and set."""
     g = torch.Generator().manual_seed(seed)
-    return Prototypes(torch.randn(classes, dim, generator=g), torch.randn(classes, dim, generator=g),
-                      torch.randint(1, 9, (classes,), generator=g))
+
+    def scatter() -> torch.Tensor:
+        a = torch.randn(dim, 2 * dim, generator=g)
+        return a @ a.T
+
+    return Prototypes(torch.randn(classes, dim, generator=g), torch.randn(classes, dim, generator=g), scatter(),
+                      scatter(), torch.randint(1, 9, (classes,), generator=g))
 
 
 def evaluator_setup(root: Path, mode: str, *, prototypes: bool = True):

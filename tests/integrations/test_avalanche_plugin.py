@@ -154,10 +154,11 @@ def test_naive_with_plugin_banks_what_editkit_stream_banks(tmp_path, mode, adapt
         assert (ours is None) == (theirs is None) == (not penalty)
         if penalty:
             assert all(torch.equal(ours.to_tensors()[k], v) for k, v in theirs.to_tensors().items())
-        # the class prototypes too (a head over every class seen), from the same inputs under each vector
+        # the class statistics too (a head over every class seen), from the same inputs under the merged vectors
         ours, theirs = (Bank(tmp_path / b).prototypes(name) for b in ("plugin", "editkit"))
         assert ours.counts.tolist() == theirs.counts.tolist() and ours.counts.sum() == 54  # 60 less the validation tenth
-        assert torch.allclose(ours.tuned, theirs.tuned, atol=1e-5) and torch.equal(ours.pretrained, theirs.pretrained)
+        assert torch.allclose(ours.merged, theirs.merged, atol=1e-5) and torch.equal(ours.pretrained, theirs.pretrained)
+        assert torch.allclose(ours.merged_scatter, theirs.merged_scatter, atol=1e-4)
     for k, v in backbone.module.state_dict().items():  # theta_0 and its BatchNorm statistics never moved
         assert torch.equal(v, state[k]), k
 

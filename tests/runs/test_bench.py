@@ -638,7 +638,8 @@ def test_avalanche_strategies_run_the_same_stream_beside_the_modes(bench_run):
     # every training input of the first task (its prototypes average them all: fewer than the cap a class), RGB fp32
     assert parts["unlabeled inputs of every earlier task"]["items"] == examples
     assert parts["unlabeled inputs of every earlier task"]["bytes"] == examples * 3 * 32 * 32 * 4
-    assert parts["class prototypes"] == {"what": "class prototypes", "items": classes, "bytes": 4 * classes * features}
+    assert parts["class statistics"] == {"what": "class statistics", "items": classes,
+                                         "bytes": 4 * classes * features + 4 * features * features}
     assert got["kept"]["pretrained"]["items"] == classes and got["kept"]["naive"]["items"] == 0
     assert "continual-learning-baselines" in got["strategies"]["lwf"]["defaults_from"]
     ours = next(r for r in got["addition"]["rows"] if r["mode"] == "taujp" and r["coefficient"] == "1.0")

@@ -25,7 +25,7 @@ def test_each_vector_is_banked_with_its_tasks_curvature_and_no_input(tmp_path):
     bank = Bank(tmp_path / "bank")
     files = sorted(p.name for p in (tmp_path / "bank").iterdir() if not p.name.startswith("."))
     assert files == sorted(["manifest.json", *(f"{n}.{kind}safetensors" for n in NAMES
-                                               for kind in ("", "curvature.", "prototypes."))])
+                                               for kind in ("", "curvature.", "prototypes-2."))])
     sets, _ = data()
     for i, name in enumerate(NAMES):
         entry = bank.get(name)
@@ -37,9 +37,9 @@ def test_each_vector_is_banked_with_its_tasks_curvature_and_no_input(tmp_path):
         want = compute_curvature(network(), [sets[name].inputs[index]], seed=0).to_tensors()
         assert banked.to_tensors().keys() == want.keys()
         assert all(torch.equal(banked.to_tensors()[k], want[k]) for k in want)
-        stored = {k for f in ("safetensors", "curvature.safetensors", "prototypes.safetensors")
+        stored = {k for f in ("safetensors", "curvature.safetensors", "prototypes-2.safetensors")
                   for k in __import__("safetensors").safe_open(str(tmp_path / "bank" / f"{name}.{f}"), "pt").keys()}
-        assert not any(k.startswith(("input", "x")) for k in stored)  # parameters, factors and class means only
+        assert not any(k.startswith(("input", "x")) for k in stored)  # parameters, factors and class statistics only
     assert bank.verify() == []
 
 

@@ -19,8 +19,9 @@ The strategy's model must be a :class:`~editkit.integrations.avalanche.multitask
    plain forward and the reg batches a jvp); the plugin adds lambda * penalty to the strategy's
    loss before the backward pass;
 4. after the experience appends tau = theta - theta_0 to the bank (main process only) with
-   its scenario, step and recipe and the experience's class prototypes (what a head shared by every class
-   seen reads, :mod:`editkit.core.prototypes`: as ``editkit stream`` banks them), and keeps up to
+   its scenario, step and recipe, then the experience's class prototypes under the merged model of the vectors
+   banked so far (what a head shared by every class seen reads, :mod:`editkit.core.prototypes`: as
+   ``editkit stream`` banks them), and keeps up to
    ``mem_size`` of the experience's inputs,
    never its labels, as a penalty source for the experiences after it. With the data-free
    penalty (``penalty="kfac"``) it keeps no input: it banks the experience's curvature at
@@ -58,7 +59,7 @@ from editkit.core.taujp import Regularizer, UnlabeledSource, input_accessor, unl
 from editkit.core.prototypes import Prototypes
 from editkit.errors import ConfigError
 from editkit.eval.features import EVAL_BATCH_SIZE, task_prototypes
-from editkit.merge.continual import starting_vector
+from editkit.merge.continual import starting_vector, stream_merge
 from editkit.train.loop import StepComputer, clip_gradients, labelled_batches, optimizer_for, reg_batch_stream
 from editkit.train.recipe import Recipe, attach_adapter
 from editkit.train.runtime import Runtime
@@ -259,7 +260,8 @@ class TauJpPlugin(SupervisedPlugin):
                 curvature = self._curvature(model, source, recipe, strategy.device)
             self.bank.append(name, tau, task=name, mode=recipe.mode, base=model.base, scenario=self.scenario,
                              step=index, recipe=recipe.to_dict(), metrics=metrics, provenance=self.provenance,
-                             curvature=curvature, prototypes=self._prototypes(model, exp, name, tau, strategy))
+                             curvature=curvature)
+            self.bank.set_prototypes(name, self._prototypes(model, exp, strategy))
         if recipe.penalty == "inputs":
             self.buffer.add(name, strategy.adapted_dataset, index)
 
@@ -292,14 +294,15 @@ class TauJpPlugin(SupervisedPlugin):
                                 names=trainable_names(module), seed=recipe.seed, energy=recipe.curvature_energy,
                                 device=device)
 
-    def _prototypes(self, model: MultiHeadTaskModel, exp, name: str, tau: Mapping[str, torch.Tensor],
-                    strategy) -> Prototypes:
-        """The experience's class prototypes under its vector and theta_0, from its training inputs as
-        ``editkit stream`` computes them (the same cap per class, drawn with the recipe's seed); its classes are
-        its head's rows."""
-        return task_prototypes(model.backbone.module, self._recipe.mode, tau, strategy.adapted_dataset,
-                               model.head(exp.task_label).weight.shape[0], task=name, seed=self._recipe.seed,
-                               batch_size=EVAL_BATCH_SIZE, batching=model.backbone.batching,
+    def _prototypes(self, model: MultiHeadTaskModel, exp, strategy) -> Prototypes:
+        """The banked experience's class statistics under the merged model of every vector banked so far and
+        under theta_0, from its training inputs as ``editkit stream`` computes them (the same cap per class,
+        drawn with the recipe's seed); its classes are its head's rows."""
+        index = exp.current_experience
+        merged = stream_merge(self.bank, [self.name_of(i) for i in range(index + 1)])
+        return task_prototypes(model.backbone.module, self._recipe.mode, merged, strategy.adapted_dataset,
+                               model.head(exp.task_label).weight.shape[0], task=self.name_of(index),
+                               seed=self._recipe.seed, batch_size=EVAL_BATCH_SIZE, batching=model.backbone.batching,
                                runtime=Runtime(device=strategy.device), progress=NullProgress())
 
     def _generic(self, recipe: Recipe) -> UnlabeledSource:

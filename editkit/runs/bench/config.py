@@ -71,7 +71,8 @@ class BenchConfig:
         "help": "Comma-separated protocols every row is scored under (any of task, class). task: each input "
                 "classified among its own task's classes, the task id given (the scenario's frozen heads). class: "
                 "class-incremental as the field runs it, no task id: merged models classify by the class "
-                "prototypes banked beside each vector (cosine, one head over every seen class), strategies train "
+                "statistics banked beside each vector (class means and a shared covariance: one discriminant head "
+                "over every seen class), strategies train "
                 "Avalanche's IncrementalClassifier over global labels (a second run of each). Default: every "
                 "protocol the scenario can run (both for classification; a language scenario has neither)."})
     strategy_params: Sequence[str] = field(default=(), metadata={

@@ -13,8 +13,10 @@ of the tasks before it:
 - **curvature**: the data-free penalty (``penalty = "kfac"``) keeps each earlier task's Kronecker factors instead.
 - **generic inputs**: the scenario's generic source, no task's data, a part of its own for either penalty: the
   inputs penalty draws from it, the data-free one computes its curvature from it at the start of each stream.
-- **prototypes**: under the class-incremental protocol, each earlier task's class prototypes, one fp32 vector of
-  features per class (the set the row classifies with: a stream's fine-tuned ones; theta_0's row its own).
+- **class statistics**: under the class-incremental protocol, each earlier task's class prototypes, one fp32
+  vector of features per class, and its within-class scatter, one fp32 features x features matrix (the set the
+  row classifies with: a stream's merged-model ones; theta_0's row its own). The head needs only the scatters'
+  sum, so a stream could keep one matrix; the bank keeps one per task, which is what is counted.
 
 Each row's entry is ``{"what", "items", "bytes", "mib", "parts": [...]}``, the parts' sums in the first four.
 """
@@ -82,15 +84,16 @@ def stream_kept(state, built, tasks: Sequence[str], protocols: Sequence[str]) ->
 
 
 def prototypes_part(bank, names: Iterable[str]) -> dict[str, Any]:
-    """One set of class prototypes of each of ``names``' entries: a class per item, an fp32 feature vector each
-    (what :meth:`~editkit.core.prototypes.Prototypes.describe` recorded in the manifest)."""
+    """One set of class statistics of each of ``names``' entries: a class per item, an fp32 feature vector each,
+    and one fp32 scatter matrix a task (what :meth:`~editkit.core.prototypes.Prototypes.describe` recorded in the
+    manifest)."""
     described = [entry.prototypes for entry in bank.entries() if entry.name in set(names) and entry.prototypes]
-    return part("class prototypes", sum(d["classes"] for d in described),
-                sum(4 * d["classes"] * d["features"] for d in described))
+    return part("class statistics", sum(d["classes"] for d in described),
+                sum(4 * (d["classes"] + d["features"]) * d["features"] for d in described))
 
 
 def pretrained_kept(states: Mapping[str, Any], tasks: Sequence[str], protocols: Sequence[str]) -> dict[str, Any]:
-    """theta_0's row: nothing under the task protocol (its heads are the scenario's), its own class prototypes of
+    """theta_0's row: nothing under the task protocol (its heads are the scenario's), its own class statistics of
     the earlier tasks under the class protocol (any stream's bank holds them: theta_0 is every stream's)."""
     if "class" not in protocols:
         return total([])

@@ -40,8 +40,9 @@ def addition_table(report: Mapping[str, Any]):
     table.add_column("class-IL", justify="right")
     table.caption = ("absolute / normalized: task-incremental (each task through its own head, the task id "
                      "given); class-IL: class-incremental, every input classified among every task's classes "
-                     "without the task id (merged models: by the class prototypes banked beside each vector; θ0: "
-                     "its own prototypes; strategies: trained so, Avalanche's IncrementalClassifier)")
+                     "without the task id (merged models: by the class statistics banked beside each vector, one "
+                     "discriminant head; θ0: its own statistics; strategies: trained so, Avalanche's "
+                     "IncrementalClassifier)")
     table.caption_justify = "left"
     previous = None
     for row in report["addition"]["rows"]:
