@@ -2,7 +2,7 @@
 
 Runs ``editkit.train.loop.fine_tune`` for each mode on the same task, batch and
 sources; takes every step's own duration from the run (``FineTuneResult.times``; median after
-warm-up; a penalty run exactly every K steps: the median of its whole periods' means) and samples the process's resident memory while each mode runs. Prints ratios
+warm-up) and samples the process's resident memory while each mode runs. Prints ratios
 against the plain (non-linear) step and writes them as JSON.
 
 - classification scenarios (default ``offline-vision``; ``offline-text`` too): nonlinear, linear,
@@ -10,8 +10,7 @@ against the plain (non-linear) step and writes them as JSON.
   beside a full batch), mixed (``--mixed-reg-batch`` rows beside a full batch), taujp-nonlinear
   (cyclic: plain steps plus the penalty's jvp on the reg batch only) and the data-free penalty (``kfac``, the
   sources' curvature summed or apart, computed once before the timed runs; ``taujp_kfac_energy``: summed, each
-  factor cut to ``--curvature-energy`` of its trace, default 0.9; ``taujp_kfac_every``: summed, its products run
-  every ``--curvature-every`` steps, default 8, its second-order model between), on the first task with the others
+  factor cut to ``--curvature-energy`` of its trace, default 0.9), on the first task with the others
   (and the generic source) as penalty sources; ``--labels`` times some of them only;
 - language scenarios (``--scenario toxic``): nonlinear, linear and taujp for each
   number of trainable decoder blocks in ``--blocks`` (default 1, 4 and all), with the
@@ -32,8 +31,7 @@ and the scenario's own penalty against ``linear`` over every task of a stream (`
 a cost the host's slow spells do not move, beside the timed one they do.
 
     python benchmarks/step_cost.py [--scenario toxic] [--steps 30] [--warmup 5] [--rounds 3] [--threads N]
-                                   [--channels-last] [--mixed-reg-batch N] [--curvature-energy E]
-                                   [--curvature-every K] [--flops]
+                                   [--channels-last] [--mixed-reg-batch N] [--curvature-energy E] [--flops]
                                    [--json runs/step_cost.json]
 """
 
@@ -69,16 +67,14 @@ RATIOS = {  # name -> (label over label), each the median over rounds of the rou
     "kfac_over_linear": ("taujp_kfac", "linear"),
     "kfac_apart_over_linear": ("taujp_kfac_apart", "linear"),
     "kfac_energy_over_linear": ("taujp_kfac_energy", "linear"),
-    "kfac_every_over_linear": ("taujp_kfac_every", "linear"),
 }
 
 
-def variants(recipe: Recipe, mixed_reg_batch: int | None, energy: float, every: int = 8) -> dict[str, Recipe]:
+def variants(recipe: Recipe, mixed_reg_batch: int | None, energy: float) -> dict[str, Recipe]:
     """label -> the recipe its runs train with. ``taujp`` is the scenario's own penalty (its schedule, reg rows
     and where they ride); beside it the paper's schedules, batch // 8 reg rows beside a full batch (``mixed``:
     ``mixed_reg_batch`` rows, default the scenario's reg batch); ``taujp_nonlinear`` penalises as cyclic does;
-    ``taujp_kfac_energy`` keeps ``energy`` of each factor's trace (the cheaper, lossy curvature);
-    ``taujp_kfac_every`` runs the penalty's products every ``every`` steps (its model between)."""
+    ``taujp_kfac_energy`` keeps ``energy`` of each factor's trace (the cheaper, lossy curvature)."""
     paper = {"reg_batch": max(1, recipe.batch_size // 8), "reg_within_batch": False}
     return {
         "nonlinear": recipe.with_overrides(mode="nonlinear"),
@@ -92,7 +88,6 @@ def variants(recipe: Recipe, mixed_reg_batch: int | None, energy: float, every: 
         "taujp_kfac": recipe.with_overrides(mode="taujp", penalty="kfac"),
         "taujp_kfac_apart": recipe.with_overrides(mode="taujp", penalty="kfac", curvature_combine="apart"),
         "taujp_kfac_energy": recipe.with_overrides(mode="taujp", penalty="kfac", curvature_energy=energy),
-        "taujp_kfac_every": recipe.with_overrides(mode="taujp", penalty="kfac", curvature_every=every),
     }
 
 
@@ -134,21 +129,6 @@ def measure(built, recipe: Recipe, sources: list[UnlabeledSource], warmup: int,
         result = train(built, recipe, sources, runtime)
         peak = rss.window()
     return result.times.steps[warmup:], peak / 2**20
-
-
-def step_costs(timed: list[float], warmup: int, every: int = 1) -> list[float]:
-    """What a run's step costs, in samples whose median is its step: its timed steps (``timed``, the steps after
-    ``warmup``); for a penalty whose products run every ``every`` steps, the mean of each whole period (an exact
-    step and the modelled steps after it), so the cheap steps between do not hide the dear one."""
-    if every == 1:
-        return timed
-    periods: dict[int, list[float]] = {}
-    for index, seconds in enumerate(timed, start=warmup):
-        periods.setdefault(index // every, []).append(seconds)
-    whole = [statistics.fmean(p) for p in periods.values() if len(p) == every]
-    if not whole:
-        raise SystemExit(f"no whole period of {every} steps after the warm-up: raise --steps")
-    return whole
 
 
 def count_flops(built, recipe: Recipe, sources: list[UnlabeledSource], runtime: Runtime, task=None) -> float:
@@ -242,8 +222,6 @@ def main() -> None:
                         help="also count each recipe's FLOPs per step (one more untimed run each) and their ratios")
     parser.add_argument("--curvature-energy", type=float, default=0.9,
                         help="share of each factor's trace the taujp_kfac_energy run keeps (default 0.9)")
-    parser.add_argument("--curvature-every", type=int, default=8,
-                        help="steps between the taujp_kfac_every run's exact penalties (default 8)")
     parser.add_argument("--labels", default=None,
                         help="comma-separated recipes to time (default: all of them; nonlinear and linear always run)")
     parser.add_argument("--json", type=Path, default=Path("runs/step_cost.json"))
@@ -270,28 +248,24 @@ def main() -> None:
     # first calls) that the per-mode warm-up alone does not absorb.
     runtime = Runtime(channels_last=args.channels_last)
     measure(built, spec.recipe.with_overrides(mode="taujp", steps=args.warmup + 1), sources, args.warmup, runtime)
-    recipes = variants(spec.recipe.with_overrides(steps=args.steps), args.mixed_reg_batch, args.curvature_energy,
-                       args.curvature_every)
+    recipes = variants(spec.recipe.with_overrides(steps=args.steps), args.mixed_reg_batch, args.curvature_energy)
     if args.labels:
         wanted = {"nonlinear", "linear", *args.labels.split(",")}
         if unknown := sorted(wanted - set(recipes)):
             parser.error(f"unknown labels {unknown}; known: {', '.join(recipes)}")
         recipes = {label: recipe for label, recipe in recipes.items() if label in wanted}
     rounds: list[dict[str, float]] = []  # per round, each mode's median step
-    durations: dict[str, list[float]] = {label: [] for label in recipes}  # every round's step_costs
-    steps_timed = {label: 0 for label in recipes}
+    durations: dict[str, list[float]] = {label: [] for label in recipes}
     peaks: dict[str, list[float]] = {label: [] for label in recipes}
     for _ in range(args.rounds):
         rounds.append({})
         for label, recipe in recipes.items():
             timed, peak = measure(built, recipe, sources, args.warmup, runtime)
-            costs = step_costs(timed, args.warmup, recipe.curvature_every)
-            rounds[-1][label] = statistics.median(costs)
-            durations[label] += costs
-            steps_timed[label] += len(timed)
+            rounds[-1][label] = statistics.median(timed)
+            durations[label] += timed
             peaks[label].append(peak)
     ratios = {name: pair for name, pair in RATIOS.items() if set(pair) <= set(recipes)}
-    results = {label: {"seconds_per_step": statistics.median(durations[label]), "steps_timed": steps_timed[label],
+    results = {label: {"seconds_per_step": statistics.median(durations[label]), "steps_timed": len(durations[label]),
                        "peak_rss_mb": max(peaks[label])} for label in recipes}
     for label, result in results.items():
         print(f"{label:>15}: {result['seconds_per_step']:.3f} s/step  peak RSS {result['peak_rss_mb']:.0f} MB")

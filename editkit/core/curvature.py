@@ -587,13 +587,6 @@ class CurvatureRegularizer:
     Eq. 8); ``apart`` keeps every task's and averages their quadratic forms (TAK's Eq. 7: cost grows with tasks).
     The square root is tauJp's norm on the mean squared drift (its gradient at tau = 0 is taken as zero, as a
     norm's is), so lambda weighs it as tauJp's lambda weighs the mean norm.
-
-    every: the form's products are run on every ``every``-th step (a step being one :meth:`loss_of` call after
-    :meth:`prepare`); between, the form is its second-order model around the last such tau_s,
-    q(tau_s) + grad q(tau_s) . d + sum_i C_ii d_i^2 (d = tau - tau_s), which is exact in value and gradient at
-    tau_s and exact in the diagonal of C, and costs elementwise work over the vector. The products cost as much
-    as a small model's step on a CPU; the vector moves little in a few steps, so the model is close (the error is
-    d^T (C - diag C) d). 1: the exact form at every step.
     """
 
     needs_inputs = False
@@ -601,13 +594,10 @@ class CurvatureRegularizer:
     rows_per_step = 0
 
     def __init__(self, curvatures: Sequence[Curvature], *, lam: float, squared: bool = False,
-                 combine: str = "sum", energy: float = 1.0, every: int = 1) -> None:
+                 combine: str = "sum", energy: float = 1.0) -> None:
         if combine not in COMBINES:
             raise ConfigError(f"unknown curvature combine {combine!r}: expected one of {', '.join(COMBINES)}")
-        if every < 1:
-            raise ConfigError(f"the curvature penalty's products run every >= 1 steps, got {every}")
-        self.lam, self.squared, self.combine, self.every = lam, squared, combine, every
-        self._calls, self._model = 0, None
+        self.lam, self.squared, self.combine = lam, squared, combine
         self.tasks = len(curvatures)
         if curvatures:
             same_measure(curvatures)
@@ -629,59 +619,21 @@ class CurvatureRegularizer:
         return []
 
     def prepare(self, steps: int) -> None:
-        """Nothing to encode ahead (the penalty reads no input); a run's first step evaluates the form exactly."""
-        self._calls, self._model = 0, None
+        """Nothing to encode ahead: the penalty reads no input."""
 
     def skip(self, steps: int) -> None:
         """Nothing to skip: no source is drawn from."""
 
     def quadratic(self, tau: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The mean over the seen tasks of tau^T C_t tau under ``combine``'s approximation."""
-        return self._packed_on(tau).quadratic(tau)
-
-    def _packed_on(self, tau: Mapping[str, torch.Tensor]) -> _Packed:
-        """The curvatures laid out for a step on ``tau``'s device (laid out again when it moves)."""
         device = next(iter(tau.values())).device
         if self._device != device:
             self._packed, self._device = _Packed(self.curvatures, device), device
-        return self._packed
+        return self._packed.quadratic(tau)
 
     def loss_of(self, tau: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """lambda times the penalty of this step's ``tau`` (exact, or its model between exact steps: ``every``)."""
-        if self.every == 1:
-            value = self.quadratic(tau)
-        else:
-            if self._model is None or self._calls % self.every == 0:
-                self._model = _SecondOrder(tau, self.quadratic, self._packed_on(tau).diagonal())
-            self._calls += 1
-            value = self._model(tau)
+        value = self.quadratic(tau)
         return self.lam * (value if self.squared else value.clamp_min(1e-20).sqrt())
-
-
-class _SecondOrder:
-    """The quadratic form q around ``tau`` (tau_s): q(tau_s) + grad q(tau_s) . d + sum_i C_ii d_i^2, d = tau -
-    tau_s, over the vector flattened in ``tau``'s order. ``quadratic`` is the exact form, run once here (its
-    products and their backward, into tau_s alone); ``diagonal`` is C's diagonal by parameter name."""
-
-    def __init__(self, tau: Mapping[str, torch.Tensor], quadratic: Callable[[Mapping[str, torch.Tensor]],
-                 torch.Tensor], diagonal: Mapping[str, torch.Tensor]) -> None:
-        self.names = list(tau)
-        anchor = {n: t.detach().float().requires_grad_() for n, t in tau.items()}
-        with torch.enable_grad():
-            value = quadratic(anchor)
-            slopes = torch.autograd.grad(value, list(anchor.values()), allow_unused=True)
-        self.value = value.detach()
-        self.anchor = _flat(anchor.values()).detach()
-        self.slope = _flat(s if s is not None else torch.zeros_like(a) for s, a in zip(slopes, anchor.values()))
-        self.curvature = _flat(diagonal[n] if n in diagonal else torch.zeros_like(anchor[n]) for n in self.names)
-
-    def __call__(self, tau: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        step = _flat(tau[n] for n in self.names).float() - self.anchor
-        return self.value + (self.slope * step).sum() + (self.curvature * step.square()).sum()
-
-
-def _flat(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.reshape(-1) for t in tensors])
 
 
 class _Packed:
@@ -709,36 +661,11 @@ class _Packed:
             self.kron.append((names, groups, g_t, a, g_first))  # g_t (layers, tasks, groups, r_G, d_out)
         self.tasks = len(curvatures)
         self.diagonal_names = list(first.diagonal)
-        self.diagonal_sizes = [first.diagonal[n].numel() for n in self.diagonal_names]
-        self.diagonal_flat = (_mean([torch.cat([c.diagonal[n].reshape(-1) for n in self.diagonal_names])
-                                     for c in curvatures]).to(device) if first.diagonal else None)
+        self.diagonal = (_mean([torch.cat([c.diagonal[n].reshape(-1) for n in self.diagonal_names])
+                                for c in curvatures]).to(device) if first.diagonal else None)
         self.pair_names = [(scale, shift) for scale, (shift, _) in first.pairs.items()]
-        self.pair_sizes = [first.pairs[scale][1].numel() // 4 for scale, _ in self.pair_names]
         self.pairs = (_mean([torch.cat([c.pairs[n][1].reshape(-1, 4) for n, _ in self.pair_names]) for c in curvatures])
                       .T.to(device) if first.pairs else None)  # (4, elements): m00, m01, m10, m11
-        self._diagonal: dict[str, torch.Tensor] | None = None
-
-    def diagonal(self) -> dict[str, torch.Tensor]:
-        """The diagonal of the tasks' mean C by parameter name, in the parameter's element order: a Kronecker
-        block's is diag(G)_o diag(A)_i (its bias column's with A's ones-entry), a norm pair's its blocks' (0, 0)
-        and (1, 1)."""
-        if self._diagonal is None:
-            out: dict[str, torch.Tensor] = {}
-            for names, _, g_t, a, _ in self.kron:  # (layers, tasks, groups, d_out, d_in) per block, task-averaged
-                blocks = (g_t.float().square().sum(-2).unsqueeze(-1) * a.float().square().sum(-1).unsqueeze(-2)).mean(1)
-                for (weight, bias), block in zip(names, blocks):
-                    width = block.shape[-1] - (bias is not None)
-                    out[weight] = block[..., :width]
-                    if bias is not None:
-                        out[bias] = block[..., width]
-            if self.diagonal_flat is not None:
-                out.update(zip(self.diagonal_names, self.diagonal_flat.split(self.diagonal_sizes)))
-            if self.pairs is not None:
-                for (scale, shift), m00, m11 in zip(self.pair_names, self.pairs[0].split(self.pair_sizes),
-                                                     self.pairs[3].split(self.pair_sizes)):
-                    out[scale], out[shift] = m00, m11
-            self._diagonal = out
-        return self._diagonal
 
     def quadratic(self, tau: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The mean over the tasks of tau^T C_t tau."""
@@ -747,9 +674,9 @@ class _Packed:
             w = torch.stack([_view(tau, weight, bias, groups) for weight, bias in names]).unsqueeze(1).to(a.dtype)
             product = (g_t @ w) @ a if g_first else g_t @ (w @ a)
             terms.append(product.float().square().sum() / self.tasks)
-        if self.diagonal_flat is not None:
+        if self.diagonal is not None:
             flat = torch.cat([tau[n].reshape(-1) for n in self.diagonal_names]).float()
-            terms.append((self.diagonal_flat * flat.square()).sum())
+            terms.append((self.diagonal * flat.square()).sum())
         if self.pairs is not None:
             scale = torch.cat([tau[n].reshape(-1) for n, _ in self.pair_names]).float()
             shift = torch.cat([tau[n].reshape(-1) for _, n in self.pair_names]).float()

@@ -38,7 +38,7 @@ PENALTY_TARGETS = ("features", "logits", "distribution")
 PENALTIES = ("inputs", "kfac")
 CURVATURE_COMBINES = ("sum", "apart")  # as editkit.core.curvature.COMBINES implements them
 #: Fields of the data-free penalty alone: recorded only where ``penalty = "kfac"``.
-CURVATURE_FIELDS = ("curvature_examples", "curvature_combine", "curvature_energy", "curvature_every")
+CURVATURE_FIELDS = ("curvature_examples", "curvature_combine", "curvature_energy")
 #: Fields only the tauJp penalty reads: a mode without the penalty trains the same vector whatever they are.
 PENALTY_FIELDS = ("lam", "schedule", "scope", "reg_batch", "reg_within_batch", "squared", "penalty_on", "generic",
                   "penalty", *CURVATURE_FIELDS)
@@ -110,10 +110,6 @@ class Recipe:
     curvature_energy: float = field(default=1.0, metadata={
         "help": "kfac: share of each Kronecker factor's trace kept (its largest eigenvectors); 1 keeps every "
                 "eigenvector above numerical zero, less is cheaper and approximate."})
-    curvature_every: int = field(default=1, metadata={
-        "help": "kfac: steps between exact evaluations of the penalty's products; between them it is its "
-                "second-order model around the last (exact value and gradient there, C's diagonal for the rest), "
-                "elementwise work. 1: exact at every step."})
     generic: bool = field(default=True, metadata={
         "help": "Also penalise on the scenario's always-available unlabeled source, if it has one: it "
                 "regularises the first task of a stream, which has no earlier task."})
@@ -150,10 +146,9 @@ class Recipe:
             raise ConfigError(f"recipe.epochs must be > 0 (or unset), got {self.epochs}")
         if self.lora_lr is not None and not self.lora_lr > 0:
             raise ConfigError(f"recipe.lora_lr must be > 0 (or unset), got {self.lora_lr}")
-        if self.curvature_examples < 1 or self.curvature_every < 1 or not 0 < self.curvature_energy <= 1:
-            raise ConfigError("recipe: curvature_examples and curvature_every must be >= 1 and curvature_energy in "
-                              f"(0, 1], got {self.curvature_examples}, {self.curvature_every} and "
-                              f"{self.curvature_energy}")
+        if self.curvature_examples < 1 or not 0 < self.curvature_energy <= 1:
+            raise ConfigError("recipe: curvature_examples must be >= 1 and curvature_energy in (0, 1], got "
+                              f"{self.curvature_examples} and {self.curvature_energy}")
         if self.reg_batch is not None and self.reg_batch < 1:
             raise ConfigError(f"recipe.reg_batch must be >= 1 (or unset), got {self.reg_batch}")
         within = self.reg_within_batch
@@ -225,7 +220,7 @@ class Recipe:
         from editkit.core.curvature import CurvatureRegularizer
 
         return CurvatureRegularizer(curvatures, lam=self.lam, squared=self.squared, combine=self.curvature_combine,
-                                    energy=self.curvature_energy, every=self.curvature_every)
+                                    energy=self.curvature_energy)
 
     def examples_per_step(self, regularizer: Regularizer | None = None) -> int:
         """Labelled examples per optimizer step (all micro-batches, all processes), with ``regularizer``'s reg
@@ -263,8 +258,8 @@ class Recipe:
 
     def to_dict(self) -> dict[str, Any]:
         """All fields; ``epochs`` and ``lora_lr`` only when set, ``penalty_on`` and ``reg_within_batch`` only when
-        not the default, the adapter's fields only with an adapter and the data-free penalty's only with it
-        (``curvature_every`` only when not 1), so banks written before a field existed compare equal."""
+        not the default, the adapter's fields only with an adapter and the data-free penalty's only with it (banks
+        written before they existed compare equal)."""
         values = dataclasses.asdict(self)
         for name in ("epochs", "lora_lr"):
             if values[name] is None:
@@ -276,8 +271,6 @@ class Recipe:
         if values["penalty"] == "inputs":
             for name in ("penalty", *CURVATURE_FIELDS):
                 del values[name]
-        elif values["curvature_every"] == 1:
-            del values["curvature_every"]
         if values["adapter"] == "none":
             for name in [n for n in values if n == "adapter" or n.startswith("lora_")]:
                 del values[name]

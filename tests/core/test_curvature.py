@@ -11,7 +11,6 @@ from torch.func import functional_call, jacrev, jvp
 from editkit.core.curvature import (Curvature, CurvatureRegularizer, compute_curvature, factor_root,
                                     mean_curvature)
 from editkit.errors import ConfigError
-from editkit.train.recipe import Recipe
 
 
 def exact_quadratic(module: nn.Module, x: torch.Tensor, tau: dict[str, torch.Tensor]) -> float:
@@ -165,26 +164,6 @@ def two_tasks() -> tuple[nn.Module, list[Curvature]]:
     return mlp, [compute_curvature(mlp, [torch.randn(64, 3) + shift], exact=True) for shift in (0.0, 2.0)]
 
 
-class Mixed(nn.Module):
-    """Repeated and distinct layer shapes, grouped convolutions, norms and an embedding (its diagonal)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.convs = nn.Sequential(nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6), nn.ReLU(), nn.Conv2d(6, 6, 3, groups=6),
-                                   nn.Conv2d(6, 6, 1), nn.Conv2d(6, 6, 1, bias=False))
-        self.embed = nn.Embedding(4, 6)
-        self.head = nn.Sequential(nn.Linear(6, 6), nn.LayerNorm(6), nn.Linear(6, 6))
-
-    def forward(self, x):
-        return self.head(self.convs(x).mean((2, 3)) + self.embed.weight[0])
-
-
-def mixed() -> tuple[nn.Module, list[Curvature]]:
-    torch.manual_seed(0)
-    net = Mixed().eval()
-    return net, [compute_curvature(net, [torch.randn(8, 3, 7, 7)])]
-
-
 def test_apart_is_the_mean_of_the_tasks_forms_and_sum_uses_the_mean_factors():
     mlp, (c1, c2) = two_tasks()
     tau = vector(mlp)
@@ -211,64 +190,6 @@ def test_the_penalty_is_lambda_times_the_root_of_the_form_and_flat_at_zero():
     zero = {n: torch.zeros_like(t, requires_grad=True) for n, t in tau.items()}
     CurvatureRegularizer(curvatures, lam=0.3).loss_of(zero).backward()
     assert all(torch.equal(t.grad, torch.zeros_like(t)) for t in zero.values())  # a norm's gradient at zero
-
-
-def unit_forms(regularizer: CurvatureRegularizer, like: dict[str, torch.Tensor]) -> torch.Tensor:
-    """C's diagonal from the exact form alone: C_ii = q(e_i), the form at each unit vector, flattened in
-    ``like``'s order."""
-    sizes = [t.numel() for t in like.values()]
-    out = []
-    for i in range(sum(sizes)):
-        flat = torch.zeros(sum(sizes))
-        flat[i] = 1.0
-        out.append(regularizer.loss_of(dict(zip(like, (c.reshape(t.shape) for c, t in
-                                                        zip(flat.split(sizes), like.values()))))))
-    return torch.stack(out).detach()
-
-
-def flat(tau: dict[str, torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.reshape(-1) for t in tau.values()])
-
-
-@pytest.mark.parametrize("network, combine", [(two_tasks, "sum"), (two_tasks, "apart"), (mixed, "sum")])
-def test_between_exact_steps_the_penalty_is_its_second_order_model_with_the_true_diagonal(network, combine):
-    """Kronecker blocks (two tasks' factors summed or apart; grouped and bias-free convolutions), norm pairs and an
-    embedding's diagonal: each one's share of C's diagonal against the exact form at unit vectors."""
-    mlp, curvatures = network()
-    exact = CurvatureRegularizer(curvatures, lam=1.0, squared=True, combine=combine)
-    every = CurvatureRegularizer(curvatures, lam=1.0, squared=True, combine=combine, every=3)
-    anchor = {n: t.requires_grad_() for n, t in vector(mlp, seed=1).items()}
-    q_s = exact.loss_of(anchor)
-    slope = flat(dict(zip(anchor, torch.autograd.grad(q_s, list(anchor.values())))))
-    diagonal = unit_forms(exact, anchor)
-
-    value = every.loss_of(anchor)  # an exact step: the form and its gradient
-    torch.testing.assert_close(value, q_s)
-    torch.testing.assert_close(flat(dict(zip(anchor, torch.autograd.grad(value, list(anchor.values()))))), slope)
-    for seed in (2, 3):  # two modelled steps: q_s + slope . d + sum C_ii d_i^2, and its gradient
-        tau = {n: (a.detach() + d).requires_grad_() for (n, a), d in zip(anchor.items(), vector(mlp, seed, 0.05).values())}
-        d = flat(tau).detach() - flat(anchor).detach()
-        value = every.loss_of(tau)
-        torch.testing.assert_close(value, q_s.detach() + slope @ d + diagonal @ d.square(), rtol=1e-5, atol=1e-7)
-        gradient = flat(dict(zip(tau, torch.autograd.grad(value, list(tau.values())))))
-        torch.testing.assert_close(gradient, slope + 2 * diagonal * d, rtol=1e-5, atol=1e-7)
-        assert abs(value.item() - exact.loss_of(tau).item()) > 1e-6  # a model, not the form: off-diagonal C
-    far = vector(mlp, seed=4)
-    torch.testing.assert_close(every.loss_of(far), exact.loss_of(far))  # the fourth step is exact again
-    modelled_around_far = every._model(anchor)
-    every.prepare(10)  # a new run: its first step is exact, where the fifth call would have been modelled
-    assert abs(modelled_around_far.item() - q_s.item()) > 1e-6
-    torch.testing.assert_close(every.loss_of(anchor), q_s.detach())
-
-
-def test_the_recipe_builds_the_modelled_penalty_and_refuses_no_steps_between():
-    assert Recipe(penalty="kfac", curvature_every=4).curvature_regularizer([]).every == 4
-    assert "curvature_every" not in Recipe(penalty="kfac").to_dict()  # kfac banks before the field compare equal
-    assert Recipe(penalty="kfac", curvature_every=4).to_dict()["curvature_every"] == 4
-    with pytest.raises(ConfigError, match="curvature_every"):
-        Recipe(penalty="kfac", curvature_every=0)
-    with pytest.raises(ConfigError, match="every >= 1"):
-        CurvatureRegularizer([], lam=0.1, every=0)
 
 
 def test_no_curvature_is_an_inactive_penalty_and_an_unknown_combine_is_refused():
@@ -322,7 +243,21 @@ def test_a_string_padding_is_refused_by_name():
 def test_the_step_s_packed_form_is_the_curvature_s_quadratic():
     """The penalty stacks blocks of one shape and flattens diagonals and norm blocks: the same form, on a network
     with repeated and distinct shapes, grouped convolutions, norms and an embedding's diagonal."""
-    net, (curvature,) = mixed()
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.convs = nn.Sequential(nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6), nn.ReLU(), nn.Conv2d(6, 6, 3, groups=6),
+                                       nn.Conv2d(6, 6, 1), nn.Conv2d(6, 6, 1, bias=False))
+            self.embed = nn.Embedding(4, 6)
+            self.head = nn.Sequential(nn.Linear(6, 6), nn.LayerNorm(6), nn.Linear(6, 6))
+
+        def forward(self, x):
+            return self.head(self.convs(x).mean((2, 3)) + self.embed.weight[0])
+
+    net = Net().eval()
+    curvature = compute_curvature(net, [torch.randn(8, 3, 7, 7)])
     assert curvature.diagonal and curvature.pairs and len(curvature.blocks) == 6
     tau = vector(net)
     for combine in ("sum", "apart"):

@@ -117,19 +117,6 @@ def test_a_resume_with_other_curvature_fields_is_refused_by_field(tmp_path):
         stream(tmp_path / "bank", resume=True, recipe_fields={**KFAC, "curvature_examples": 30})
     with pytest.raises(BankError, match="penalty 'kfac' banked, None now"):
         stream(tmp_path / "bank", resume=True)
-    with pytest.raises(BankError, match="curvature_every None banked, 4 now"):
-        stream(tmp_path / "bank", resume=True, recipe_fields={**KFAC, "curvature_every": 4})
-
-
-def test_a_stream_with_the_modelled_penalty_banks_its_interval_and_trains_other_later_vectors(tmp_path):
-    """Every 4th step exact, its model between: the first task (nothing seen) trains as the exact penalty's does,
-    a later one otherwise; the interval is part of the recipe."""
-    stream(tmp_path / "exact", names=NAMES[:2], recipe_fields=KFAC)
-    stream(tmp_path / "every", names=NAMES[:2], recipe_fields={**KFAC, "curvature_every": 4})
-    exact, every = Bank(tmp_path / "exact"), Bank(tmp_path / "every")
-    assert every.get("b").recipe["curvature_every"] == 4 and "curvature_every" not in exact.get("b").recipe
-    assert torch.equal(exact.load("a")["0.weight"], every.load("a")["0.weight"])
-    assert not torch.equal(exact.load("b")["0.weight"], every.load("b")["0.weight"])
 
 
 def test_a_vector_banked_without_curvature_is_left_out_with_a_warning(tmp_path, caplog):
