@@ -85,6 +85,11 @@ class UnlabeledSource:
         self._seed = seed
         self.restart()
 
+    @property
+    def seed(self) -> int:
+        """The seed of its order: with its name, which of its inputs a given draw reads."""
+        return self._seed
+
     def restart(self) -> None:
         """Back to the seed's first batch: a second run over the same source samples what the first did."""
         self._generator = torch.Generator().manual_seed(self._seed)

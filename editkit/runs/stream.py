@@ -35,7 +35,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, MutableMapping, Sequence
 
 from torch import nn
 from torch.utils.data import Dataset
@@ -95,6 +95,7 @@ class StreamRunner:
         spill_dir: Path | None = None,
         merge: StreamMerge | None = None,
         keep_tangents: bool = False,
+        curvatures: MutableMapping[tuple, Curvature] | None = None,
     ) -> None:
         self.exps = list(exps)
         self.merge = merge or default_merge(recipe.mode)
@@ -114,6 +115,7 @@ class StreamRunner:
         self.base = backbone.fingerprint()
         self._sources: dict[int, UnlabeledSource] = {}
         self._curvatures: dict[int | None, Curvature | None] = {}  # by experience; None: the generic source
+        self._computed = curvatures if curvatures is not None else {}  # by what a computed one depends on
         self.incremental = self._incremental_scores(spill_dir, keep_tangents)
 
     def recipe_for(self, t: int) -> Recipe:
@@ -187,14 +189,23 @@ class StreamRunner:
 
     def compute_curvature(self, index: int | None, recipe: Recipe) -> Curvature:
         """Experience ``index``'s (or the generic source's) curvature at theta_0 on ``recipe.curvature_examples``
-        of its inputs, in their seeded order."""
+        of its inputs, in their seeded order; one the stream's ``curvatures`` memo holds already (an earlier run
+        over the same built scenario computed it: ``--tune``'s trials differ in lr and lambda, not in theta_0 or
+        the inputs) is taken from there, the same tensors."""
         source = self.source(index) if index is not None else self.generic
+        names = tuple(trainable_names(self.backbone.module))
+        key = (self.base, source.name, source.seed, len(source), names, recipe.seed, recipe.curvature_examples,
+               recipe.curvature_energy, recipe.penalty_on, str(self.runtime.device))
+        if key in self._computed:
+            self.progress.note(f"curvature of {source.name} at theta_0: computed by an earlier run, reused")
+            return self._computed[key]
         with self.progress.task(f"curvature of {source.name} at theta_0", total=1) as bar:
             curvature = source_curvature(self.backbone.module, source, examples=recipe.curvature_examples,
-                                         batching=self.backbone.batching, names=trainable_names(self.backbone.module),
-                                         seed=recipe.seed, energy=recipe.curvature_energy, device=self.runtime.device,
+                                         batching=self.backbone.batching, names=names, seed=recipe.seed,
+                                         energy=recipe.curvature_energy, device=self.runtime.device,
                                          measure=recipe.penalty_on, head=self.measure_head(recipe))
             bar.advance(1)
+        self._computed[key] = curvature
         return curvature
 
     def measure_head(self, recipe: Recipe) -> Any:
@@ -420,6 +431,7 @@ def run_stream(
     spill_dir: str | Path | None = None,
     merge: StreamMerge | None = None,
     keep_tangents: bool = False,
+    curvatures: MutableMapping[tuple, Curvature] | None = None,
 ) -> StreamResult:
     """Fine-tune, bank and evaluate each experience in order (see module docstring).
 
@@ -438,6 +450,9 @@ def run_stream(
         the mode's own, :func:`~editkit.merge.continual.default_merge`).
     keep_tangents: keep the tangents a linearized stream's scoring computed of each vector it trained on the
         test inputs (:attr:`StreamResult.tangents`), for a caller that scores the vectors again.
+    curvatures: a memo of the curvatures at theta_0 that ``--penalty kfac`` computes, shared by runs over the same
+        backbone, experiences and generic source (keyed by theta_0's fingerprint, the source's name, seed and
+        size, and the recipe fields a curvature depends on): each is computed once, as ``--tune``'s trials do.
     """
     names = [e.name for e in exps]
     if len(set(names)) != len(names):
@@ -454,7 +469,7 @@ def run_stream(
                           progress=progress or NullProgress(), runtime=runtime, task_recipes=task_recipes,
                           unlabeled=unlabeled, provenance=provenance, logger=logger,
                           spill_dir=Path(spill_dir) if spill_dir is not None else None, merge=merge,
-                          keep_tangents=keep_tangents)
+                          keep_tangents=keep_tangents, curvatures=curvatures)
     return runner.run(resume=resume, on_step=on_step)
 
 
@@ -504,6 +519,7 @@ def run_scenario(
     built: BuiltScenario | None = None,
     merge: StreamMerge | None = None,
     keep_tangents: bool = False,
+    curvatures: MutableMapping[tuple, Curvature] | None = None,
     **overrides: Any,
 ) -> tuple[StreamResult, dict[str, Any] | None]:
     """Run a scenario (a name, a file, or a parsed spec) end to end and write ``report.json`` + ``stream.png`` into
@@ -533,6 +549,8 @@ def run_scenario(
     text's frozen-prefix states are computed once. Its generic source restarts from its seed.
 
     keep_tangents: see :func:`run_stream` (the bench scores the vectors again over the same test splits).
+
+    curvatures: see :func:`run_stream`; meant with ``built`` (runs over one built scenario).
     """
     from editkit.runs.report import plot_stream, stream_report, write_json
     from editkit.scenario.spec import load_scenario, task_recipes
@@ -569,7 +587,7 @@ def run_scenario(
                             generic=built.generic, resume=resume, progress=progress, on_step=on_step,
                             task_recipes=recipes, unlabeled={t.name: t.train for t in built.tasks}, runtime=runtime,
                             provenance=provenance, logger=logger, spill_dir=out_dir, merge=merge,
-                            keep_tangents=keep_tangents)
+                            keep_tangents=keep_tangents, curvatures=curvatures)
         report = None
         if runtime.is_main:
             plot = plot_stream(result, out_dir / "stream.png")

@@ -67,6 +67,47 @@ def test_the_penalty_reads_the_banked_curvature_not_the_inputs(tmp_path, monkeyp
     assert seen == [2, 3]  # the new tasks' own, after training each; never a or b's
 
 
+def test_runs_sharing_a_memo_compute_each_curvature_once_and_bank_the_same_factors(tmp_path, monkeypatch):
+    """--tune's trials differ in lr and lambda: over one memo a task's curvature (and the generic source's) is
+    computed by the first run only, and a later run banks the very factors theta_0 gives on its inputs; a field a
+    curvature depends on computes it anew: the seed of its probes (the generic source's order does not move with
+    it) and its examples."""
+    import editkit.runs.stream as stream_module
+    from editkit.core.taujp import UnlabeledSource
+
+    computed: list[str] = []
+    original = stream_module.source_curvature
+
+    def counting(module, source, **kwargs):
+        computed.append(source.name)
+        return original(module, source, **kwargs)
+
+    monkeypatch.setattr(stream_module, "source_curvature", counting)
+    generic = torch.randn(30, 4, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    memo: dict = {}
+
+    def run(name: str, **fields) -> Bank:
+        stream(tmp_path / name, recipe_fields={**KFAC, "generic": True, **fields}, curvatures=memo,
+               generic=UnlabeledSource("generic", generic, seed=5))
+        return Bank(tmp_path / name)
+
+    once = ["generic", *NAMES]
+    first = run("first")
+    assert computed == once
+    second = run("second", lr=1e-2, lam=0.1)
+    assert computed == once  # none again
+    sets, _ = data()
+    for i, name in enumerate(NAMES):  # ground truth, as the banking test reads it: theta_0 on the seeded inputs
+        order = torch.randperm(50, generator=torch.Generator().manual_seed(0 + 1 + i)).tolist()
+        want = compute_curvature(network(), [sets[name].inputs[[order.pop() for _ in range(20)]]], seed=0).to_tensors()
+        got = second.curvature(name).to_tensors()
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert not torch.equal(second.load("b")["0.weight"], first.load("b")["0.weight"])
+    run("seed", seed=1)
+    run("fewer", curvature_examples=10)
+    assert computed == once * 3
+
+
 def test_a_corrupt_curvature_file_is_refused_by_name(tmp_path):
     stream(tmp_path / "bank", names=NAMES[:2], recipe_fields=KFAC)
     path = tmp_path / "bank" / "a.curvature.safetensors"

@@ -99,7 +99,8 @@ def stream_grid(state) -> tuple[list[Trial], str | None]:
 
 class StreamTrials:
     """What a stream's trials share on the first ``experiences`` tasks of ``built`` (its adapter's arm): theta_0
-    placed once, the validation splits' features and the heads; :meth:`score` runs one trial."""
+    placed once, the validation splits' features, the heads and the data-free penalty's curvatures at theta_0;
+    :meth:`score` runs one trial."""
 
     def __init__(self, config, spec, built, state, *, runtime, progress: Progress, protocols: Sequence[str],
                  experiences: int) -> None:
@@ -115,6 +116,7 @@ class StreamTrials:
                                runtime=runtime, batching=self.arm.backbone.batching)
         self.heads = {n: self.arm.heads[n].eval() for n in self.first}
         self.models, self.base = SharedModels.of(module), self.arm.backbone.fingerprint()
+        self.curvatures: dict = {}  # --penalty kfac's at theta_0: the trials' lr and lambda do not change them
 
     def score(self, index: int, trial: Trial, coefficient: str | None) -> float:
         """Trial ``index``: fine-tune the first tasks into its own bank (reused by a re-run) and score the merged
@@ -128,7 +130,8 @@ class StreamTrials:
                                 root=Path(self.config.bank_root) / "tune" / f"trial-{index}")
         with tempfile.TemporaryDirectory(prefix="editkit-tune-") as scratch:
             run_scenario(self.part, bank=bank, run_dir=scratch, resume=True, progress=self.progress,
-                         build=self.config.build, runtime=self.runtime, built=self.arm, **overrides)
+                         build=self.config.build, runtime=self.runtime, built=self.arm, curvatures=self.curvatures,
+                         **overrides)
         ev = ModeEvaluator(state.recipe.mode.value, Bank(bank), {n: n for n in self.first}, self.data, self.heads,
                            self.base, self.models, label=state.label)
         if ev.linearized:
