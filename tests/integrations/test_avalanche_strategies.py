@@ -229,7 +229,8 @@ def conv_stream() -> SimpleNamespace:
     return built
 
 
-@pytest.mark.parametrize("name, protocol", [("naive", "task"), ("lwf", "task"), ("replay", "task"), ("lwf", "class")])
+@pytest.mark.parametrize("name, protocol", [("naive", "task"), ("lwf", "task"), ("replay", "task"), ("lwf", "class"),
+                                            ("agem", "task")])
 def test_a_strategy_runs_in_the_runtimes_precision_and_layout(name, protocol, monkeypatch):
     """Every pass of the backbone, training and scoring, runs under bf16 autocast exactly when the runtime asks
     for it, and on channels-last weights exactly when it asks for those, and the strategy's loss always sees fp32
@@ -270,6 +271,52 @@ def metrics(result) -> dict:
 #: among themselves, blind to the new classes' logits rising over them.
 FORGETTING = {"naive": {}, "replay": {"mem_size": 30}, "lwf": {"alpha": 100.0, "temperature": 2.0}, "joint": {}}
 
+
+
+def test_agem_projects_channels_last_gradients_as_the_default_layouts(monkeypatch):
+    """Avalanche's A-GEM flattens gradients with ``view``, which a channels-last weight's gradient refuses: with its
+    mend, the reference gradient it keeps and every projected gradient are the default layout's, element for
+    element, in the weight's logical order, and the optimizer gets gradients laid out as their weights."""
+    from avalanche.training.plugins import AGEMPlugin
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from editkit.train.runtime import Runtime
+
+    def recorded(runtime: Runtime) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        references, projected = [], []
+        own_reference, own_projection = AGEMPlugin.before_training_iteration, AGEMPlugin.after_backward
+
+        def reference(self, strategy, **kwargs):
+            own_reference(self, strategy, **kwargs)
+            if self.buffers:
+                references.append(self.reference_gradients.clone())
+
+        def projection(self, strategy, **kwargs):
+            own_projection(self, strategy, **kwargs)
+            if self.buffers:
+                projected.append(torch.cat([p.grad.reshape(-1) for p in strategy.model.parameters() if p.grad is not None]))
+
+        def laid_out_as_weights(optimizer, args, kwargs):
+            layouts.extend(p.grad.stride() == p.stride() for group in optimizer.param_groups
+                           for p in group["params"] if p.grad is not None)
+
+        monkeypatch.setattr(AGEMPlugin, "before_training_iteration", reference)
+        monkeypatch.setattr(AGEMPlugin, "after_backward", projection)
+        hook = register_optimizer_step_pre_hook(laid_out_as_weights)
+        try:
+            run_strategy("agem", conv_stream(), recipes(3, 2), runtime=runtime, protocol="task")
+        finally:
+            hook.remove()
+            monkeypatch.undo()
+        return references, projected
+
+    layouts: list[bool] = []
+
+    default, channels_last = recorded(Runtime()), recorded(Runtime(channels_last=True))
+    assert len(default[0]) == len(channels_last[0]) == 2 and len(default[1]) == 2  # the second task's steps
+    for ours, theirs in zip(default, channels_last):
+        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(ours, theirs))
+    assert layouts and all(layouts)
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_on_a_stream_that_forgets_replay_and_lwf_forget_less_than_naive_and_joint_training_bounds_them(protocol):

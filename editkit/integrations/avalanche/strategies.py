@@ -196,6 +196,56 @@ def copying_synaptic_intelligence() -> Iterator[None]:
         plugin.extract_weights = avalanche_own
 
 
+@contextlib.contextmanager
+def agem_on_any_layout() -> Iterator[None]:
+    """Let Avalanche's A-GEM read gradients of weights in any memory layout until the run ends.
+
+    ``AGEMPlugin`` flattens every gradient with ``p.grad.view(-1)`` (avalanche-lib 0.6.0), and a gradient takes its
+    weight's strides: under ``--channels-last`` a convolution's gradient cannot be viewed flat, and the run stopped
+    at the first reference gradient. While the plugin reads them (its reference gradient's backward, its
+    projection) each such gradient is made contiguous, so it flattens in the weight's logical order as in the
+    default layout; after the projection it is laid out as its weight again, as the optimizer takes it. A
+    contiguous gradient is left as it is, so the default layout runs Avalanche's code untouched. The class's methods
+    are replaced (the plugin is built by Avalanche's ``AGEM``) and given back when the run ends.
+    """
+    from editkit._compat import quiet_avalanche_import
+
+    with quiet_avalanche_import():
+        from avalanche.training.plugins import AGEMPlugin as plugin
+
+    own_reference, own_projection = plugin.__dict__["before_training_iteration"], plugin.__dict__["after_backward"]
+
+    def before_training_iteration(self, strategy, **kwargs) -> None:
+        hooks = [p.register_post_accumulate_grad_hook(_flattenable) for p in strategy.model.parameters()
+                 if p.requires_grad]
+        try:
+            own_reference(self, strategy, **kwargs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    def after_backward(self, strategy, **kwargs) -> None:
+        params = [p for p in strategy.model.parameters() if p.grad is not None]
+        for p in params:
+            _flattenable(p)
+        own_projection(self, strategy, **kwargs)
+        for p in params:  # the optimizer's fused kernels take a gradient laid out as its weight
+            if p.grad.stride() != p.stride():
+                p.grad = torch.empty_like(p).copy_(p.grad)
+
+    plugin.before_training_iteration, plugin.after_backward = before_training_iteration, after_backward
+    try:
+        yield
+    finally:
+        plugin.before_training_iteration, plugin.after_backward = own_reference, own_projection
+
+
+def _flattenable(param: torch.Tensor) -> None:
+    """A post-accumulate hook: the parameter's gradient in the default layout (contiguous ones are kept)."""
+    if not param.grad.is_contiguous():
+        param.grad = param.grad.contiguous()
+
+
 def _avalanche(name: str, defaults: Mapping[str, Any] | None = None, *,
                defaults_from: str = "Avalanche's defaults", **facts: Any) -> Strategy:
     """Avalanche's strategy class ``name`` with ``defaults`` as the options editkit gives it."""
@@ -221,7 +271,8 @@ STRATEGIES.register("si", _avalanche("SynapticIntelligence", {"si_lambda": 1.0, 
 STRATEGIES.register("replay", _avalanche("Replay", {"mem_size": 200}, rehearsal=True, kept=replay_kept))
 STRATEGIES.register("agem", _avalanche("AGEM", {"patterns_per_exp": 250, "sample_size": 256},
                                        defaults_from=f"{_BASELINES} (permuted_mnist/agem.py)", rehearsal=True,
-                                       reference_url="https://arxiv.org/abs/1812.00420", kept=agem_kept))
+                                       reference_url="https://arxiv.org/abs/1812.00420", during=agem_on_any_layout,
+                                       kept=agem_kept))
 STRATEGIES.register("joint", _avalanche("JointTraining", joint=True, kept=joint_kept))
 
 
