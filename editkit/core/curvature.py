@@ -66,7 +66,8 @@ class KroneckerBlock:
     ``G`` (groups, d_out, r_G), one per group of the weight viewed as (groups, d_out, d_in) (a linear layer and an
     ungrouped convolution have one group). Estimated on n examples, a factor has rank at most n times its
     positions, often far below its side: the roots hold the eigenvectors that carry its trace, so the term costs
-    r_G (d_out d_in + d_in r_A) products, not d_out^2 d_in + d_out d_in^2."""
+    r_G (d_out d_in + d_in r_A) products, not d_out^2 d_in + d_out d_in^2 (where the ranks are near the sides, the
+    step multiplies the factors out instead: :class:`_Packed`)."""
 
     weight: str
     bias: str | None
@@ -639,10 +640,18 @@ class CurvatureRegularizer:
 class _Packed:
     """The seen tasks' curvatures laid out for the step: the mean of their quadratic forms in a handful of kernels.
     Kronecker blocks of one shape are stacked over layers and tasks and multiplied as one batch (ViT-B/32's 24 MLP
-    layers are two batches), in the cheaper order of the two products, a task's roots padded with zero columns to
-    the batch's rank; diagonals and norm blocks, linear in their tasks, are averaged once into flat tensors over all
-    their parameters. Launched layer by layer and task by task, the products cost more than their arithmetic on a
-    GPU (ViT-B/32, batch 128, an H200)."""
+    layers are two batches); diagonals and norm blocks, linear in their tasks, are averaged once into flat tensors
+    over all their parameters. Launched layer by layer and task by task, the products cost more than their
+    arithmetic on a GPU (ViT-B/32, batch 128, an H200).
+
+    A batch of blocks takes the cheaper of two routes, counted in multiply-adds for the form and its gradient:
+
+    - *roots*: ||R_G^T dW R_A||^2, in the cheaper order of its two products, a task's roots padded with zero columns
+      to the batch's rank; autograd's backward adds two more products. Cheap where the factors' ranks are low
+      (few examples, ``curvature_energy`` below 1).
+    - *dense*: G and A multiplied out once, and the gradient 2 G dW A from the same two products that give the
+      value, <dW, G dW A> (:class:`_DenseForm`): half the roots' work at full rank, which a convolution's
+      positions make the common case."""
 
     def __init__(self, curvatures: Sequence[Curvature], device: torch.device) -> None:
         first = curvatures[0]
@@ -653,12 +662,19 @@ class _Packed:
         self.kron = []
         for (groups, d_out, d_in, _), keys in by_shape.items():
             blocks = [[c.blocks[k] for c in curvatures] for k in keys]
-            g_t = _padded([[b.G.transpose(1, 2) for b in per_task] for per_task in blocks], rows=True).to(device)
-            a = _padded([[b.A for b in per_task] for per_task in blocks], rows=False).to(device)
+            g_t = _padded([[b.G.transpose(1, 2) for b in per_task] for per_task in blocks], rows=True)
+            a = _padded([[b.A for b in per_task] for per_task in blocks], rows=False)
             rank_g, rank_a = g_t.shape[-2], a.shape[-1]
             g_first = rank_g * d_out * d_in + rank_g * d_in * rank_a <= d_out * d_in * rank_a + rank_g * d_out * rank_a
+            roots_cost = 2 * min(rank_g * d_out * d_in + rank_g * d_in * rank_a,
+                                 d_out * d_in * rank_a + rank_g * d_out * rank_a)
             names = [(first.blocks[k].weight, first.blocks[k].bias) for k in keys]
-            self.kron.append((names, groups, g_t, a, g_first))  # g_t (layers, tasks, groups, r_G, d_out)
+            if d_out * d_out * d_in + d_out * d_in * d_in < roots_cost:
+                g, a = _symmetric(g_t.transpose(-1, -2) @ g_t), _symmetric(a @ a.transpose(-1, -2))
+                self.kron.append(("dense", names, groups, g.to(device), a.to(device)))
+            else:  # g_t (layers, tasks, groups, r_G, d_out)
+                self.kron.append(("roots" if g_first else "roots, A first", names, groups, g_t.to(device),
+                                  a.to(device)))
         self.tasks = len(curvatures)
         self.diagonal_names = list(first.diagonal)
         self.diagonal = (_mean([torch.cat([c.diagonal[n].reshape(-1) for n in self.diagonal_names])
@@ -670,9 +686,12 @@ class _Packed:
     def quadratic(self, tau: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The mean over the tasks of tau^T C_t tau."""
         terms = []
-        for names, groups, g_t, a, g_first in self.kron:
+        for route, names, groups, g, a in self.kron:
             w = torch.stack([_view(tau, weight, bias, groups) for weight, bias in names]).unsqueeze(1).to(a.dtype)
-            product = (g_t @ w) @ a if g_first else g_t @ (w @ a)
+            if route == "dense":
+                terms.append(_DenseForm.apply(w, g, a).float() / self.tasks)
+                continue
+            product = (g @ w) @ a if route == "roots" else g @ (w @ a)
             terms.append(product.float().square().sum() / self.tasks)
         if self.diagonal is not None:
             flat = torch.cat([tau[n].reshape(-1) for n in self.diagonal_names]).float()
@@ -683,6 +702,28 @@ class _Packed:
             m00, m01, m10, m11 = self.pairs
             terms.append((m00 * scale.square() + (m01 + m10) * scale * shift + m11 * shift.square()).sum())
         return torch.stack(terms).sum()
+
+
+class _DenseForm(torch.autograd.Function):
+    """sum over the batch of tr(G dW A dW^T) = <dW, G dW A>, and its gradient 2 G dW A (G, A symmetric) from the
+    same product, where autograd would multiply twice more. ``w`` (layers, 1, groups, d_out, d_in) against ``g``
+    (layers, tasks, groups, d_out, d_out) and ``a`` (layers, tasks, groups, d_in, d_in): the tasks' forms summed."""
+
+    @staticmethod
+    def forward(ctx: Any, w: torch.Tensor, g: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        half = (g @ w @ a).sum(1, keepdim=True)
+        ctx.save_for_backward(half)
+        return (w * half).sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (half,) = ctx.saved_tensors
+        return 2 * grad * half, None, None
+
+
+def _symmetric(m: torch.Tensor) -> torch.Tensor:
+    """R R^T made exactly symmetric (its rounding is not), as the dense route's gradient 2 G dW A assumes."""
+    return (m + m.transpose(-1, -2)) / 2
 
 
 def _padded(roots: list[list[torch.Tensor]], *, rows: bool) -> torch.Tensor:

@@ -241,8 +241,9 @@ def test_a_string_padding_is_refused_by_name():
 
 
 def test_the_step_s_packed_form_is_the_curvature_s_quadratic():
-    """The penalty stacks blocks of one shape and flattens diagonals and norm blocks: the same form, on a network
-    with repeated and distinct shapes, grouped convolutions, norms and an embedding's diagonal."""
+    """The penalty stacks blocks of one shape and flattens diagonals and norm blocks, and multiplies full-rank
+    factors out with a gradient of its own: the same form and the same gradient, on a network with repeated and
+    distinct shapes, grouped convolutions, norms and an embedding's diagonal, full rank and low rank."""
     torch.manual_seed(0)
 
     class Net(nn.Module):
@@ -257,12 +258,23 @@ def test_the_step_s_packed_form_is_the_curvature_s_quadratic():
             return self.head(self.convs(x).mean((2, 3)) + self.embed.weight[0])
 
     net = Net().eval()
-    curvature = compute_curvature(net, [torch.randn(8, 3, 7, 7)])
-    assert curvature.diagonal and curvature.pairs and len(curvature.blocks) == 6
-    tau = vector(net)
-    for combine in ("sum", "apart"):
-        packed = CurvatureRegularizer([curvature], lam=1.0, squared=True, combine=combine).loss_of(tau)
-        torch.testing.assert_close(packed, curvature.quadratic(tau), rtol=1e-5, atol=1e-7)
+    x = torch.randn(8, 3, 7, 7)
+    # full rank: the step multiplies the factors out (dense); a third of the trace: it keeps the roots
+    full, low = compute_curvature(net, [x]), compute_curvature(net, [x], energy=0.3)
+    assert full.diagonal and full.pairs and len(full.blocks) == 6
+    for curvatures, routes in (([full], {"dense"}), ([low], {"roots", "roots, A first"}), ([full, low], None)):
+        tau = {n: t.requires_grad_() for n, t in vector(net).items()}
+        for combine in ("sum", "apart"):
+            penalty = CurvatureRegularizer(curvatures, lam=1.0, squared=True, combine=combine)
+            packed = penalty.loss_of(tau)
+            # the reference: the roots' form term by term, its gradient by autograd
+            want = torch.stack([c.quadratic(tau) for c in penalty.curvatures]).mean()
+            torch.testing.assert_close(packed, want, rtol=1e-5, atol=1e-7)
+            got, expected = (torch.autograd.grad(v, list(tau.values())) for v in (packed, want))
+            for name, g, e in zip(tau, got, expected):
+                torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6, msg=f"{name}, {combine}")
+            if routes is not None:
+                assert {route for route, *_ in penalty._packed.kron} <= routes
 
 
 class SelfAttention(nn.Module):
