@@ -662,19 +662,17 @@ class _Packed:
         self.kron = []
         for (groups, d_out, d_in, _), keys in by_shape.items():
             blocks = [[c.blocks[k] for c in curvatures] for k in keys]
-            g_t = _padded([[b.G.transpose(1, 2) for b in per_task] for per_task in blocks], rows=True)
-            a = _padded([[b.A for b in per_task] for per_task in blocks], rows=False)
+            g_t = _padded([[b.G.transpose(1, 2) for b in per_task] for per_task in blocks], rows=True).to(device)
+            a = _padded([[b.A for b in per_task] for per_task in blocks], rows=False).to(device)
             rank_g, rank_a = g_t.shape[-2], a.shape[-1]
-            g_first = rank_g * d_out * d_in + rank_g * d_in * rank_a <= d_out * d_in * rank_a + rank_g * d_out * rank_a
-            roots_cost = 2 * min(rank_g * d_out * d_in + rank_g * d_in * rank_a,
-                                 d_out * d_in * rank_a + rank_g * d_out * rank_a)
+            g_first = rank_g * d_out * d_in + rank_g * d_in * rank_a  # the roots' two products, G's first
+            a_first = d_out * d_in * rank_a + rank_g * d_out * rank_a
             names = [(first.blocks[k].weight, first.blocks[k].bias) for k in keys]
-            if d_out * d_out * d_in + d_out * d_in * d_in < roots_cost:
+            if d_out * d_out * d_in + d_out * d_in * d_in < 2 * min(g_first, a_first):  # backward: two more
                 g, a = _symmetric(g_t.transpose(-1, -2) @ g_t), _symmetric(a @ a.transpose(-1, -2))
-                self.kron.append(("dense", names, groups, g.to(device), a.to(device)))
+                self.kron.append(("dense", names, groups, g, a))
             else:  # g_t (layers, tasks, groups, r_G, d_out)
-                self.kron.append(("roots" if g_first else "roots, A first", names, groups, g_t.to(device),
-                                  a.to(device)))
+                self.kron.append(("G first" if g_first <= a_first else "A first", names, groups, g_t, a))
         self.tasks = len(curvatures)
         self.diagonal_names = list(first.diagonal)
         self.diagonal = (_mean([torch.cat([c.diagonal[n].reshape(-1) for n in self.diagonal_names])
@@ -691,7 +689,7 @@ class _Packed:
             if route == "dense":
                 terms.append(_DenseForm.apply(w, g, a).float() / self.tasks)
                 continue
-            product = (g @ w) @ a if route == "roots" else g @ (w @ a)
+            product = (g @ w) @ a if route == "G first" else g @ (w @ a)
             terms.append(product.float().square().sum() / self.tasks)
         if self.diagonal is not None:
             flat = torch.cat([tau[n].reshape(-1) for n in self.diagonal_names]).float()

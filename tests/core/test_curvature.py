@@ -262,7 +262,7 @@ def test_the_step_s_packed_form_is_the_curvature_s_quadratic():
     # full rank: the step multiplies the factors out (dense); a third of the trace: it keeps the roots
     full, low = compute_curvature(net, [x]), compute_curvature(net, [x], energy=0.3)
     assert full.diagonal and full.pairs and len(full.blocks) == 6
-    for curvatures, routes in (([full], {"dense"}), ([low], {"roots", "roots, A first"}), ([full, low], None)):
+    for curvatures, routes in (([full], {"dense"}), ([low], {"G first", "A first"}), ([full, low], None)):
         tau = {n: t.requires_grad_() for n, t in vector(net).items()}
         for combine in ("sum", "apart"):
             penalty = CurvatureRegularizer(curvatures, lam=1.0, squared=True, combine=combine)
