@@ -30,7 +30,8 @@ STEPS = 4
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, logging_level="ERROR", log_to_driver=False, include_dashboard=False)
+    # one GPU as a logical resource (none is there): enough to place GPU units, which here compute nothing on it
+    ray.init(num_cpus=2, num_gpus=1, logging_level="ERROR", log_to_driver=False, include_dashboard=False)
     yield
     ray.shutdown()
 
@@ -92,6 +93,20 @@ def test_a_unit_that_needs_others_starts_when_they_are_done_and_not_after_the_re
     first, long, then = run_units([Unit("a", timed, (1.0,)), Unit("b", timed, (8.0,)),
                                    Unit("c", timed, (0.5,), needs=(0,))], NullProgress())
     assert first[1] <= then[0] and then[1] < long[1]  # beside b, not after it
+
+
+def test_a_gpu_unit_s_worker_runs_no_other_unit(cluster):
+    """CUDA reads the devices a process may see once, and Ray may give a worker's next unit another GPU: each GPU
+    unit runs in a worker of its own (four in turn on the one GPU, four processes), where CPU units share the
+    workers (four on two CPUs, two processes at most)."""
+
+    def pid() -> int:  # local, so Ray ships it by value
+        return os.getpid()
+
+    on_gpu = run_units([Unit(f"gpu {i}", pid, (), gpus=1.0) for i in range(4)], NullProgress())
+    assert len(set(on_gpu)) == 4, on_gpu
+    on_cpus = run_units([Unit(f"cpu {i}", pid, (), cpus=2) for i in range(4)], NullProgress())
+    assert len(set(on_cpus)) <= 2, on_cpus
 
 
 class _Watch:

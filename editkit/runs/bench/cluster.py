@@ -126,9 +126,12 @@ def run_units(units: Sequence[Unit], progress: Progress) -> list[Any]:
     import ray
 
     board = ray.remote(num_cpus=0)(_Board).remote()
-    task = ray.remote(_run_unit)
+    # a GPU unit's worker exits after it: CUDA reads the visible devices once a process, and Ray may give the
+    # worker's next unit another GPU (Ray's own default for a function declared with GPUs)
+    on_cpus, on_gpus = ray.remote(_run_unit), ray.remote(max_calls=1)(_run_unit)
     refs: list[Any] = []
     for u in units:  # the results a unit needs as top-level arguments: Ray resolves them before it starts the unit
+        task = on_gpus if u.gpus else on_cpus
         refs.append(task.options(num_cpus=u.cpus, num_gpus=u.gpus, max_retries=RETRIES, name=u.name).remote(
             board, u.name, u.call, u.args, u.cpus, *(refs[i] for i in u.needs)))
     names = {ref: unit.name for ref, unit in zip(refs, units)}
