@@ -170,6 +170,54 @@ def test_tune_needs_an_experience_to_select_on_and_one_left():
         BenchConfig(tune=-1).validated()
 
 
+def test_a_strategy_trial_s_score_is_recorded_and_read_back_only_for_the_same_inputs(tmp_path, monkeypatch):
+    """A re-run reads a strategy trial's recorded score instead of training again; another learning rate, another
+    thread count or a torn record trains again, and the record then holds the new score."""
+    import dataclasses as dc
+    from types import SimpleNamespace
+
+    from editkit.integrations.avalanche import strategies
+    from editkit.runs.bench.selection import ScoreRecord, strategy_trial
+    from editkit.train.recipe import Recipe
+    from editkit.train.runtime import Runtime
+    from editkit.util.progress import NullProgress
+
+    runs = []
+
+    def fake_run(name, part, recipes, *, options, protocol, **_):  # accuracy = the lr, so a score names its inputs
+        runs.append((protocol, recipes[0].lr))
+        return SimpleNamespace(rows=[{t: recipes[0].lr * 1000 for t in part.tasks}])
+
+    monkeypatch.setattr(strategies, "run_strategy", fake_run)
+
+    @dc.dataclass
+    class Built:
+        tasks: list
+        backbone: object
+
+    built = Built(["a", "b", "c"], SimpleNamespace(fingerprint=lambda: "sha256:base"))
+    record = ScoreRecord(tmp_path / "tune" / "trial-4" / "mini-lwf.json", {"scenario_file": "mini.toml"})
+
+    def trial(recipe=Recipe(lr=1e-4), index=4):
+        return strategy_trial("lwf", built, [recipe] * 2, {}, index, runtime=Runtime(), progress=NullProgress(),
+                              protocols=("task", "class"), experiences=2, record=record)
+
+    assert trial() == pytest.approx(0.1) and runs == [("task", 1e-4), ("class", 1e-4)]  # trial 4: the default lr
+    assert trial() == pytest.approx(0.1) and len(runs) == 2  # read back: nothing trained
+    assert trial(Recipe(lr=3e-4)) == pytest.approx(0.3) and len(runs) == 4  # another lr: trained again
+    assert trial() == pytest.approx(0.1) and len(runs) == 6  # the record held lr 3e-4's: trained again
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        trial()
+        assert len(runs) == 8
+    finally:
+        torch.set_num_threads(threads)
+    record.path.write_text(record.path.read_text()[:40])  # torn
+    assert trial() == pytest.approx(0.1) and len(runs) == 10
+    assert trial() == pytest.approx(0.1) and len(runs) == 10
+
+
 # --- end to end ------------------------------------------------------------------------------------------------
 
 

@@ -340,7 +340,9 @@ def _tuned(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: 
                    for label, state in states.items()}
         strategies = {name: selection.strategy_trials(name, built, recipes, params.get(name, {}), runtime=runtime,
                                                       progress=progress, protocols=protocols,
-                                                      experiences=config.tune)
+                                                      experiences=config.tune,
+                                                      records=[selection.ScoreRecord.of(config, spec, name, i)
+                                                               for i in range(selection.TRIALS)])
                       for name in config.strategies}
     chosen = {**streams, **strategies}
     row_recipes = {label: {k: v for k, v in (("lr", e["chosen"]["lr"]), ("lam", e["chosen"]["coefficient"]))
@@ -413,7 +415,8 @@ def _strategy_trial_unit(config: BenchConfig, spec: ScenarioSpec, name: str, ind
     recipes = [per_task[n].resolved(len(built.task(n).train)) for n in spec.task_names[: config.tune]]
     options_of = STRATEGIES.parse_params(config.strategy_params).get(name, {})
     return selection.strategy_trial(name, built, recipes, options_of, index, runtime=runtime, progress=NullProgress(),
-                                    protocols=config.protocols_of(spec), experiences=config.tune)
+                                    protocols=config.protocols_of(spec), experiences=config.tune,
+                                    record=selection.ScoreRecord.of(config, spec, name, index))
 
 
 def _run_on_cluster(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: Progress) -> BenchResult:

@@ -17,24 +17,32 @@ serves both protocols, for every row alike. The best trial wins (ties: the first
 values sit in the middle of each axis). Trials' banks live under ``<bank-root>/tune/`` and are reused by a
 re-run; the tuned streams bank under ``<bank-root>/tuned/``, so untuned banks stay as they were. A trial is a
 function of its row and index alone (:class:`StreamTrials`, :func:`strategy_trial`), so ``--ray`` runs each as a unit
-of its own and gathers the scores as one process does.
+of its own and gathers the scores as one process does. A strategy has no bank, so its trial's score is kept
+under the same root (:class:`ScoreRecord`, with everything the run depended on) and read back by a re-run that
+asks for the same trial: a bench refused after its trials (a stale tuned bank) repeats none of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+import torch
 
 from editkit.bank.store import Bank
 from editkit.errors import ConfigError
 from editkit.settings import default_bank_dir
+from editkit.util.atomic import atomic_write_text
 from editkit.util.progress import Progress
+
+log = logging.getLogger(__name__)
 
 #: Trials every row gets.
 TRIALS = 9
@@ -77,10 +85,12 @@ def selection_entry(grid: Sequence[Trial], scores: Sequence[float], coefficient:
             "chosen": dataclasses.asdict(grid[best])}
 
 
-def _note(progress: Progress, row: str, index: int, trial: Trial, coefficient: str | None, score: float) -> None:
+def _note(progress: Progress, row: str, index: int, trial: Trial, coefficient: str | None, score: float,
+          recorded: bool = False) -> None:
     """One line per trial, as it ends: selection runs for a while before the first table."""
     tried = f"lr {trial.lr:.3g}" + (f" {coefficient} {trial.coefficient:.3g}" if coefficient else "")
-    progress.note(f"tune {row}: trial {index + 1}/{TRIALS} {tried}: {100 * score:.1f}% on validation")
+    kept = " (recorded by an earlier run)" if recorded else ""
+    progress.note(f"tune {row}: trial {index + 1}/{TRIALS} {tried}: {100 * score:.1f}% on validation{kept}")
 
 
 def mean_accuracy(per_task: Mapping[str, float]) -> float:
@@ -172,10 +182,46 @@ def strategy_grid(name: str, recipes: Sequence, options: Mapping[str, Any]) -> t
     return trial_grid(recipes[0].lr, value), coefficient
 
 
+@dataclass(frozen=True)
+class ScoreRecord:
+    """Where a strategy trial's score is kept (``<bank-root>/tune/trial-<i>/<scenario>-<strategy>.json``, beside
+    the streams' trial banks) and the scenario's provenance it was scored on (its file, build options, every
+    task's source options)."""
+
+    path: Path
+    scenario: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, config, spec, name: str, index: int) -> "ScoreRecord":
+        from editkit.scenario.provenance import scenario_provenance
+
+        root = Path(config.bank_root) / "tune" / f"trial-{index}"
+        return cls(root / f"{spec.name}-{name}.json", scenario_provenance(spec, config.build))
+
+    def read(self, key: Mapping[str, Any]) -> float | None:
+        """The recorded score when the file is whole and was scored on ``key``; None otherwise (then scored again
+        and rewritten: a record of other inputs, or a torn or edited file, is never trusted)."""
+        if not self.path.is_file():
+            return None
+        try:
+            stored = json.loads(self.path.read_text())
+            if stored["key"] == key:
+                return float(stored["score"])
+        except (ValueError, KeyError, TypeError) as error:
+            log.warning("trial record %s is unreadable (%s): scoring the trial again", self.path, error)
+        return None
+
+    def write(self, key: Mapping[str, Any], score: float) -> None:
+        atomic_write_text(self.path, json.dumps({"key": key, "score": score}, indent=1, sort_keys=True))
+
+
 def strategy_trial(name: str, built, recipes: Sequence, options: Mapping[str, Any], index: int, *, runtime,
-                   progress: Progress, protocols: Sequence[str], experiences: int) -> float:
+                   progress: Progress, protocols: Sequence[str], experiences: int, record: ScoreRecord) -> float:
     """Trial ``index`` of a strategy on the first ``experiences`` tasks of ``built`` (``recipes``: theirs,
-    resolved): a run under every protocol, scored on their validation splits (the mean over the protocols)."""
+    resolved): a run under every protocol, scored on their validation splits (the mean over the protocols).
+    ``record``: where the score is kept, and read back instead of running when it was scored on the same inputs
+    (the trial, the recipes, options and protocols, theta_0, the scenario, the threads and the runtime's numerics:
+    a row's scores move with the thread count)."""
     from editkit.integrations.avalanche.strategies import run_strategy
 
     grid, coefficient = strategy_grid(name, recipes, options)
@@ -183,17 +229,27 @@ def strategy_trial(name: str, built, recipes: Sequence, options: Mapping[str, An
     part = dataclasses.replace(built, tasks=list(built.tasks[:experiences]))
     tried = [r.with_overrides(lr=trial.lr) for r in recipes[:experiences]]
     chosen = {**options, **({coefficient: trial.coefficient} if coefficient else {})}
-    score = float(np.mean([mean_accuracy(run_strategy(name, part, tried, options=chosen, runtime=runtime,
-                                                      progress=progress, protocol=p, split="val").rows[-1])
-                           for p in protocols]))
-    _note(progress, name, index, trial, coefficient, score)
+    key = json.loads(json.dumps({
+        "strategy": name, "trial": dataclasses.asdict(trial), "options": chosen, "recipes": [r.to_dict() for r in tried],
+        "protocols": list(protocols), "experiences": experiences, "base": built.backbone.fingerprint(),
+        "scenario": record.scenario, "threads": torch.get_num_threads(),
+        "device": runtime.device.type, "precision": runtime.precision, "channels_last": runtime.channels_last,
+    }, default=str))
+    score = recorded = record.read(key)
+    if score is None:
+        score = float(np.mean([mean_accuracy(run_strategy(name, part, tried, options=chosen, runtime=runtime,
+                                                          progress=progress, protocol=p, split="val").rows[-1])
+                               for p in protocols]))
+        record.write(key, score)
+    _note(progress, name, index, trial, coefficient, score, recorded is not None)
     return score
 
 
 def strategy_trials(name: str, built, recipes: Sequence, options: Mapping[str, Any], *, runtime, progress: Progress,
-                    protocols: Sequence[str], experiences: int) -> dict[str, Any]:
-    """A strategy's trials, one after another in this process. Returns its :func:`selection_entry`."""
+                    protocols: Sequence[str], experiences: int, records: Sequence[ScoreRecord]) -> dict[str, Any]:
+    """A strategy's trials, one after another in this process (``records``: each trial's, in grid order). Returns
+    its :func:`selection_entry`."""
     grid, coefficient = strategy_grid(name, recipes, options)
     return selection_entry(grid, [strategy_trial(name, built, recipes, options, i, runtime=runtime, progress=progress,
-                                                 protocols=protocols, experiences=experiences)
+                                                 protocols=protocols, experiences=experiences, record=records[i])
                                   for i in range(len(grid))], coefficient)
