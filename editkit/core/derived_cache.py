@@ -45,7 +45,14 @@ def cached(folder: str, suffix: str, key: dict[str, Any], compute: Callable[[], 
     load(path, key): the entry's value if it is whole and made for ``key``, else None; it may raise on a damaged
     file (read as a miss). save(path, key, value): writes the entry (to a temporary path, renamed when whole)."""
     key = as_stored(key)
-    path = entry_path(folder, key, suffix)
+    return cached_at(entry_path(folder, key, suffix), key, compute, load=load, save=save)
+
+
+def cached_at(path: Path, key: dict[str, Any], compute: Callable[[], T], *,
+              load: Callable[[Path, dict[str, Any]], T | None], save: Callable[[Path, dict[str, Any], T], None]) -> T:
+    """:func:`cached` at a place the caller chooses (a bank root, beside what it records there) rather than the
+    machine's cache: the same rule, an entry read only when whole and made for ``key``, else computed again."""
+    key = as_stored(key)
     if path.is_file():
         try:
             found = load(path, key)

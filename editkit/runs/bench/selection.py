@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,12 +36,10 @@ import numpy as np
 import torch
 
 from editkit.bank.store import Bank
+from editkit.core.derived_cache import cached_at
 from editkit.errors import ConfigError
 from editkit.settings import default_bank_dir
-from editkit.util.atomic import atomic_write_text
 from editkit.util.progress import Progress
-
-log = logging.getLogger(__name__)
 
 #: Trials every row gets.
 TRIALS = 9
@@ -198,21 +195,14 @@ class ScoreRecord:
         root = Path(config.bank_root) / "tune" / f"trial-{index}"
         return cls(root / f"{spec.name}-{name}.json", scenario_provenance(spec, config.build))
 
-    def read(self, key: Mapping[str, Any]) -> float | None:
-        """The recorded score when the file is whole and was scored on ``key``; None otherwise (then scored again
-        and rewritten: a record of other inputs, or a torn or edited file, is never trusted)."""
-        if not self.path.is_file():
-            return None
-        try:
-            stored = json.loads(self.path.read_text())
-            if stored["key"] == key:
-                return float(stored["score"])
-        except (ValueError, KeyError, TypeError) as error:
-            log.warning("trial record %s is unreadable (%s): scoring the trial again", self.path, error)
-        return None
 
-    def write(self, key: Mapping[str, Any], score: float) -> None:
-        atomic_write_text(self.path, json.dumps({"key": key, "score": score}, indent=1, sort_keys=True))
+def _load_score(path: Path, key: dict[str, Any]) -> float | None:
+    stored = json.loads(path.read_text())
+    return float(stored["score"]) if stored["key"] == key else None
+
+
+def _save_score(path: Path, key: dict[str, Any], score: float) -> None:
+    path.write_text(json.dumps({"key": key, "score": score}, indent=1, sort_keys=True))
 
 
 def strategy_trial(name: str, built, recipes: Sequence, options: Mapping[str, Any], index: int, *, runtime,
@@ -235,13 +225,16 @@ def strategy_trial(name: str, built, recipes: Sequence, options: Mapping[str, An
         "scenario": record.scenario, "threads": torch.get_num_threads(),
         "device": runtime.device.type, "precision": runtime.precision, "channels_last": runtime.channels_last,
     }, default=str))
-    score = recorded = record.read(key)
-    if score is None:
-        score = float(np.mean([mean_accuracy(run_strategy(name, part, tried, options=chosen, runtime=runtime,
-                                                          progress=progress, protocol=p, split="val").rows[-1])
-                               for p in protocols]))
-        record.write(key, score)
-    _note(progress, name, index, trial, coefficient, score, recorded is not None)
+    ran = []
+
+    def run() -> float:
+        ran.append(True)
+        return float(np.mean([mean_accuracy(run_strategy(name, part, tried, options=chosen, runtime=runtime,
+                                                         progress=progress, protocol=p, split="val").rows[-1])
+                              for p in protocols]))
+
+    score = cached_at(record.path, key, run, load=_load_score, save=_save_score)
+    _note(progress, name, index, trial, coefficient, score, recorded=not ran)
     return score
 
 
