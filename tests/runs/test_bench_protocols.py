@@ -198,8 +198,8 @@ def test_a_strategy_trial_s_score_is_recorded_and_read_back_only_for_the_same_in
     built = Built(["a", "b", "c"], SimpleNamespace(fingerprint=lambda: "sha256:base"))
     record = ScoreRecord(tmp_path / "tune" / "trial-4" / "mini-lwf.json", {"scenario_file": "mini.toml"})
 
-    def trial(recipe=Recipe(lr=1e-4), index=4):
-        return strategy_trial("lwf", built, [recipe] * 2, {}, index, runtime=Runtime(), progress=NullProgress(),
+    def trial(recipe=Recipe(lr=1e-4)):  # LwF's trial 4: its default lr and alpha
+        return strategy_trial("lwf", built, [recipe] * 2, {}, 4, runtime=Runtime(), progress=NullProgress(),
                               protocols=("task", "class"), experiences=2, record=record)
 
     assert trial() == pytest.approx(0.1) and runs == [("task", 1e-4), ("class", 1e-4)]  # trial 4: the default lr
