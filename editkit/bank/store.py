@@ -40,7 +40,6 @@ of its problem list; :meth:`Bank.orphans` lists them.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import re
@@ -57,6 +56,7 @@ from editkit.bank.summing import (VectorReader, check_bases, common_family, head
                                   sum_files)
 from editkit.util.atomic import TMP_MARKER, atomic_path, atomic_write_bytes, fsync_dir
 from editkit.core.adapters import LoraSpec
+from editkit.core.artifacts import sha256_file
 from editkit.core.modes import Family
 from editkit.errors import BankError, ConfigError, CorruptVectorError, IncompatibleVectorsError
 
@@ -80,7 +80,6 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _MAX_NAME_LEN = 200
 _LOCK_TIMEOUT_S = 600.0
 WRITER_NAME = ".writer"
-_HASH_CHUNK = 1 << 20
 
 
 # --------------------------------------------------------------------------- entries
@@ -108,11 +107,7 @@ def prototypes_file(name: str, prototypes: Prototypes) -> str:
 
 
 def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
+    return "sha256:" + sha256_file(path)
 
 
 def _cpu_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from editkit.bank.store import Bank, VectorEntry
+from editkit.core.artifacts import sha256_file
 from editkit.errors import BankError, ConfigError, IncompatibleVectorsError
 from editkit.models.backbone import Backbone
 from editkit.scenario.build import BuiltScenario, build_backbone, build_scenario, task_options
@@ -38,6 +39,15 @@ def scenario_provenance(spec: ScenarioSpec, build: BuildOptions) -> dict[str, An
     options = {t.name: json.loads(json.dumps(task_options(spec, t, build), default=str)) for t in spec.tasks}
     return {"scenario_file": str(spec.path.resolve()) if spec.path else None, "build": build.to_json(),
             "task_options": options}
+
+
+def scenario_identity(spec: ScenarioSpec, build: BuildOptions) -> dict[str, Any]:
+    """What a score computed on a scenario depends on, wherever its file lies: the provenance with the file's
+    content (its sha256) in place of its path, so a record made on one node of a cluster is read on another that
+    installed editkit elsewhere, and an edited file is never taken for the one scored."""
+    identity = scenario_provenance(spec, build)
+    identity["scenario_file"] = "sha256:" + sha256_file(spec.path) if spec.path else None
+    return identity
 
 
 def find_scenario(name: str, recorded_file: str | None) -> ScenarioSpec:

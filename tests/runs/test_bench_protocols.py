@@ -3,6 +3,7 @@ per protocol, never a strategy's own "normalized") and ``--tune``'s selection gr
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -216,6 +217,29 @@ def test_a_strategy_trial_s_score_is_recorded_and_read_back_only_for_the_same_in
     record.path.write_text(record.path.read_text()[:40])  # torn
     assert trial() == pytest.approx(0.1) and len(runs) == 10
     assert trial() == pytest.approx(0.1) and len(runs) == 10
+
+
+def test_a_trial_record_keys_on_the_scenario_file_s_content_not_where_it_lies(tmp_path):
+    """Two nodes that installed the same scenario file at different paths key a trial's record alike (one reads
+    what the other scored); an edited file keys otherwise (its trials run again)."""
+    import shutil
+
+    from editkit.runs.bench.config import BenchConfig
+    from editkit.runs.bench.selection import ScoreRecord
+    from editkit.scenario.spec import load_scenario
+
+    config = BenchConfig(bank_root=str(tmp_path / "banks"))
+    copies = []
+    for node in ("node-a", "node-b", "edited"):
+        (tmp_path / node).mkdir()
+        copies.append(shutil.copy(load_scenario("split-mnist").path, tmp_path / node / "split-mnist.toml"))
+    with open(copies[2], "a") as fh:
+        fh.write("\n# edited\n")
+    a, b, edited = (ScoreRecord.of(config, load_scenario(c), "lwf", 3) for c in copies)
+    assert a.path == b.path == tmp_path / "banks" / "tune" / "trial-3" / "split-mnist-lwf.json"
+    assert a.scenario == b.scenario
+    assert edited.scenario != a.scenario
+    assert str(tmp_path) not in json.dumps(a.scenario)
 
 
 # --- end to end ------------------------------------------------------------------------------------------------

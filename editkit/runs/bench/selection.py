@@ -182,7 +182,7 @@ def strategy_grid(name: str, recipes: Sequence, options: Mapping[str, Any]) -> t
 @dataclass(frozen=True)
 class ScoreRecord:
     """Where a strategy trial's score is kept (``<bank-root>/tune/trial-<i>/<scenario>-<strategy>.json``, beside
-    the streams' trial banks) and the scenario's provenance it was scored on (its file, build options, every
+    the streams' trial banks) and what of the scenario it was scored on (its file's content, build options, every
     task's source options)."""
 
     path: Path
@@ -190,10 +190,10 @@ class ScoreRecord:
 
     @classmethod
     def of(cls, config, spec, name: str, index: int) -> "ScoreRecord":
-        from editkit.scenario.provenance import scenario_provenance
+        from editkit.scenario.provenance import scenario_identity
 
         root = Path(config.bank_root) / "tune" / f"trial-{index}"
-        return cls(root / f"{spec.name}-{name}.json", scenario_provenance(spec, config.build))
+        return cls(root / f"{spec.name}-{name}.json", scenario_identity(spec, config.build))
 
 
 def _load_score(path: Path, key: dict[str, Any]) -> float | None:
