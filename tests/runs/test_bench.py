@@ -658,6 +658,12 @@ def test_avalanche_strategies_run_the_same_stream_beside_the_modes(bench_run):
                                        and r["coefficient"] == "1.0")["per_task"][t] for t in TASKS]
     # task-incremental half of the continual table (a method's merge after each step has no class-IL matrix)
     assert ["taujp/ties", pct(ties["acc"]), pct(ties["bwt"]), pct(ties["forgetting"]), "—", "—", "—"] in printed
+    # a re-run over the same banks reads every strategy run back from its record: nothing trained, the same rows
+    result, again = bench_again(bench_run, "run-strategies-again", "--modes", "taujp", "--methods", "task-arithmetic",
+                                "--strategies", "naive,lwf,replay,joint", "--strategy-params", "replay.mem_size=50")
+    assert again["strategies"] == got["strategies"] and again["kept"] == got["kept"]
+    assert " ".join(result.output.split()).count("recorded by an earlier run") == 8  # 4 strategies x 2 protocols
+    assert len(list((bench_run[0] / "banks" / "strategies").glob("*.json"))) == 8
 
 
 # --- refusals: one red line, nothing written --------------------------------------------------

@@ -3,6 +3,7 @@ per protocol, never a strategy's own "normalized") and ``--tune``'s selection gr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -171,14 +172,32 @@ def test_tune_needs_an_experience_to_select_on_and_one_left():
         BenchConfig(tune=-1).validated()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Task:
+    name: str
+    num_classes: int = 2
+
+
+@dataclasses.dataclass
+class _Built:
+    tasks: list
+    backbone: object
+
+
+def _built(*tasks: str) -> _Built:
+    from types import SimpleNamespace
+
+    return _Built([_Task(t) for t in tasks], SimpleNamespace(fingerprint=lambda: "sha256:base"))
+
+
 def test_a_strategy_trial_s_score_is_recorded_and_read_back_only_for_the_same_inputs(tmp_path, monkeypatch):
     """A re-run reads a strategy trial's recorded score instead of training again; another learning rate, another
     thread count or a torn record trains again, and the record then holds the new score."""
-    import dataclasses as dc
     from types import SimpleNamespace
 
     from editkit.integrations.avalanche import strategies
-    from editkit.runs.bench.selection import ScoreRecord, strategy_trial
+    from editkit.runs.bench.selection import strategy_trial
+    from editkit.runs.bench.strategy_records import StrategyRecord
     from editkit.train.recipe import Recipe
     from editkit.train.runtime import Runtime
     from editkit.util.progress import NullProgress
@@ -187,17 +206,11 @@ def test_a_strategy_trial_s_score_is_recorded_and_read_back_only_for_the_same_in
 
     def fake_run(name, part, recipes, *, options, protocol, **_):  # accuracy = the lr, so a score names its inputs
         runs.append((protocol, recipes[0].lr))
-        return SimpleNamespace(rows=[{t: recipes[0].lr * 1000 for t in part.tasks}])
+        return SimpleNamespace(rows=[{t.name: recipes[0].lr * 1000 for t in part.tasks}])
 
     monkeypatch.setattr(strategies, "run_strategy", fake_run)
-
-    @dc.dataclass
-    class Built:
-        tasks: list
-        backbone: object
-
-    built = Built(["a", "b", "c"], SimpleNamespace(fingerprint=lambda: "sha256:base"))
-    record = ScoreRecord(tmp_path / "tune" / "trial-4" / "mini-lwf.json", {"scenario_file": "mini.toml"})
+    built = _built("a", "b", "c")
+    record = StrategyRecord(tmp_path / "tune" / "trial-4" / "mini-lwf.json", {"scenario_file": "sha256:mini"})
 
     def trial(recipe=Recipe(lr=1e-4)):  # LwF's trial 4: its default lr and alpha
         return strategy_trial("lwf", built, [recipe] * 2, {}, 4, runtime=Runtime(), progress=NullProgress(),
@@ -219,13 +232,62 @@ def test_a_strategy_trial_s_score_is_recorded_and_read_back_only_for_the_same_in
     assert trial() == pytest.approx(0.1) and len(runs) == 10
 
 
+def test_a_finished_strategy_run_is_recorded_and_read_back_only_for_the_same_inputs(tmp_path, monkeypatch):
+    """A bench re-run reads each strategy run's recorded result (every field as the run returned it) instead of
+    training again; another option, another task order or another protocol trains, and nothing is recorded without
+    a place to record it."""
+    from editkit.integrations.avalanche.strategies import StrategyResult
+    from editkit.runs.bench import strategies
+    from editkit.runs.bench.strategy_records import StrategyRecord
+    from editkit.train.recipe import Recipe
+    from editkit.train.runtime import Runtime
+
+    class Lines:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def note(self, message: str) -> None:
+            self.lines.append(message)
+
+    runs = []
+
+    def fake_run(name, built, recipes, *, options, protocol, **_):
+        runs.append((name, protocol, options.get("alpha"), [t.name for t in built.tasks]))
+        return StrategyResult(name, protocol, [{t.name: 0.5 + len(runs) / 100 for t in built.tasks}], dict(options),
+                              train_seconds=1.5, steps=4, peak_rss_bytes=123,
+                              kept={"what": "a model copy", "items": 1, "bytes": 640})
+
+    monkeypatch.setattr(strategies, "run_strategy", fake_run)
+
+    def records(name, protocol):
+        return StrategyRecord(tmp_path / "strategies" / f"mini-{name}-{protocol}.json", {"scenario_file": "sha256:x"})
+
+    def run(built=_built("a", "b"), params=None, protocols=("task", "class"), where=records, progress=None):
+        return strategies.run_strategies(["lwf"], params or {}, built, [Recipe(lr=1e-4)] * 2, runtime=Runtime(),
+                                         progress=progress or Lines(), protocols=protocols, records=where)["lwf"]
+
+    first = run()
+    assert [r[1] for r in runs] == ["task", "class"]
+    lines = Lines()
+    again = run(progress=lines)
+    assert len(runs) == 2 and again == first  # read back whole: rows, options, seconds, steps, memory, kept
+    assert isinstance(again["task"], StrategyResult) and again["task"].kept["bytes"] == 640
+    assert len(lines.lines) == 2 and all("recorded by an earlier run" in line for line in lines.lines)
+    run(params={"lwf": {"alpha": 2.0}}, protocols=("class",))  # another option: trained again
+    assert runs[-1] == ("lwf", "class", 2.0, ["a", "b"]) and len(runs) == 3
+    run(built=_built("b", "a"), protocols=("task",))  # the tasks in another order: trained again
+    assert runs[-1][3] == ["b", "a"] and len(runs) == 4
+    run(where=None, protocols=("task",))  # no place to record: trained, nothing read back
+    assert len(runs) == 5
+
+
 def test_a_trial_record_keys_on_the_scenario_file_s_content_not_where_it_lies(tmp_path):
-    """Two nodes that installed the same scenario file at different paths key a trial's record alike (one reads
-    what the other scored); an edited file keys otherwise (its trials run again)."""
+    """Two nodes that installed the same scenario file at different paths key a strategy's records alike (one
+    reads what the other ran); an edited file keys otherwise (its runs train again)."""
     import shutil
 
     from editkit.runs.bench.config import BenchConfig
-    from editkit.runs.bench.selection import ScoreRecord
+    from editkit.runs.bench.strategy_records import StrategyRecord
     from editkit.scenario.spec import load_scenario
 
     config = BenchConfig(bank_root=str(tmp_path / "banks"))
@@ -235,11 +297,13 @@ def test_a_trial_record_keys_on_the_scenario_file_s_content_not_where_it_lies(tm
         copies.append(shutil.copy(load_scenario("split-mnist").path, tmp_path / node / "split-mnist.toml"))
     with open(copies[2], "a") as fh:
         fh.write("\n# edited\n")
-    a, b, edited = (ScoreRecord.of(config, load_scenario(c), "lwf", 3) for c in copies)
+    a, b, edited = (StrategyRecord.trial(config, load_scenario(c), "lwf", 3) for c in copies)
     assert a.path == b.path == tmp_path / "banks" / "tune" / "trial-3" / "split-mnist-lwf.json"
     assert a.scenario == b.scenario
     assert edited.scenario != a.scenario
     assert str(tmp_path) not in json.dumps(a.scenario)
+    run = StrategyRecord.run(config, load_scenario(copies[1]), "lwf", "class")
+    assert run.path == tmp_path / "banks" / "strategies" / "split-mnist-lwf-class.json" and run.scenario == a.scenario
 
 
 # --- end to end ------------------------------------------------------------------------------------------------

@@ -84,6 +84,7 @@ from editkit.runs.bench.strategies import run_strategies, strategy_sections
 from editkit.runs.bench.sections import FIRST_REPEAT_ONLY, diagnostic_sections, negation_section
 from editkit.runs.bench.cluster import Unit, check_shared, connect, run_units
 from editkit.runs.bench.repeats import Repeat, aggregate, order_repeats, repeat_bank_root, seed_repeats
+from editkit.runs.bench.strategy_records import StrategyRecord
 from editkit.runs.records import StepRecord
 from editkit.runs.report import jsonable
 from editkit.scenario.spec import ScenarioSpec
@@ -176,7 +177,7 @@ def _bench_once(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progr
     per_task = task_recipes(spec, **config.recipe)
     later = done is not None  # a cluster's evaluation unit: the driver adds the strategies and writes the report
     strategies = None if later else strategy_sections(_run_strategies(
-        config, config.strategies, built, per_task, tasks, runtime, progress, protocols), tasks)
+        config, spec, config.strategies, built, per_task, runtime, progress, protocols), tasks)
     timings["strategy_seconds"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -341,7 +342,7 @@ def _tuned(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: 
         strategies = {name: selection.strategy_trials(name, built, recipes, params.get(name, {}), runtime=runtime,
                                                       progress=progress, protocols=protocols,
                                                       experiences=config.tune,
-                                                      records=[selection.ScoreRecord.of(config, spec, name, i)
+                                                      records=[StrategyRecord.trial(config, spec, name, i)
                                                                for i in range(selection.TRIALS)])
                       for name in config.strategies}
     chosen = {**streams, **strategies}
@@ -416,7 +417,7 @@ def _strategy_trial_unit(config: BenchConfig, spec: ScenarioSpec, name: str, ind
     options_of = STRATEGIES.parse_params(config.strategy_params).get(name, {})
     return selection.strategy_trial(name, built, recipes, options_of, index, runtime=runtime, progress=NullProgress(),
                                     protocols=config.protocols_of(spec), experiences=config.tune,
-                                    record=selection.ScoreRecord.of(config, spec, name, index))
+                                    record=StrategyRecord.trial(config, spec, name, index))
 
 
 def _run_on_cluster(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, progress: Progress) -> BenchResult:
@@ -483,8 +484,7 @@ def _strategy_unit(config: BenchConfig, spec: ScenarioSpec, name: str, protocol:
     running one after the other in one unit."""
     runtime = setup(**options)
     built, per_task = _strategy_scenario(config, spec, runtime)
-    return _run_strategies(config, [name], built, per_task, spec.task_names, runtime, NullProgress(),
-                           (protocol,))[name][protocol]
+    return _run_strategies(config, spec, [name], built, per_task, runtime, NullProgress(), (protocol,))[name][protocol]
 
 
 def _strategy_scenario(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime):
@@ -497,15 +497,21 @@ def _strategy_scenario(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime
     return built, task_recipes(spec, **config.recipe)
 
 
-def _run_strategies(config: BenchConfig, names: Sequence[str], built, per_task: Mapping[str, Recipe],
-                    tasks: Sequence[str], runtime: Runtime, progress: Progress, protocols: Sequence[str]) -> dict:
+def _run_strategies(config: BenchConfig, spec: ScenarioSpec, names: Sequence[str], built,
+                    per_task: Mapping[str, Recipe], runtime: Runtime, progress: Progress,
+                    protocols: Sequence[str]) -> dict:
     """Each strategy's runs under ``protocols``, over every task's resolved recipe at the strategy's own learning
-    rate where ``--tune`` chose one."""
+    rate where ``--tune`` chose one; a run recorded under the bank root for the same inputs is read back."""
     params = STRATEGIES.parse_params(config.strategy_params)
-    recipes = [per_task[n].resolved(len(built.task(n).train)) for n in tasks]
+    recipes = [per_task[n].resolved(len(built.task(n).train)) for n in spec.task_names]
+
+    def record(strategy: str, protocol: str) -> StrategyRecord:
+        return StrategyRecord.run(config, spec, strategy, protocol)
+
     return {name: run_strategies([name], params, built,
                                  [r.with_overrides(lr=config.strategy_lr[name]) if name in config.strategy_lr else r
-                                  for r in recipes], runtime=runtime, progress=progress, protocols=protocols)[name]
+                                  for r in recipes], runtime=runtime, progress=progress, protocols=protocols,
+                                 records=record)[name]
             for name in names}
 
 

@@ -18,26 +18,25 @@ values sit in the middle of each axis). Trials' banks live under ``<bank-root>/t
 re-run; the tuned streams bank under ``<bank-root>/tuned/``, so untuned banks stay as they were. A trial is a
 function of its row and index alone (:class:`StreamTrials`, :func:`strategy_trial`), so ``--ray`` runs each as a unit
 of its own and gathers the scores as one process does. A strategy has no bank, so its trial's score is kept
-under the same root (:class:`ScoreRecord`, with everything the run depended on) and read back by a re-run that
-asks for the same trial: a bench refused after its trials (a stale tuned bank) repeats none of them.
+under the same root (:mod:`editkit.runs.bench.strategy_records`, with everything the run depended on) and read
+back by a re-run that asks for the same trial: a bench refused after its trials (a stale tuned bank) repeats none
+of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import torch
 
 from editkit.bank.store import Bank
-from editkit.core.derived_cache import cached_at
 from editkit.errors import ConfigError
+from editkit.runs.bench.strategy_records import StrategyRecord, recorded, strategy_key
 from editkit.settings import default_bank_dir
 from editkit.util.progress import Progress
 
@@ -179,67 +178,36 @@ def strategy_grid(name: str, recipes: Sequence, options: Mapping[str, Any]) -> t
     return trial_grid(recipes[0].lr, value), coefficient
 
 
-@dataclass(frozen=True)
-class ScoreRecord:
-    """Where a strategy trial's score is kept (``<bank-root>/tune/trial-<i>/<scenario>-<strategy>.json``, beside
-    the streams' trial banks) and what of the scenario it was scored on (its file's content, build options, every
-    task's source options)."""
-
-    path: Path
-    scenario: Mapping[str, Any]
-
-    @classmethod
-    def of(cls, config, spec, name: str, index: int) -> "ScoreRecord":
-        from editkit.scenario.provenance import scenario_identity
-
-        root = Path(config.bank_root) / "tune" / f"trial-{index}"
-        return cls(root / f"{spec.name}-{name}.json", scenario_identity(spec, config.build))
-
-
-def _load_score(path: Path, key: dict[str, Any]) -> float | None:
-    stored = json.loads(path.read_text())
-    return float(stored["score"]) if stored["key"] == key else None
-
-
-def _save_score(path: Path, key: dict[str, Any], score: float) -> None:
-    path.write_text(json.dumps({"key": key, "score": score}, indent=1, sort_keys=True))
-
-
 def strategy_trial(name: str, built, recipes: Sequence, options: Mapping[str, Any], index: int, *, runtime,
-                   progress: Progress, protocols: Sequence[str], experiences: int, record: ScoreRecord) -> float:
+                   progress: Progress, protocols: Sequence[str], experiences: int, record: StrategyRecord) -> float:
     """Trial ``index`` of a strategy on the first ``experiences`` tasks of ``built`` (``recipes``: theirs,
     resolved): a run under every protocol, scored on their validation splits (the mean over the protocols).
     ``record``: where the score is kept, and read back instead of running when it was scored on the same inputs
     (the trial, the recipes, options and protocols, theta_0, the scenario, the threads and the runtime's numerics:
     a row's scores move with the thread count)."""
-    from editkit.integrations.avalanche.strategies import run_strategy
+    from editkit.integrations.avalanche.strategies import STRATEGIES, run_strategy
 
     grid, coefficient = strategy_grid(name, recipes, options)
     trial = grid[index]
     part = dataclasses.replace(built, tasks=list(built.tasks[:experiences]))
     tried = [r.with_overrides(lr=trial.lr) for r in recipes[:experiences]]
     chosen = {**options, **({coefficient: trial.coefficient} if coefficient else {})}
-    key = json.loads(json.dumps({
-        "strategy": name, "trial": dataclasses.asdict(trial), "options": chosen, "recipes": [r.to_dict() for r in tried],
-        "protocols": list(protocols), "experiences": experiences, "base": built.backbone.fingerprint(),
-        "scenario": record.scenario, "threads": torch.get_num_threads(),
-        "device": runtime.device.type, "precision": runtime.precision, "channels_last": runtime.channels_last,
-    }, default=str))
-    ran = []
+    key = strategy_key(record, name, part, tried, STRATEGIES.options(name, chosen), protocols, runtime,
+                       trial=dataclasses.asdict(trial),
+                       experiences=experiences)
 
     def run() -> float:
-        ran.append(True)
         return float(np.mean([mean_accuracy(run_strategy(name, part, tried, options=chosen, runtime=runtime,
                                                          progress=progress, protocol=p, split="val").rows[-1])
                               for p in protocols]))
 
-    score = cached_at(record.path, key, run, load=_load_score, save=_save_score)
-    _note(progress, name, index, trial, coefficient, score, recorded=not ran)
+    score, was_recorded = recorded(record, key, run, encode=float, decode=float)
+    _note(progress, name, index, trial, coefficient, score, recorded=was_recorded)
     return score
 
 
 def strategy_trials(name: str, built, recipes: Sequence, options: Mapping[str, Any], *, runtime, progress: Progress,
-                    protocols: Sequence[str], experiences: int, records: Sequence[ScoreRecord]) -> dict[str, Any]:
+                    protocols: Sequence[str], experiences: int, records: Sequence[StrategyRecord]) -> dict[str, Any]:
     """A strategy's trials, one after another in this process (``records``: each trial's, in grid order). Returns
     its :func:`selection_entry`."""
     grid, coefficient = strategy_grid(name, recipes, options)

@@ -11,10 +11,11 @@ trains on every task at once: ACC only, no BWT. Rows carry ``variant = "avalanch
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from editkit.eval.continual import PROTOCOLS, ContinualMetrics, continual_metrics, final_metrics
 from editkit.integrations.avalanche.strategies import STRATEGIES, StrategyResult, check_protocol, run_strategy
+from editkit.runs.bench.strategy_records import StrategyRecord, recorded_run, strategy_key
 
 VARIANT = "avalanche"
 
@@ -23,16 +24,35 @@ CONTINUAL_SECTIONS = {"task": "continual", "class": "continual_class_incremental
 
 
 def run_strategies(names: Sequence[str], params: Mapping[str, Mapping[str, Any]], built, recipes: Sequence, *,
-                   runtime, progress, protocols: Sequence[str]) -> dict[str, dict[str, StrategyResult]]:
+                   runtime, progress, protocols: Sequence[str],
+                   records: Callable[[str, str], StrategyRecord] | None = None) -> dict[str, dict[str, StrategyResult]]:
     """``{strategy: {protocol: its run}}``: each strategy in turn over the plain backbone of ``built`` (every
     task's resolved recipe in stream order), once per protocol in :data:`PROTOCOLS` order; every protocol is
-    checked against the stream before the first run."""
+    checked against the stream before the first run. ``records(strategy, protocol)``: where a run is recorded,
+    read back instead of training when it ran on the same inputs."""
     ordered = [p for p in PROTOCOLS if p in protocols]
     for protocol in protocols:
         check_protocol(built.tasks, protocol)
-    return {name: {protocol: run_strategy(name, built, recipes, options=params.get(name, {}), runtime=runtime,
-                                          progress=progress, protocol=protocol) for protocol in ordered}
+    return {name: {protocol: _run(name, params.get(name, {}), built, recipes, runtime=runtime, progress=progress,
+                                  protocol=protocol, record=records(name, protocol) if records else None)
+                   for protocol in ordered}
             for name in names}
+
+
+def _run(name: str, options: Mapping[str, Any], built, recipes: Sequence, *, runtime, progress, protocol: str,
+         record: StrategyRecord | None) -> StrategyResult:
+    def train() -> StrategyResult:
+        return run_strategy(name, built, recipes, options=options, runtime=runtime, progress=progress,
+                            protocol=protocol)
+
+    if record is None:
+        return train()
+    key = strategy_key(record, name, built, recipes, STRATEGIES.options(name, options), [protocol], runtime,
+                       split="test")
+    result, was_recorded = recorded_run(record, key, train)
+    if was_recorded:
+        progress.note(f"{name} ({protocol}-incremental): recorded by an earlier run ({record.path}), not trained again")
+    return result
 
 
 def continual(result: StrategyResult, tasks: Sequence[str]) -> ContinualMetrics:
