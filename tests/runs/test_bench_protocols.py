@@ -234,8 +234,8 @@ def test_a_strategy_trial_s_score_is_recorded_and_read_back_only_for_the_same_in
 
 def test_a_finished_strategy_run_is_recorded_and_read_back_only_for_the_same_inputs(tmp_path, monkeypatch):
     """A bench re-run reads each strategy run's recorded result (every field as the run returned it) instead of
-    training again; another option, another task order or another protocol trains, and nothing is recorded without
-    a place to record it."""
+    training again; another option, another task order, another protocol or another Avalanche release trains, and
+    nothing is recorded without a place to record it."""
     from editkit.integrations.avalanche.strategies import StrategyResult
     from editkit.runs.bench import strategies
     from editkit.runs.bench.strategy_records import StrategyRecord
@@ -279,6 +279,14 @@ def test_a_finished_strategy_run_is_recorded_and_read_back_only_for_the_same_inp
     assert runs[-1][3] == ["b", "a"] and len(runs) == 4
     run(where=None, protocols=("task",))  # no place to record: trained, nothing read back
     assert len(runs) == 5
+    from editkit.runs.bench import strategy_records
+
+    run(protocols=("task",))  # the record held the other order's: trained, then read back
+    run(protocols=("task",))
+    assert len(runs) == 6
+    monkeypatch.setattr(strategy_records, "version", lambda package: "0.7.0")
+    run(protocols=("task",))  # another Avalanche release: trained again
+    assert len(runs) == 7
 
 
 def test_a_trial_record_keys_on_the_scenario_file_s_content_not_where_it_lies(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
@@ -54,13 +55,15 @@ class StrategyRecord:
 def strategy_key(record: StrategyRecord, name: str, built, recipes: Sequence, options: Mapping[str, Any],
                  protocols: Sequence[str], runtime, **more: Any) -> dict[str, Any]:
     """Everything a strategy run's outcome depends on: the strategy, its options, every task's recipe and the
-    stream's order, the protocols, theta_0, the scenario, and the numerics (threads, device, precision, layout: a
-    row moves with the thread count); ``more``: what else the caller's run depends on."""
+    stream's order, the protocols, theta_0, the scenario, and the numerics (threads, device, precision, layout, the
+    torch and Avalanche releases: a row moves with the thread count); ``more``: what else the caller's run depends
+    on."""
     return json.loads(json.dumps({
         "strategy": name, "options": dict(options), "recipes": [r.to_dict() for r in recipes],
         "tasks": [t.name for t in built.tasks], "protocols": list(protocols), "base": built.backbone.fingerprint(),
         "scenario": record.scenario, "threads": torch.get_num_threads(), "device": runtime.device.type,
-        "precision": runtime.precision, "channels_last": runtime.channels_last, **more,
+        "precision": runtime.precision, "channels_last": runtime.channels_last,
+        "releases": {"torch": torch.__version__, "avalanche": version("avalanche-lib")}, **more,
     }, default=str))
 
 
