@@ -193,8 +193,7 @@ def strategy_trial(name: str, built, recipes: Sequence, options: Mapping[str, An
     tried = [r.with_overrides(lr=trial.lr) for r in recipes[:experiences]]
     chosen = {**options, **({coefficient: trial.coefficient} if coefficient else {})}
     key = strategy_key(record, name, part, tried, STRATEGIES.options(name, chosen), protocols, runtime,
-                       trial=dataclasses.asdict(trial),
-                       experiences=experiences)
+                       trial=dataclasses.asdict(trial), experiences=experiences)
 
     def run() -> float:
         return float(np.mean([mean_accuracy(run_strategy(name, part, tried, options=chosen, runtime=runtime,

@@ -41,6 +41,9 @@ def run_strategies(names: Sequence[str], params: Mapping[str, Mapping[str, Any]]
 
 def _run(name: str, options: Mapping[str, Any], built, recipes: Sequence, *, runtime, progress, protocol: str,
          record: StrategyRecord | None) -> StrategyResult:
+    """One run of strategy ``name``, or its record's result when ``record`` holds one made on the same inputs
+    (its key names the options as resolved, so a changed default trains again)."""
+
     def train() -> StrategyResult:
         return run_strategy(name, built, recipes, options=options, runtime=runtime, progress=progress,
                             protocol=protocol)
