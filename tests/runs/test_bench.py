@@ -663,6 +663,11 @@ def test_avalanche_strategies_run_the_same_stream_beside_the_modes(bench_run):
                                 "--strategies", "naive,lwf,replay,joint", "--strategy-params", "replay.mem_size=50")
     assert again["strategies"] == got["strategies"] and again["kept"] == got["kept"]
     assert " ".join(result.output.split()).count("recorded by an earlier run") == 8  # 4 strategies x 2 protocols
+    # their cost is the earlier run's, and says so: the first run trained all, the re-run read every one back
+    assert all(c["recorded"] == [] for c in got["strategy_cost"].values())
+    assert {n: c["recorded"] for n, c in again["strategy_cost"].items()} == dict.fromkeys(rows, ["task", "class"])
+    assert again["strategy_cost"]["lwf"]["train_seconds"] == got["strategy_cost"]["lwf"]["train_seconds"]
+    assert any(line[0].startswith("lwf (recorded: task, class)") for line in table_rows(result.output))
     assert len(list((bench_run[0] / "banks" / "strategies").glob("*.json"))) == 8
 
 

@@ -270,7 +270,11 @@ def test_a_finished_strategy_run_is_recorded_and_read_back_only_for_the_same_inp
     assert [r[1] for r in runs] == ["task", "class"]
     lines = Lines()
     again = run(progress=lines)
-    assert len(runs) == 2 and again == first  # read back whole: rows, options, seconds, steps, memory, kept
+    # read back whole (rows, options, seconds, steps, memory, kept), marked with the record it came from
+    assert len(runs) == 2 and {p: dataclasses.replace(r, recorded=None) for p, r in again.items()} == first
+    assert first["task"].recorded is None and again["task"].recorded == str(records("lwf", "task").path)
+    assert strategies.strategy_cost(first)["recorded"] == [] and strategies.run_cost(first["class"])["recorded"] is None
+    assert strategies.strategy_cost(again)["recorded"] == ["task", "class"]
     assert isinstance(again["task"], StrategyResult) and again["task"].kept["bytes"] == 640
     assert len(lines.lines) == 2 and all("recorded by an earlier run" in line for line in lines.lines)
     run(params={"lwf": {"alpha": 2.0}}, protocols=("class",))  # another option: trained again

@@ -289,6 +289,7 @@ class StrategyResult:
     steps: int  # training iterations, as Avalanche's own clock counts them
     peak_rss_bytes: int | None
     kept: Kept  # what it holds of earlier tasks after the run (Strategy.kept)
+    recorded: str | None = None  # read back from this record, not trained here: seconds and memory are its run's
 
 
 def check_protocol(tasks: Sequence, protocol: str) -> None:

@@ -11,6 +11,7 @@ trains on every task at once: ACC only, no BWT. Rows carry ``variant = "avalanch
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
 from editkit.eval.continual import PROTOCOLS, ContinualMetrics, continual_metrics, final_metrics
@@ -53,9 +54,10 @@ def _run(name: str, options: Mapping[str, Any], built, recipes: Sequence, *, run
     key = strategy_key(record, name, built, recipes, STRATEGIES.options(name, options), [protocol], runtime,
                        split="test")
     result, was_recorded = recorded_run(record, key, train)
-    if was_recorded:
-        progress.note(f"{name} ({protocol}-incremental): recorded by an earlier run ({record.path}), not trained again")
-    return result
+    if not was_recorded:
+        return result
+    progress.note(f"{name} ({protocol}-incremental): recorded by an earlier run ({record.path}), not trained again")
+    return dataclasses.replace(result, recorded=str(record.path))
 
 
 def continual(result: StrategyResult, tasks: Sequence[str]) -> ContinualMetrics:
@@ -77,19 +79,23 @@ def strategy_row(name: str, runs: Mapping[str, StrategyResult], tasks: Sequence[
 
 
 def run_cost(result: StrategyResult) -> dict[str, Any]:
-    """What one run cost: seconds, steps, seconds per step and peak RSS."""
+    """What one run cost: seconds, steps, seconds per step and peak RSS; ``recorded``: the record it was read
+    back from (the numbers are then that earlier run's, perhaps another machine's), None when trained here."""
     return {"train_seconds": result.train_seconds, "steps": result.steps,
             "seconds_per_step": result.train_seconds / result.steps if result.steps else None,
-            "peak_rss_mib": result.peak_rss_bytes / 2**20 if result.peak_rss_bytes else None}
+            "peak_rss_mib": result.peak_rss_bytes / 2**20 if result.peak_rss_bytes else None,
+            "recorded": result.recorded}
 
 
 def strategy_cost(runs: Mapping[str, StrategyResult]) -> dict[str, Any]:
     """A strategy's cost in the bench, every protocol's run together (seconds and steps summed, the largest peak
-    RSS), with each run's own under ``protocols``."""
+    RSS), with each run's own under ``protocols``; ``recorded``: the protocols whose run was read back from an
+    earlier run's record, not trained in this bench."""
     seconds, steps = sum(r.train_seconds for r in runs.values()), sum(r.steps for r in runs.values())
     peaks = [r.peak_rss_bytes for r in runs.values() if r.peak_rss_bytes]
     return {"train_seconds": seconds, "steps": steps, "seconds_per_step": seconds / steps if steps else None,
             "peak_rss_mib": max(peaks) / 2**20 if peaks else None,
+            "recorded": [protocol for protocol, r in runs.items() if r.recorded],
             "protocols": {protocol: run_cost(r) for protocol, r in runs.items()}}
 
 

@@ -205,14 +205,21 @@ def repeat_cost_table(report: Mapping[str, Any]):
 
 
 def strategy_cost_table(report: Mapping[str, Any]):
-    """Each Avalanche strategy's training cost (None when the bench ran none): time and peak memory."""
+    """Each Avalanche strategy's training cost (None when the bench ran none): time and peak memory. A run read
+    back from an earlier run's record is marked with its protocol: its numbers are that run's, perhaps another
+    machine's."""
     if not report.get("strategy_cost"):
         return None
-    table = Table(title="cost of the Avalanche strategies (this machine)", title_justify="left")
+    costs = report["strategy_cost"]
+    recorded = any(c.get("recorded") for c in costs.values())
+    table = Table(title="cost of the Avalanche strategies (this machine)", title_justify="left",
+                  caption="recorded: read back from an earlier run's record, its seconds and memory that run's"
+                  if recorded else None, caption_justify="left")
     for column in ("strategy", "train s", "steps", "s/step", "peak RSS MiB"):
         table.add_column(column, justify="left" if column == "strategy" else "right")
-    for name, c in report["strategy_cost"].items():
-        table.add_row(name, _num(c["train_seconds"], 1), str(c["steps"]), _num(c["seconds_per_step"], 3),
+    for name, c in costs.items():
+        marked = f"{name} (recorded: {', '.join(c['recorded'])})" if c.get("recorded") else name
+        table.add_row(marked, _num(c["train_seconds"], 1), str(c["steps"]), _num(c["seconds_per_step"], 3),
                       _num(c["peak_rss_mib"], 0))
     return table
 
