@@ -13,7 +13,7 @@ the task vector is ``theta - theta_0``.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -94,6 +94,9 @@ class _TaskModel(nn.Module):
         if unknown:
             raise KeyError(f"task vector has parameters the backbone lacks: {sorted(unknown)[:5]}")
         self.theta = nn.ParameterList([nn.Parameter(params[n].detach().clone()) for n in self.names])
+        #: The earlier vectors' sum this one is fine-tuned beside (``from_sum``; None: none): theta starts at
+        #: theta_0 + it, and what the vector and the penalty read is what theta adds to it.
+        self.beside: dict[str, torch.Tensor] | None = None
 
     @property
     def theta0(self) -> dict[str, torch.Tensor]:
@@ -118,21 +121,35 @@ class _TaskModel(nn.Module):
         return self.theta0
 
     def task_vector(self) -> dict[str, torch.Tensor]:
-        origin = self.origin
-        return {n: (p.detach() - origin[n]).clone() for n, p in zip(self.names, self.theta)}
+        """theta - origin, less the vectors it was fine-tuned beside (:attr:`beside`): what this task adds."""
+        origin, beside = self.origin, self.beside or {}
+        return {n: (p.detach() - origin[n] - beside[n] if n in beside else p.detach() - origin[n]).clone()
+                for n, p in zip(self.names, self.theta)}
 
-    def load_task_vector(self, tau: Mapping[str, torch.Tensor]) -> None:
-        """Set theta = origin + tau (names missing from tau keep theta_0)."""
-        unknown = set(tau) - set(self.names)
+    def load_task_vector(self, tau: Mapping[str, torch.Tensor], *,
+                         beside: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Set theta = origin + tau (names missing from tau keep theta_0), plus ``beside``, the earlier vectors'
+        sum a ``from_sum`` fine-tuning starts from, kept as :attr:`beside` until the next load."""
+        unknown = (set(tau) | set(beside or {})) - set(self.names)
         if unknown:
             raise KeyError(f"task vector has parameters the backbone lacks: {sorted(unknown)[:5]}")
         origin, theta0 = self.origin, self.theta0
+        self.beside = None if beside is None else {
+            n: beside[n].detach().to(p) for n, p in zip(self.names, self.theta) if n in beside}
         with torch.no_grad():
             for n, p in zip(self.names, self.theta):
                 p.copy_(origin[n] + tau[n].to(p) if n in tau else theta0[n])
+                if n in (self.beside or {}):
+                    p.add_(self.beside[n])
 
     def live_vector(self, theta0: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """theta - theta_0 by name, differentiable in theta: what a penalty on the vector itself reads."""
+        """theta - theta_0 by name, less :attr:`beside`, differentiable in theta: the vector this task adds, which
+        a penalty on the vector reads."""
+        displacement, beside = self._displacement(theta0), self.beside or {}
+        return {n: d - beside[n] if n in beside else d for n, d in displacement.items()}
+
+    def _displacement(self, theta0: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """theta - theta_0 by name, differentiable in theta: where the model is."""
         theta0 = theta0 if theta0 is not None else self.theta0
         return {n: p - theta0[n] for n, p in zip(self.names, self.theta)}
 
@@ -142,13 +159,24 @@ class _TaskModel(nn.Module):
         return functional_call(self.module, ({**params, **self.buffers0}), args, kwargs)
 
     def primal_and_tangent(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """(f(x; theta_0), J_theta0 f(x) . tau) from one jvp; gradients flow into theta via tau.
+        """(f(x; theta_0), J_theta0 f(x) . (theta - theta_0)) from one jvp; gradients flow into theta.
 
         ``args``/``kwargs`` are the module's inputs. Only theta is differentiated: the
         inputs (an attention mask among them) are closed over, constants of the jvp.
         """
+        return self._jvp(self._displacement, args, kwargs)
+
+    def primal_and_added(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(f(x; theta_0), J_theta0 f(x) . tau), tau the vector this task adds (:meth:`live_vector`): what the
+        tauJp penalty measures. The same as :meth:`primal_and_tangent` unless the model is fine-tuned beside
+        earlier vectors."""
+        return self._jvp(self.live_vector, args, kwargs)
+
+    def _jvp(self, along: Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]],
+             args: tuple, kwargs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The module's primal and its tangent along ``along(theta_0)`` (by name) at theta_0, from one jvp."""
         theta0_map = self.theta0
-        tau = tuple(self.live_vector(theta0_map).values())
+        tau = tuple(along(theta0_map).values())
         theta0 = tuple(theta0_map[n] for n in self.names)
 
         def f(*params: torch.Tensor) -> torch.Tensor:
@@ -158,7 +186,7 @@ class _TaskModel(nn.Module):
             return jvp(f, theta0, tau)
 
     def tangent(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        """J_theta0 f(x) . tau alone: the quantity the tauJp penalty measures."""
+        """J_theta0 f(x) . (theta - theta_0) alone: the linearized model's change of the output."""
         return self.primal_and_tangent(*args, **kwargs)[1]
 
 

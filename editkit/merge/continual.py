@@ -39,6 +39,15 @@ def starting_vector(bank: Bank, mode: str, previous: str | None) -> dict[str, to
     return bank.load(previous, base=bank.base)
 
 
+def banked_sum(bank: Bank, names: Sequence[str]) -> dict[str, torch.Tensor] | None:
+    """The sum of the banked vectors ``names`` at alpha = 1 (None for none): over the experiences before one, what
+    its ``from_sum`` fine-tuning starts beside (read from the bank, so a resumed stream trains what the
+    interrupted one would have); over them and its own, where that fine-tuning ended."""
+    if not names:
+        return None
+    return merged_vector(bank, {n: 1.0 for n in names}, "task-arithmetic", {}).tensors
+
+
 @dataclass(frozen=True)
 class StreamMerge:
     """A merge method a stream scores its banked vectors with, and its options (defaults filled in)."""

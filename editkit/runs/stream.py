@@ -43,7 +43,7 @@ from torch.utils.data import Dataset
 from editkit.integrations.avalanche.benchmark import Experience, experiences, task_experiences
 from editkit.models.backbone import Backbone
 from editkit.bank.store import Bank
-from editkit.merge.continual import StreamMerge, default_merge, starting_vector, stream_merge
+from editkit.merge.continual import StreamMerge, banked_sum, default_merge, starting_vector, stream_merge
 from editkit.train.runtime import Runtime, default_runtime, setup, teardown
 from editkit.errors import BankError, ConfigError
 from editkit.settings import default_bank_dir, default_run_dir, eval_cache_bytes, torchrun_world
@@ -284,12 +284,16 @@ class StreamRunner:
             store=SpillingTensors(budget, spill_dir), batch_size=self.eval_batch_size,
             runtime=self.runtime, progress=self.progress, keep_tangents=keep_tangents)
 
-    def vector_scores(self, t: int, tau) -> tuple[float, float]:
-        """(experience t's vector alone, theta_0) scored on task t."""
-        if self.incremental is not None:
-            return self.incremental.add_vector(t, tau)
+    def vector_scores(self, t: int, tau, beside=None) -> tuple[float, float]:
+        """(experience t's fine-tuned model, theta_0) scored on task t. The fine-tuned model is theta_0 + its
+        vector, or, fine-tuned beside the earlier vectors' sum (``from_sum``), theta_0 + that sum + its vector:
+        where its fine-tuning ended, what the merged model's share of the task is measured against."""
         name = self.exps[t].name
-        single = self.evaluate(tau, [t], f"{name}: single-task")[name]
+        if self.incremental is not None:
+            single, pretrained = self.incremental.add_vector(t, tau)
+            return (self.incremental.merged(t)[name] if beside is not None else single), pretrained
+        trained = tau if beside is None else {n: beside[n] + v if n in beside else v for n, v in tau.items()}
+        single = self.evaluate(trained, [t], f"{name}: single-task")[name]
         return single, self.evaluate(None, [t], f"{name}: pretrained")[name]
 
     # -- one step ------------------------------------------------------------------------------
@@ -304,10 +308,12 @@ class StreamRunner:
                 if self.logger is not None:
                     self.logger.train_step(exp.name, step, values)
 
+            beside = banked_sum(self.bank, [e.name for e in self.exps[:t]]) if recipe.from_sum else None
             result = fine_tune(self.backbone.module, head, exp.train, recipe, self.regularizer(t),
                                on_step=on_train_step, runtime=self.runtime, batching=self.backbone.batching,
-                               start=starting_vector(self.bank, recipe.mode, self.exps[t - 1].name if t else None))
-        single, pretrained = self.vector_scores(t, result.task_vector)
+                               start=starting_vector(self.bank, recipe.mode, self.exps[t - 1].name if t else None),
+                               beside=beside)
+        single, pretrained = self.vector_scores(t, result.task_vector, beside)
         record = StepRecord(step=t, task=exp.name, pretrained=pretrained, single_task=single,
                             cost=TrainingCost.of(result, recipe.steps, len(exp.train), self.runtime))
         if self.runtime.is_main:

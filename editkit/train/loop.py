@@ -248,10 +248,11 @@ class StepComputer:
         A penalty that reads no input (the seen tasks' curvature) is a function of the vector alone: added where
         ``penalize``, beside the model's own forward.
 
-        The penalty's tangents come from one jvp at theta_0: for the linearized model the same
-        jvp as the task batch's forward (the reg batches ride along in it); for the plain model
-        (``taujp-nonlinear``) a jvp of the reg batches alone, the task batch taking the
-        ordinary forward at theta. Apart from :meth:`loss` so that a training loop which applies
+        The penalty's tangents come from one jvp at theta_0 along the vector this task adds: for the linearized
+        model the same jvp as the task batch's forward (the reg batches ride along in it), unless it is
+        fine-tuned beside earlier vectors (``from_sum``: its forward moves along their sum too, the penalty along
+        what it adds alone); for the plain model (``taujp-nonlinear``) a jvp of the reg batches alone, the task
+        batch taking the ordinary forward at theta. Apart from :meth:`loss` so that a training loop which applies
         the head and the task loss itself (an Avalanche strategy) runs the same forward as this loop."""
         if self.regularizer is None or not penalize:
             return self._forward(x), None
@@ -259,7 +260,7 @@ class StepComputer:
             return self._forward(x), self.regularizer.loss_of(self.model.live_vector())
         if not reg_batches:
             return self._forward(x), None
-        if isinstance(self.model, LinearizedModel):
+        if isinstance(self.model, LinearizedModel) and self.model.beside is None:
             primals, tangents, masks = self._jvp([x, *reg_batches])
             return primals[0] + tangents[0], self._penalty(primals[1:], tangents[1:], masks[1:])
         primals, tangents, masks = self._jvp(reg_batches)
@@ -270,12 +271,13 @@ class StepComputer:
         return self.batching.run(self.model, x)
 
     def _jvp(self, batches: list[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
-        """jvps at theta_0 over ``batches``: per batch, f(x; theta_0), J_theta0 f(x) . tau and which output
-        positions are real (None: all). The batches are concatenated (with BatchNorm frozen, examples do not
-        interact) and run through the backbone's batching, which may group rows of similar lengths."""
+        """jvps at theta_0 over ``batches``: per batch, f(x; theta_0), J_theta0 f(x) . tau (tau what this task
+        adds) and which output positions are real (None: all). The batches are concatenated (with BatchNorm
+        frozen, examples do not interact) and run through the backbone's batching, which may group rows of
+        similar lengths."""
         batching = self.batching
         batch = batching.concat(batches[0], batches[1:])
-        primal, tangent = batching.run(self.model.primal_and_tangent, batch)
+        primal, tangent = batching.run(self.model.primal_and_added, batch)
         sizes = [len(b) for b in batches]
         mask = batching.output_mask(batch)
         masks = batching.split(mask, sizes) if mask is not None else [None] * len(batches)
@@ -323,13 +325,16 @@ def fine_tune(
     runtime: Runtime | None = None,
     batching: Batching | None = None,
     start: Mapping[str, torch.Tensor] | None = None,
+    beside: Mapping[str, torch.Tensor] | None = None,
     time_parts: bool = False,
 ) -> FineTuneResult:
     """Fine-tune ``module`` (theta_0, left untouched) on ``train`` with ``head`` fixed.
 
     Returns tau = theta_ft - theta_0 over the module's parameters (on the CPU), wherever
     training started: at theta_0, or at theta_0 + ``start`` (a task vector: the previous
-    experience's in ``sequential`` mode, which keeps training one model task after task). The
+    experience's in ``sequential`` mode, which keeps training one model task after task). With
+    ``beside`` (``from_sum``: the sum of the vectors banked before) training starts at theta_0 + beside
+    and tau is what it adds to them, theta_ft - theta_0 - beside, which the penalty reads too. The
     regularizer is used only in the penalized modes (``taujp``, ``taujp-nonlinear``).
     The module's values never change, but it is switched to eval mode with gradients
     off (it is theta_0, shared by every task model).
@@ -350,8 +355,8 @@ def fine_tune(
     clock = StepClock(parts=time_parts, device=runtime.device)
     torch.manual_seed(recipe.seed)
     model = runtime.place(build_task_model(module, recipe.mode))
-    if start is not None:
-        model.load_task_vector(start)
+    if start is not None or beside is not None:
+        model.load_task_vector(start or {}, beside=beside)
     head.to(runtime.device).eval().requires_grad_(False)
     computer = StepComputer(model, head, regularizer if recipe.mode.penalized else None, batching)
     step_loss = runtime.data_parallel(SyncedStep(computer))

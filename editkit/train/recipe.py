@@ -113,6 +113,12 @@ class Recipe:
     generic: bool = field(default=True, metadata={
         "help": "Also penalise on the scenario's always-available unlabeled source, if it has one: it "
                 "regularises the first task of a stream, which has no earlier task."})
+    from_sum: bool = field(default=False, metadata={
+        "help": "Start each task at theta_0 plus the sum of the vectors banked before it in the stream, and bank what "
+                "it adds to them: the task is fitted to what the earlier vectors already do to its inputs, so their "
+                "sum at alpha = 1 is the model trained last, and the tauJp penalty reads the added vector alone. A "
+                "vector is then its task's beside the earlier ones, not alone. Not with sequential (which starts "
+                "from the previous weights) nor with a LoRA adapter in a plain mode (its vectors do not add)."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
     epochs: float | None = field(default=None, metadata={
         "help": "Epochs per task (passes over its labelled examples), turned into steps from each train split's "
@@ -162,10 +168,20 @@ class Recipe:
             raise ConfigError(
                 f"recipe.reg_within_batch: the reg rows ride with the first of a step's {self.accumulation} "
                 f"micro-batches only; set accumulation = 1 or reg_within_batch = false")
+        self._check_from_sum()
         targets = self.lora_targets
         object.__setattr__(self, "lora_targets", tuple(t.strip() for t in (targets.split(",") if isinstance(
             targets, str) else targets) if t.strip()))
         self.adapter_spec  # refuses a bad rank, alpha or dropout here, by name
+
+    def _check_from_sum(self) -> None:
+        """``from_sum`` needs vectors whose sum is the model trained last: not ``sequential``'s (each already holds
+        the one before), nor plain LoRA factors (their weight updates B A do not add as the factors do)."""
+        plain_lora = self.adapter != "none" and not self.mode.linearized
+        if self.from_sum and (self.mode is Mode.SEQUENTIAL or plain_lora):
+            what = f"a {self.mode} fine-tuning" + (" with a LoRA adapter" if plain_lora else "")
+            raise ConfigError(f"recipe.from_sum: {what} cannot start from the earlier vectors' sum (sequential "
+                              "starts from the previous weights; plain LoRA vectors do not add); use linear or taujp")
 
     @property
     def adapter_spec(self) -> LoraSpec | None:
@@ -257,8 +273,8 @@ class Recipe:
         return from_mapping({k: v for k, v in overrides.items() if v is not None}, base=self)
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields; ``epochs`` and ``lora_lr`` only when set, ``penalty_on`` and ``reg_within_batch`` only when
-        not the default, the adapter's fields only with an adapter and the data-free penalty's only with it (banks
+        """All fields; ``epochs`` and ``lora_lr`` only when set, ``penalty_on``, ``reg_within_batch`` and
+        ``from_sum`` only when not the default, the adapter's fields only with an adapter and the data-free penalty's only with it (banks
         written before they existed compare equal)."""
         values = dataclasses.asdict(self)
         for name in ("epochs", "lora_lr"):
@@ -266,8 +282,9 @@ class Recipe:
                 del values[name]
         if values["penalty_on"] == "features":
             del values["penalty_on"]
-        if not values["reg_within_batch"]:
-            del values["reg_within_batch"]
+        for name in ("reg_within_batch", "from_sum"):
+            if not values[name]:
+                del values[name]
         if values["penalty"] == "inputs":
             for name in ("penalty", *CURVATURE_FIELDS):
                 del values[name]

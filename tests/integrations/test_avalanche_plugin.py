@@ -125,17 +125,20 @@ def check_same_stream(result, names, editkit_bank: Bank, plugin_bank: Bank, metr
     ("taujp-kfac", "lora", False), ("linear", "none", False),
     ("nonlinear", "none", False),
     ("taujp-nonlinear", "none", False), ("sequential", "none", False), ("taujp", "lora", False),
-    ("nonlinear", "lora", False)])
+    ("nonlinear", "lora", False), ("taujp+sum", "none", False), ("taujp-kfac+sum", "none", False)])
 def test_naive_with_plugin_banks_what_editkit_stream_banks(tmp_path, mode, adapter, within):
     """within: the reg rows are part of the batch (``reg_within_batch``: all 3, so both draw 5 labelled rows a
-    step; or 2 of them, 6 labelled rows)."""
+    step; or 2 of them, 6 labelled rows). ``+sum``: each experience fine-tuned beside the earlier vectors
+    (``from_sum``)."""
     tasks = synthetic_tasks()
     names = [t.name for t in tasks]
     heads = random_heads(tasks)
     backbone = mlp_backbone()
+    mode, _, from_sum = mode.partition("+")
     penalty = {"penalty": "kfac", "curvature_examples": 20} if mode.endswith("-kfac") else {}
     recipe = Recipe(mode=mode.removesuffix("-kfac"), steps=6, batch_size=8, lr=1e-2, reg_batch=3, warmup=2,
-                    grad_clip=0.5, adapter=adapter, lora_rank=2, reg_within_batch=within, **penalty)
+                    grad_clip=0.5, adapter=adapter, lora_rank=2, reg_within_batch=within, from_sum=bool(from_sum),
+                    **penalty)
     if adapter != "none":  # theta_0 is the model with its adapter at initialisation, for both
         attach_adapter(backbone.module, [recipe])
     state = {k: v.clone() for k, v in backbone.module.state_dict().items()}

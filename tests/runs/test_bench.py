@@ -798,6 +798,25 @@ def test_a_bench_of_adapter_vectors_scores_what_its_streams_scored(tmp_path):
         assert_rows_score_what_the_stream_scored(report, f"{mode}-lora")
 
 
+def test_a_from_sum_bench_measures_each_task_against_the_model_its_fine_tuning_ended_at(tmp_path):
+    """--from-sum: each task's single-task model is theta_0 plus the vectors up to its own (where its fine-tuning
+    ended), in the bench as in the stream, which scored it as the merged model after its step; the sum at alpha =
+    1 is the stream's merged model."""
+    scenario = write_scenario(tmp_path)
+    result = runner.invoke(app, bench_args(scenario, tmp_path, "--from-sum", "--modes", "taujp", "--methods",
+                                           "task-arithmetic", "--protocols", "task"))
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert_rows_score_what_the_stream_scored(report, "taujp")
+    steps = report["streams"]["taujp"]["steps"]
+    for step in steps:
+        assert step["single_task"] == step["merged"]["per_task"][step["task"]]
+        assert report["single_task"]["taujp"]["test"][step["task"]] == pytest.approx(step["single_task"],
+                                                                                      abs=1.01 / N_TEST + 1e-12)
+    vectors = Bank(tmp_path / "banks" / "bench-mini-taujp").load(TASKS[-1])
+    assert Bank(tmp_path / "banks" / "bench-mini-taujp").get(TASKS[-1]).recipe["from_sum"] is True and vectors
+
+
 def assert_rows_score_what_the_stream_scored(report: dict, label: str) -> None:
     """The bench's task arithmetic at alpha = 1 over one stream's vectors equals the stream's own merged scores
     (linearized: within one test example, the stream's f_lin is a jvp per batch, the bench's a cached tangent)."""

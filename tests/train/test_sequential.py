@@ -1,10 +1,14 @@
-"""``sequential`` mode: MagMax's continual recipe (fine-tune each task from the previous task's weights, bank
-theta_t - theta_0, merge by max magnitude).
+"""Fine-tunings that start from earlier vectors: ``sequential`` mode, MagMax's continual recipe (fine-tune each
+task from the previous task's weights, bank theta_t - theta_0, merge by max magnitude), and ``from_sum`` (each
+task at theta_0 plus the sum of the vectors banked before it, banking what it adds).
 
 Ground truth: a fine-tuning started at theta_0 + tau is plain fine-tuning of a copy of the network whose
 weights were edited to theta_0 + tau; the stream's merged scores are recomputed from the banked vectors with a
 max-magnitude selection written here with ``argmax`` over stacked absolute values, and the network run at
-theta_0 + that vector.
+theta_0 + that vector. For ``from_sum``: the linearized model's output at a point is f(x; theta_0) plus the
+directional derivative of f along the displacement, taken by central differences of the network in float64; the
+penalty is the mean per-row L2 norm of that derivative along the *added* vector alone; and a stream's vectors,
+summed, are where the last task's fine-tuning ended (``start`` there trains the same steps from the same point).
 """
 
 from __future__ import annotations
@@ -17,13 +21,15 @@ from torch import nn
 
 from editkit.bank.store import Bank
 from editkit.core.modes import Family, Mode, combined_mode
+from editkit.core.linearize import LinearizedModel
+from editkit.core.taujp import Regularizer, UnlabeledSource
 from editkit.data.tasks import TensorTaskDataset
-from editkit.errors import BankError
+from editkit.errors import BankError, ConfigError
 from editkit.integrations.avalanche.benchmark import Experience
 from editkit.models.backbone import Backbone
 from editkit.models.heads import LinearHead
 from editkit.runs.stream import run_stream
-from editkit.train.loop import fine_tune
+from editkit.train.loop import StepComputer, fine_tune
 from editkit.train.recipe import Recipe
 
 from helpers import models
@@ -54,10 +60,10 @@ def tasks() -> tuple[dict[str, TensorTaskDataset], dict[str, LinearHead]]:
     return data, heads
 
 
-def stream(bank, names=("a", "b", "c"), *, resume=False, task_recipes=None):
+def stream(bank, names=("a", "b", "c"), *, resume=False, task_recipes=None, recipe=RECIPE):
     data, heads = tasks()
     exps = [Experience(i, n, i, data[n], data[n], None, 3) for i, n in enumerate(names)]
-    return run_stream(exps, Backbone("mlp", network(), 6), heads, RECIPE, bank, scenario="tiny", resume=resume,
+    return run_stream(exps, Backbone("mlp", network(), 6), heads, recipe, bank, scenario="tiny", resume=resume,
                       task_recipes=task_recipes)
 
 
@@ -120,3 +126,94 @@ def test_sequential_refuses_to_start_from_a_linearized_vector(tmp_path):
     with pytest.raises(BankError, match="sequential fine-tuning would start from 'a'.*linear"):
         stream(tmp_path / "bank", task_recipes={"a": RECIPE.with_overrides(mode="linear")})
     assert Bank(tmp_path / "bank").names() == ["a"]
+
+
+SUM_RECIPE = Recipe(mode="taujp", from_sum=True, steps=4, batch_size=10, lr=5e-2, lam=0.5, reg_batch=4, warmup=0,
+                generic=False)
+
+
+def directional(module, x, along, eps: float = 1e-6) -> torch.Tensor:
+    """d/de f(x; theta_0 + e * along) at e = 0, by central differences (float64)."""
+    with torch.no_grad():
+        return (edited(module, {n: eps * v for n, v in along.items()})(x)
+                - edited(module, {n: -eps * v for n, v in along.items()})(x)) / (2 * eps)
+
+
+def draws(seed: int, module, scale: float = 0.3) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {n: scale * torch.randn(p.shape, generator=g, dtype=p.dtype) for n, p in module.named_parameters()}
+
+
+def test_the_forward_moves_along_the_sum_and_the_penalty_along_what_the_task_adds():
+    module = network()
+    earlier, added = draws(1, module), draws(2, module)
+    model = LinearizedModel(module)
+    model.load_task_vector(added, beside=earlier)
+    x, x_o = torch.randn(5, 4, dtype=torch.float64), torch.randn(4, 4, dtype=torch.float64) + 1
+    regularizer = Regularizer([UnlabeledSource("o", x_o)], lam=0.5, batch_size=4)
+    computer = StepComputer(model, torch.nn.Identity(), regularizer)
+    features, reg = computer.features(x, [x_o])
+    total = {n: earlier[n] + added[n] for n in earlier}
+    with torch.no_grad():
+        f0 = module(x)
+    torch.testing.assert_close(features, f0 + directional(module, x, total), rtol=1e-7, atol=1e-8)
+    by_hand = 0.5 * torch.linalg.vector_norm(directional(module, x_o, added), dim=1).mean()
+    torch.testing.assert_close(reg, by_hand.float(), rtol=1e-6, atol=1e-7)  # the penalty is taken in float32
+    # along the sum it would be another number: the penalty reads the added vector alone
+    along_sum = 0.5 * torch.linalg.vector_norm(directional(module, x_o, total), dim=1).mean()
+    assert abs(float(reg.detach()) - float(along_sum)) > 1e-3
+    vector = model.task_vector()
+    assert all(torch.allclose(vector[n], added[n], rtol=0, atol=1e-12) for n in added)
+    model.load_task_vector(added)  # a plain load forgets the sum it was trained beside
+    assert model.beside is None and all(torch.allclose(model.task_vector()[n], added[n]) for n in added)
+
+
+@pytest.mark.parametrize("mode", ["linear", "nonlinear"])
+def test_the_banked_vectors_sum_to_where_the_last_fine_tuning_ended(tmp_path, mode):
+    """Without a penalty a from_sum fine-tuning is the same steps as one started at the sum (``start``); only
+    what it banks differs. So the sum of a stream's banked vectors is that run's end point."""
+    recipe = Recipe(mode=mode, from_sum=True, steps=4, batch_size=10, lr=5e-2, warmup=0, generic=False)
+    result = stream(tmp_path / "bank", recipe=recipe)
+    bank = Bank(tmp_path / "bank")
+    vectors = {n: bank.load(n) for n in "abc"}
+    data, heads = tasks()
+    earlier = {n: vectors["a"][n] + vectors["b"][n] for n in vectors["a"]}
+    plain = recipe.with_overrides(from_sum=False)
+    ended = fine_tune(network(), heads["c"], data["c"], plain, start=earlier).task_vector
+    for n in ended:
+        torch.testing.assert_close(earlier[n] + vectors["c"][n], ended[n], rtol=1e-10, atol=1e-10)
+    assert max(float(vectors["c"][n].abs().max()) for n in ended) > 1e-3  # it banked what it added, not the sum
+    # the merged model after the last task (alpha = 1) is the model trained last, and its single-task model: where
+    # its fine-tuning ended, not its vector alone
+    x, y = data["c"].inputs, data["c"].targets
+    with torch.no_grad():
+        features = (edited(network(), ended)(x) if mode == "nonlinear"
+                    else network()(x) + directional(network(), x, ended))
+    want = float((heads["c"](features.float()).argmax(1) == y).double().mean())
+    assert result.steps[-1].merged["per_task"]["c"] == pytest.approx(want) == result.steps[-1].single_task
+    assert bank.get("c").recipe["from_sum"] is True
+
+
+def test_a_resumed_stream_trains_beside_the_banked_vectors(tmp_path):
+    stream(tmp_path / "whole", recipe=SUM_RECIPE)
+    stream(tmp_path / "cut", names=("a", "b"), recipe=SUM_RECIPE)
+    resumed = stream(tmp_path / "cut", resume=True, recipe=SUM_RECIPE)
+    assert [s.resumed for s in resumed.steps] == [True, True, False]
+    one, two = Bank(tmp_path / "whole").load("c"), Bank(tmp_path / "cut").load("c")
+    assert all(torch.equal(one[n], two[n]) for n in one)
+
+
+def test_a_bank_of_vectors_trained_alone_is_refused_by_a_from_sum_run(tmp_path):
+    stream(tmp_path / "bank", names=("a",), recipe=SUM_RECIPE.with_overrides(from_sum=False))
+    with pytest.raises(BankError, match="from_sum None banked, True now"):
+        stream(tmp_path / "bank", resume=True, recipe=SUM_RECIPE)
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"mode": "sequential"}, "a sequential fine-tuning cannot start"),
+    ({"mode": "nonlinear", "adapter": "lora"}, "a nonlinear fine-tuning with a LoRA adapter cannot start"),
+])
+def test_from_sum_is_refused_where_the_vectors_would_not_add(fields, says):
+    with pytest.raises(ConfigError, match=says):
+        Recipe(from_sum=True, **fields)
+    assert "from_sum" not in Recipe().to_dict() and Recipe(from_sum=True).to_dict()["from_sum"] is True

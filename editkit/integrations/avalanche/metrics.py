@@ -31,7 +31,7 @@ import torch
 from editkit.bank.store import Bank, VectorEntry
 from editkit.eval.accuracy import AdditionSummary, addition_summary, evaluate_vector
 from editkit.eval.scorers import task_scorer
-from editkit.merge.continual import stream_merge
+from editkit.merge.continual import banked_sum, stream_merge
 from editkit.train.runtime import Runtime
 from editkit._compat import quiet_avalanche_import
 
@@ -123,10 +123,14 @@ class MergedAccuracy(PluginMetric[AdditionSummary]):
         return self._merged[1]
 
     def _single_task(self, entry: VectorEntry, score: Callable[[dict[str, torch.Tensor] | None], float]) -> float:
-        """The vector's accuracy alone, from its bank entry; scored (with theta_0's) and recorded if missing."""
+        """The accuracy of the model the vector's fine-tuning ended at (the vector alone, or fine-tuned beside the
+        earlier ones, ``from_sum``, their sum with it), from its bank entry; scored (with theta_0's) and recorded if
+        missing."""
         if "single_task" in entry.metrics:
             return entry.metrics["single_task"]
-        scores = {"single_task": score(self.bank.load(entry.name)), "pretrained": score(None)}
+        ended = ([e.name for e in sorted(self._entries.values(), key=lambda e: e.step) if e.step <= entry.step]
+                 if entry.recipe.get("from_sum") else [entry.name])
+        scores = {"single_task": score(banked_sum(self.bank, ended)), "pretrained": score(None)}
         if DistributedHelper.is_main_process:
             self._entries[entry.step] = self.bank.update_metrics(entry.name, scores)
         return scores["single_task"]

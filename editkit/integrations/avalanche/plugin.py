@@ -4,9 +4,10 @@ The strategy's model must be a :class:`~editkit.integrations.avalanche.multitask
 (theta_0's backbone and fixed per-task heads). For each training experience the plugin:
 
 1. resets theta to theta_0 (in ``sequential`` mode to the previous experience's banked weights,
-   :func:`editkit.merge.continual.starting_vector`) and the task model to the recipe's mode (``taujp``,
-   ``linear``, ``nonlinear``, ``taujp-nonlinear`` or ``sequential``), and gives the strategy a fresh
-   AdamW on theta with the recipe's schedule (:func:`editkit.train.loop.optimizer_for`) and
+   :func:`editkit.merge.continual.starting_vector`; with ``from_sum`` to theta_0 plus the earlier
+   experiences' banked vectors, :func:`editkit.merge.continual.banked_sum`) and the task model to the
+   recipe's mode (``taujp``, ``linear``, ``nonlinear``, ``taujp-nonlinear`` or ``sequential``), and gives
+   the strategy a fresh AdamW on theta with the recipe's schedule (:func:`editkit.train.loop.optimizer_for`) and
    gradient clipping: optimizer state never carries over from one experience to the next;
 2. replaces the strategy's dataloader, for this experience, by editkit's own batches
    (:func:`editkit.train.loop.labelled_batches`: the recipe's seed, batch size and number of
@@ -59,7 +60,7 @@ from editkit.core.taujp import Regularizer, UnlabeledSource, input_accessor, unl
 from editkit.core.prototypes import Prototypes
 from editkit.errors import ConfigError
 from editkit.eval.features import EVAL_BATCH_SIZE, task_prototypes
-from editkit.merge.continual import starting_vector, stream_merge
+from editkit.merge.continual import banked_sum, starting_vector, stream_merge
 from editkit.train.loop import StepComputer, clip_gradients, labelled_batches, optimizer_for, reg_batch_stream
 from editkit.train.recipe import Recipe, attach_adapter
 from editkit.train.runtime import Runtime
@@ -202,7 +203,8 @@ class TauJpPlugin(SupervisedPlugin):
         regularizer = self._regularizer(index, self.recipe, model, strategy.device)
         recipe = self.recipe.resolved(len(dataset), regularizer)
         start = starting_vector(self.bank, recipe.mode, self.name_of(index - 1) if index else None)
-        model.task_model.load_task_vector(start or {})
+        beside = banked_sum(self.bank, [self.name_of(i) for i in range(index)]) if recipe.from_sum else None
+        model.task_model.load_task_vector(start or {}, beside=beside)
         head = model.head(exp.task_label)
         model.step = StepComputer(model.task_model, head, regularizer, model.backbone.batching)
         if model.step.regularizer is not None:  # encode ahead what the reg draws will read, as a stream's run does

@@ -23,7 +23,11 @@ from editkit.util.progress import Progress
 
 
 def _single_task(ev: ModeEvaluator, tasks: Sequence[str], split: str) -> dict[str, float]:
-    return {t: ev.accuracies({t: 1.0}, split, [t])[t] for t in tasks}
+    """Each task's accuracy under the model its fine-tuning ended at: theta_0 plus its vector, or, fine-tuned beside
+    the vectors before it in the stream (``from_sum``; ``tasks`` in stream order), plus their sum and its vector."""
+    beside = any(ev.bank.get(ev.vector_names[t]).recipe.get("from_sum") for t in tasks)
+    ended = [tasks[: i + 1] if beside else [t] for i, t in enumerate(tasks)]
+    return {t: ev.accuracies(dict.fromkeys(own, 1.0), split, [t])[t] for t, own in zip(tasks, ended)}
 
 
 def class_matrix(ev: ModeEvaluator, tasks: Sequence[str]) -> ContinualMetrics:
