@@ -35,7 +35,9 @@ def test_the_scenarios_own_penalty_is_timed_beside_the_papers_schedules():
         "taujp_kfac": ("taujp", "mixed", 8, True),  # the data-free penalty draws no reg rows: these do not apply
         "taujp_kfac_apart": ("taujp", "mixed", 8, True),
         "taujp_kfac_energy": ("taujp", "mixed", 8, True),
+        "taujp_from_sum": ("taujp", "mixed", 8, True),  # the scenario's penalty, beside earlier vectors
     }
+    assert [label for label, r in recipes.items() if r.from_sum] == ["taujp_from_sum"]
     assert {label: (r.penalty, r.curvature_combine, r.curvature_energy) for label, r in recipes.items()
             if r.penalty != "inputs"} == {"taujp_kfac": ("kfac", "sum", 1.0), "taujp_kfac_apart": ("kfac", "apart", 1.0),
                                           "taujp_kfac_energy": ("kfac", "sum", 0.9)}
@@ -73,6 +75,8 @@ def test_flops_per_step_are_the_steps_matrix_products_counted_by_hand():
     assert count(recipe("taujp", schedule="cyclic", reg_batch=R)) == (B + R) * 4 * BACKBONE + B * 2 * HEAD
     assert count(recipe("taujp", schedule="mixed", reg_batch=R, reg_within_batch=True)) == (
         B * 4 * BACKBONE + (B - R) * 2 * HEAD)
+    # beside earlier vectors the task rows and the reg rows take a jvp each: the same products, apart
+    assert count(recipe("taujp", schedule="cyclic", reg_batch=R, from_sum=True)) == (B + R) * 4 * BACKBONE + B * 2 * HEAD
 
 
 def test_a_streams_flops_penalise_each_task_on_the_tasks_before_it():
