@@ -42,6 +42,9 @@ CURVATURE_FIELDS = ("curvature_examples", "curvature_combine", "curvature_energy
 #: Fields only the tauJp penalty reads: a mode without the penalty trains the same vector whatever they are.
 PENALTY_FIELDS = ("lam", "schedule", "scope", "reg_batch", "reg_within_batch", "squared", "penalty_on", "generic",
                   "penalty", *CURVATURE_FIELDS)
+#: Fields that say which vector editkit's modes train (the mode, where it starts, its penalty), not how the network
+#: is optimized: a continual-learning strategy, training the plain network, reads none of them (nor the adapter's).
+VECTOR_FIELDS = ("mode", "from_sum", *PENALTY_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -294,6 +297,13 @@ class Recipe:
         else:
             values["lora_targets"] = list(values["lora_targets"])
         return values
+
+
+def plain_training(recipe: Recipe) -> dict[str, Any]:
+    """:meth:`Recipe.to_dict` without :data:`VECTOR_FIELDS` and the adapter's: what training the plain network with
+    the recipe's optimizer, schedule, batch, steps and seed depends on (a strategy's run)."""
+    return {k: v for k, v in recipe.to_dict().items()
+            if k not in VECTOR_FIELDS and k != "adapter" and not k.startswith("lora_")}
 
 
 def label_parts(label: str) -> tuple[str, str]:

@@ -230,6 +230,9 @@ def test_a_strategy_trial_s_score_is_recorded_and_read_back_only_for_the_same_in
     record.path.write_text(record.path.read_text()[:40])  # torn
     assert trial() == pytest.approx(0.1) and len(runs) == 10
     assert trial() == pytest.approx(0.1) and len(runs) == 10
+    # the tauJp rows' own fields (their lambda, where they start) are not the strategy's: read back
+    assert trial(Recipe(lr=1e-4, lam=0.5, from_sum=True, reg_batch=4)) == pytest.approx(0.1) and len(runs) == 10
+    assert trial(Recipe(lr=1e-4, weight_decay=0.01)) == pytest.approx(0.1) and len(runs) == 12  # its optimizer's are
 
 
 def test_a_finished_strategy_run_is_recorded_and_read_back_only_for_the_same_inputs(tmp_path, monkeypatch):

@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import torch
 
 from editkit.core.derived_cache import cached_at
+from editkit.train.recipe import plain_training
 
 T = TypeVar("T")
 
@@ -54,12 +55,13 @@ class StrategyRecord:
 
 def strategy_key(record: StrategyRecord, name: str, built, recipes: Sequence, options: Mapping[str, Any],
                  protocols: Sequence[str], runtime, **more: Any) -> dict[str, Any]:
-    """Everything a strategy run's outcome depends on: the strategy, its options, every task's recipe and the
-    stream's order, the protocols, theta_0, the scenario, and the numerics (threads, device, precision, layout, the
-    torch and Avalanche releases: a row moves with the thread count); ``more``: what else the caller's run depends
-    on."""
+    """Everything a strategy run's outcome depends on: the strategy, its options, every task's recipe as a plain
+    network's training reads it (:func:`~editkit.train.recipe.plain_training`: a bench whose tauJp rows run another
+    lambda or ``--from-sum`` reads the strategies' records back) and the stream's order, the protocols, theta_0,
+    the scenario, and the numerics (threads, device, precision, layout, the torch and Avalanche releases: a row
+    moves with the thread count); ``more``: what else the caller's run depends on."""
     return json.loads(json.dumps({
-        "strategy": name, "options": dict(options), "recipes": [r.to_dict() for r in recipes],
+        "strategy": name, "options": dict(options), "recipes": [plain_training(r) for r in recipes],
         "tasks": [t.name for t in built.tasks], "protocols": list(protocols), "base": built.backbone.fingerprint(),
         "scenario": record.scenario, "threads": torch.get_num_threads(), "device": runtime.device.type,
         "precision": runtime.precision, "channels_last": runtime.channels_last,
