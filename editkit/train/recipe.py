@@ -301,7 +301,8 @@ class Recipe:
 
 def plain_training(recipe: Recipe) -> dict[str, Any]:
     """:meth:`Recipe.to_dict` without :data:`VECTOR_FIELDS` and the adapter's: what training the plain network with
-    the recipe's optimizer, schedule, batch, steps and seed depends on (a strategy's run)."""
+    the recipe's optimizer (lr, weight decay, warmup, clip), batch, steps and seed depends on (a strategy's run;
+    ``schedule``, the reg rows' draw, is the penalty's)."""
     return {k: v for k, v in recipe.to_dict().items()
             if k not in VECTOR_FIELDS and k != "adapter" and not k.startswith("lora_")}
 
