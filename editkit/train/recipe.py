@@ -105,7 +105,9 @@ class Recipe:
                           "so no earlier input is kept or drawn: ||J tau||^2 on their inputs as a quadratic form "
                           "in tau (TAK, ICLR 2026). With kfac, schedule, reg_batch and reg_within_batch do not apply.")
     curvature_examples: int = field(default=256, metadata={
-        "help": "kfac: training inputs of a task its curvature is computed on (one Gaussian probe each)."})
+        "help": "kfac: training inputs of a task its curvature is computed on (one Gaussian probe each). More see "
+                "more of each factor's directions (a layer with few positions needs many examples to reach its "
+                "rank): the curvature's time grows with them and its bytes with the rank it reaches."})
     curvature_combine: str = choice("sum", CURVATURE_COMBINES,
                                     "kfac: how the seen tasks' curvatures penalise a vector: sum = one factor set, "
                                     "their mean (constant cost however many tasks); apart = each task's own, their "
