@@ -82,10 +82,17 @@ def natural_crops(n: int = 2000, size: int = 32, seed: int = 0) -> np.ndarray:
     Each crop: pick a photo uniformly, a square side uniformly in
     [24, min(128, photo side)], a uniform position, resize to ``size`` x ``size``
     (anti-aliased), and flip horizontally with probability 1/2. Deterministic
-    given ``seed``.
+    given ``seed``, so drawn once a process (every scenario build wants the same
+    crops: a bench on Ray builds its scenario once a unit, and 2000 resizes take
+    about a second); each call gets its own copy.
     """
     if n < 0 or size < 1:
         raise ValueError(f"need n >= 0 and size >= 1, got n={n}, size={size}")
+    return _drawn_crops(n, size, seed).copy()
+
+
+@functools.lru_cache(maxsize=4)
+def _drawn_crops(n: int, size: int, seed: int) -> np.ndarray:
     from skimage.transform import resize
 
     photos = natural_photos()
@@ -105,6 +112,7 @@ def natural_crops(n: int = 2000, size: int = 32, seed: int = 0) -> np.ndarray:
             crop, (size, size), order=1, anti_aliasing=side > size, preserve_range=True
         )
         out[i] = np.clip(np.rint(resized), 0, 255).astype(np.uint8)
+    out.setflags(write=False)
     return out
 
 

@@ -376,3 +376,12 @@ def test_natural_crops():
     assert a.std() > 10  # real image content, not constant
     assert natural.natural_crops(0).shape == (0, 32, 32, 3)
     assert len(natural.natural_photos()) >= 2
+
+
+def test_natural_crops_are_drawn_once_and_each_call_owns_its_copy():
+    first = natural.natural_crops(8, size=8, seed=3)
+    kept = first.copy()
+    first[:] = 0  # a caller writing into its crops (a preprocessing step in place) changes no later call's
+    again = natural.natural_crops(8, size=8, seed=3)
+    assert np.array_equal(again, kept) and again.flags.writeable
+    assert natural._drawn_crops.cache_info().hits >= 1
