@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from editkit.bank.store import Bank
 from editkit.cli import app
 from editkit.errors import ConfigError, MissingResourceError
-from editkit.runs.bench.cluster import Unit, connect, run_units, warm
+from editkit.runs.bench.cluster import Unit, connect, run_units
 from editkit.runs.bench.config import BenchConfig
 from editkit.runs.bench.run import run_bench
 from editkit.util.progress import NullProgress
@@ -93,26 +93,6 @@ def test_a_unit_that_needs_others_starts_when_they_are_done_and_not_after_the_re
     first, long, then = run_units([Unit("a", timed, (1.0,)), Unit("b", timed, (8.0,)),
                                    Unit("c", timed, (0.5,), needs=(0,))], NullProgress())
     assert first[1] <= then[0] and then[1] < long[1]  # beside b, not after it
-
-
-def test_units_start_in_the_workers_the_warm_up_readied(cluster):
-    """warm: one warm-up for each unit the cluster runs at once (two one-CPU units on two CPUs, one two-CPU unit),
-    and the units queued after start in a worker that ran it; a warm-up that fails is no unit's failure."""
-
-    def ready(token: str) -> None:  # local, so Ray ships it by value; a process-wide mark the units can read
-        os.environ[f"EDITKIT_TEST_WARM_{token}"] = "1"
-
-    def readied(token: str) -> bool:
-        return os.environ.get(f"EDITKIT_TEST_WARM_{token}") == "1"
-
-    def broken() -> None:
-        raise ConfigError("a scenario the driver's checks refuse")
-
-    assert ray.get(warm(broken, (), 1)) == [None, None]
-    for token, cpus, slots in (("one", 1, 2), ("two", 2, 1)):
-        assert len(ray.get(warm(ready, (token,), cpus))) == slots  # the bench waits for none; here, to know they ran
-        units = [Unit(f"{token} {i}", readied, (token,), cpus=cpus) for i in range(4)]
-        assert run_units(units, NullProgress()) == [True] * 4
 
 
 def test_a_gpu_unit_s_worker_runs_no_other_unit(cluster):

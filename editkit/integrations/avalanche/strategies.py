@@ -153,22 +153,16 @@ def si_kept(strategy) -> Kept:
             "bytes": nbytes([p.data for table in tables for p in table.values()])}
 
 
-def avalanche_training() -> Any:
-    """Avalanche's ``avalanche.training``, imported on first use: seconds (its metrics import torchmetrics, and
-    wandb where it is installed), which a command that runs no strategy never pays."""
-    from editkit._compat import quiet_avalanche_import
-
-    with quiet_avalanche_import():
-        import avalanche.training
-
-    return avalanche.training
-
-
 def avalanche_class(name: str) -> Callable[..., Any]:
     """A ``build`` that makes Avalanche's ``avalanche.training.<name>``, importing Avalanche only when it runs."""
 
     def build(**arguments: Any) -> Any:
-        return getattr(avalanche_training(), name)(**arguments)
+        from editkit._compat import quiet_avalanche_import
+
+        with quiet_avalanche_import():
+            import avalanche.training
+
+        return getattr(avalanche.training, name)(**arguments)
 
     return build
 

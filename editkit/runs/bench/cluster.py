@@ -118,30 +118,6 @@ def _readable(paths: list[str]) -> list[str]:
     return [p for p in paths if not os.path.isfile(p)]
 
 
-def warm(call: Callable[..., Any], args: tuple, cpus: int) -> list[Any]:
-    """Start, while the driver still makes its checks, as many workers as the cluster runs ``cpus``-CPU units at
-    once, each doing ``call(*args)`` (what every unit does first: its imports, seconds with Avalanche's, and a
-    scenario build whose data the worker then keeps). Ray hands the next unit an idle worker of the job, so the
-    first units start warm instead of each paying that on a core the driver's checks leave free. Best effort:
-    the bench waits for none of these tasks (their references are returned), and what fails in them is the
-    driver's checks' to refuse."""
-    import ray
-
-    slots = max(1, int(ray.cluster_resources().get("CPU", 0) // cpus))
-    task = ray.remote(_warm).options(num_cpus=cpus, max_retries=0, name="warm-up")
-    return [task.remote(call, args, cpus) for _ in range(slots)]
-
-
-def _warm(call: Callable[..., Any], args: tuple, cpus: int) -> None:
-    import torch
-
-    torch.set_num_threads(cpus)
-    try:
-        call(*args)
-    except Exception:  # the driver's own checks refuse it, in its one line
-        pass
-
-
 def run_units(units: Sequence[Unit], progress: Progress) -> list[Any]:
     """Every unit as a Ray task at once (Ray queues what the cluster cannot hold yet, and a unit that needs others
     until they are done); their results in the order given. One line per unit as it is queued, starts (on which

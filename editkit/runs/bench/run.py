@@ -75,15 +75,14 @@ from editkit.eval.continual import PROTOCOLS
 from editkit.eval.features import EVAL_BATCH_SIZE
 from editkit.settings import default_bank_dir, torchrun_world
 from editkit.train.runtime import Runtime, setup
-from editkit.integrations.avalanche.benchmark import import_avalanche
-from editkit.integrations.avalanche.strategies import STRATEGIES, avalanche_training
+from editkit.integrations.avalanche.strategies import STRATEGIES
 from editkit.runs.bench.checks import check_bank, refuse_unswept_heads
 from editkit.runs.bench.config import BenchConfig
 from editkit.runs.bench.addition import evaluate_mode
 from editkit.runs.bench.report import RSS_METRIC, ModeState, bench_report, with_strategies, write_outputs
 from editkit.runs.bench.strategies import run_strategies, strategy_sections
 from editkit.runs.bench.sections import FIRST_REPEAT_ONLY, diagnostic_sections, negation_section
-from editkit.runs.bench.cluster import Unit, check_shared, connect, run_units, warm
+from editkit.runs.bench.cluster import Unit, check_shared, connect, run_units
 from editkit.runs.bench.repeats import Repeat, aggregate, order_repeats, repeat_bank_root, seed_repeats
 from editkit.runs.bench.strategy_records import StrategyRecord
 from editkit.runs.records import StepRecord
@@ -427,13 +426,11 @@ def _run_on_cluster(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime, p
     running); then each report completed with its strategies and assembled as one process does."""
     joined = connect(config.ray)
     over, repeats, ones = _repeats(config, spec)
-    options, gpus = _unit_options(runtime), 1.0 if runtime.device.type == "cuda" else 0.0
-    if not gpus:  # a GPU unit's worker exits after it: nothing to warm
-        warm(_warm_unit, (*ones[0], options), config.unit_cpus)
     for one, reordered in ones:  # every refusal a one-process bench makes, before any unit starts
         _bench_checks(one, reordered, runtime)
     check_shared([config.bank_root, config.run_directory(spec.recipe, spec.name)])
     progress.note(f"bench {spec.name} on {joined}: {len(ones)} repeat(s)")
+    options, gpus = _unit_options(runtime), 1.0 if runtime.device.type == "cuda" else 0.0
     prefix = [f"{r.name}/" for r in repeats] or [""]
     labels = [list(config.variants(reordered.recipe)) for _, reordered in ones]
     protocols = [p for p in PROTOCOLS if p in config.protocols_of(spec)] if config.strategies else []
@@ -468,15 +465,6 @@ def _bench_checks(config: BenchConfig, spec: ScenarioSpec, runtime: Runtime) -> 
     states, _ = _mode_states(config, spec)
     require_scenario(spec, config.build)
     _build_checked(config, spec, states, runtime, NullProgress())
-
-
-def _warm_unit(config: BenchConfig, spec: ScenarioSpec, options: dict) -> None:
-    """What a worker's units do first (:func:`~editkit.runs.bench.cluster.warm`): its runtime, the scenario built
-    as they build it, and Avalanche imported where strategies run."""
-    _strategy_scenario(config, spec, setup(**options))
-    if config.strategies:
-        import_avalanche()
-        avalanche_training()
 
 
 def _stream_unit(config: BenchConfig, spec: ScenarioSpec, label: str, options: dict) -> tuple[list[str], float]:
