@@ -10,7 +10,8 @@ against the plain (non-linear) step and writes them as JSON.
   beside a full batch), mixed (``--mixed-reg-batch`` rows beside a full batch), taujp-nonlinear
   (cyclic: plain steps plus the penalty's jvp on the reg batch only) and the data-free penalty (``kfac``, the
   sources' curvature summed or apart, computed once before the timed runs; ``taujp_kfac_energy``: summed, each
-  factor cut to ``--curvature-energy`` of its trace, default 0.9) and the scenario's penalty beside earlier vectors
+  factor cut to ``--curvature-energy`` of its trace, default 0.9; ``taujp_kfac_bf16``: summed, the step's products in
+  bfloat16) and the scenario's penalty beside earlier vectors
   (``taujp_from_sum``), on the first task with the others
   (and the generic source) as penalty sources; ``--labels`` times some of them only;
 - language scenarios (``--scenario toxic``): nonlinear, linear and taujp for each
@@ -68,6 +69,7 @@ RATIOS = {  # name -> (label over label), each the median over rounds of the rou
     "kfac_over_linear": ("taujp_kfac", "linear"),
     "kfac_apart_over_linear": ("taujp_kfac_apart", "linear"),
     "kfac_energy_over_linear": ("taujp_kfac_energy", "linear"),
+    "kfac_bf16_over_linear": ("taujp_kfac_bf16", "linear"),
     "from_sum_over_taujp": ("taujp_from_sum", "taujp"),
 }
 
@@ -76,7 +78,8 @@ def variants(recipe: Recipe, mixed_reg_batch: int | None, energy: float) -> dict
     """label -> the recipe its runs train with. ``taujp`` is the scenario's own penalty (its schedule, reg rows
     and where they ride); beside it the paper's schedules, batch // 8 reg rows beside a full batch (``mixed``:
     ``mixed_reg_batch`` rows, default the scenario's reg batch); ``taujp_nonlinear`` penalises as cyclic does;
-    ``taujp_kfac_energy`` keeps ``energy`` of each factor's trace (the cheaper, lossy curvature);
+    ``taujp_kfac_energy`` keeps ``energy`` of each factor's trace (the cheaper, lossy curvature), ``taujp_kfac_bf16``
+    multiplies the factors in bfloat16;
     ``taujp_from_sum`` is the scenario's penalty fine-tuned beside earlier vectors (the reg rows' jvp apart from the
     task rows')."""
     paper = {"reg_batch": max(1, recipe.batch_size // 8), "reg_within_batch": False}
@@ -92,6 +95,7 @@ def variants(recipe: Recipe, mixed_reg_batch: int | None, energy: float) -> dict
         "taujp_kfac": recipe.with_overrides(mode="taujp", penalty="kfac"),
         "taujp_kfac_apart": recipe.with_overrides(mode="taujp", penalty="kfac", curvature_combine="apart"),
         "taujp_kfac_energy": recipe.with_overrides(mode="taujp", penalty="kfac", curvature_energy=energy),
+        "taujp_kfac_bf16": recipe.with_overrides(mode="taujp", penalty="kfac", curvature_precision="bf16"),
         "taujp_from_sum": recipe.with_overrides(mode="taujp", from_sum=True),
     }
 

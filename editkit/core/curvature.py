@@ -56,6 +56,8 @@ from editkit.errors import ConfigError
 
 FORMAT = "kfac-1"
 COMBINES = ("sum", "apart")
+#: The dtypes a step may hold the Kronecker factors in (its products accumulate in fp32 either way).
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 #: What a curvature measures of the features' drift (the recipe's ``penalty_on``): the last two through a head.
 MEASURES = ("features", "logits", "distribution")
 
@@ -595,10 +597,12 @@ class CurvatureRegularizer:
     rows_per_step = 0
 
     def __init__(self, curvatures: Sequence[Curvature], *, lam: float, squared: bool = False,
-                 combine: str = "sum", energy: float = 1.0) -> None:
+                 combine: str = "sum", energy: float = 1.0, precision: str = "fp32") -> None:
         if combine not in COMBINES:
             raise ConfigError(f"unknown curvature combine {combine!r}: expected one of {', '.join(COMBINES)}")
-        self.lam, self.squared, self.combine = lam, squared, combine
+        if precision not in PRECISIONS:
+            raise ConfigError(f"unknown curvature precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+        self.lam, self.squared, self.combine, self.precision = lam, squared, combine, precision
         self.tasks = len(curvatures)
         if curvatures:
             same_measure(curvatures)
@@ -629,7 +633,7 @@ class CurvatureRegularizer:
         """The mean over the seen tasks of tau^T C_t tau under ``combine``'s approximation."""
         device = next(iter(tau.values())).device
         if self._device != device:
-            self._packed, self._device = _Packed(self.curvatures, device), device
+            self._packed, self._device = _Packed(self.curvatures, device, PRECISIONS[self.precision]), device
         return self._packed.quadratic(tau)
 
     def loss_of(self, tau: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -651,9 +655,14 @@ class _Packed:
       (few examples, ``curvature_energy`` below 1).
     - *dense*: G and A multiplied out once, and the gradient 2 G dW A from the same two products that give the
       value, <dW, G dW A> (:class:`_DenseForm`): half the roots' work at full rank, which a convolution's
-      positions make the common case."""
+      positions make the common case.
 
-    def __init__(self, curvatures: Sequence[Curvature], device: torch.device) -> None:
+    ``dtype`` is what the Kronecker factors are held and multiplied in (the vector's view is cast to it each step,
+    every term summed in fp32): bfloat16 runs the products several times faster where it is native, for about
+    1e-3 of the form. Diagonals and norm blocks are elementwise and stay fp32."""
+
+    def __init__(self, curvatures: Sequence[Curvature], device: torch.device,
+                 dtype: torch.dtype = torch.float32) -> None:
         first = curvatures[0]
         by_shape: dict[tuple, list[str]] = {}
         for key, block in first.blocks.items():
@@ -663,16 +672,17 @@ class _Packed:
         for (groups, d_out, d_in, _), keys in by_shape.items():
             blocks = [[c.blocks[k] for c in curvatures] for k in keys]
             g_t = _padded([[b.G.transpose(1, 2) for b in per_task] for per_task in blocks], rows=True).to(device)
-            a = _padded([[b.A for b in per_task] for per_task in blocks], rows=False).to(device)
+            a = _padded([[b.A for b in per_task] for per_task in blocks], rows=False).to(device)  # fp32 until used
             rank_g, rank_a = g_t.shape[-2], a.shape[-1]
             g_first = rank_g * d_out * d_in + rank_g * d_in * rank_a  # the roots' two products, G's first
             a_first = d_out * d_in * rank_a + rank_g * d_out * rank_a
             names = [(first.blocks[k].weight, first.blocks[k].bias) for k in keys]
             if d_out * d_out * d_in + d_out * d_in * d_in < 2 * min(g_first, a_first):  # backward: two more
                 g, a = _symmetric(g_t.transpose(-1, -2) @ g_t), _symmetric(a @ a.transpose(-1, -2))
-                self.kron.append(("dense", names, groups, g, a))
+                self.kron.append(("dense", names, groups, g.to(dtype), a.to(dtype)))
             else:  # g_t (layers, tasks, groups, r_G, d_out)
-                self.kron.append(("G first" if g_first <= a_first else "A first", names, groups, g_t, a))
+                self.kron.append(("G first" if g_first <= a_first else "A first", names, groups, g_t.to(dtype),
+                                  a.to(dtype)))
         self.tasks = len(curvatures)
         self.diagonal_names = list(first.diagonal)
         self.diagonal = (_mean([torch.cat([c.diagonal[n].reshape(-1) for n in self.diagonal_names])
@@ -709,9 +719,11 @@ class _DenseForm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, w: torch.Tensor, g: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        half = (g @ w @ a).sum(1, keepdim=True)
+        half = g @ w @ a
+        if half.shape[1] > 1:
+            half = half.sum(1, keepdim=True)
         ctx.save_for_backward(half)
-        return (w * half).sum()
+        return (w * half).sum(dtype=torch.float32)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:

@@ -240,28 +240,35 @@ def test_a_string_padding_is_refused_by_name():
         compute_curvature(conv, [torch.randn(2, 2, 5, 5)])
 
 
-def test_the_step_s_packed_form_is_the_curvature_s_quadratic():
-    """The penalty stacks blocks of one shape and flattens diagonals and norm blocks, and multiplies full-rank
-    factors out with a gradient of its own: the same form and the same gradient, on a network with repeated and
-    distinct shapes, grouped convolutions, norms and an embedding's diagonal, full rank and low rank."""
-    torch.manual_seed(0)
+class MixedNet(nn.Module):
+    """Repeated and distinct shapes, grouped convolutions, norms and an embedding's diagonal."""
 
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.convs = nn.Sequential(nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6), nn.ReLU(), nn.Conv2d(6, 6, 3, groups=6),
-                                       nn.Conv2d(6, 6, 1), nn.Conv2d(6, 6, 1, bias=False))
-            self.embed = nn.Embedding(4, 6)
-            self.head = nn.Sequential(nn.Linear(6, 6), nn.LayerNorm(6), nn.Linear(6, 6))
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.convs = nn.Sequential(nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6), nn.ReLU(), nn.Conv2d(6, 6, 3, groups=6),
+                                   nn.Conv2d(6, 6, 1), nn.Conv2d(6, 6, 1, bias=False))
+        self.embed = nn.Embedding(4, 6)
+        self.head = nn.Sequential(nn.Linear(6, 6), nn.LayerNorm(6), nn.Linear(6, 6))
 
-        def forward(self, x):
-            return self.head(self.convs(x).mean((2, 3)) + self.embed.weight[0])
+    def forward(self, x):
+        return self.head(self.convs(x).mean((2, 3)) + self.embed.weight[0])
 
-    net = Net().eval()
-    x = torch.randn(8, 3, 7, 7)
-    # full rank: the step multiplies the factors out (dense); a third of the trace: it keeps the roots
+
+def mixed_curvatures() -> tuple[nn.Module, Curvature, Curvature]:
+    """MixedNet and its curvature at full rank (the step multiplies the factors out: dense) and at a third of each
+    factor's trace (the step keeps the roots)."""
+    net = MixedNet().eval()
+    x = torch.randn(8, 3, 7, 7, generator=torch.Generator().manual_seed(1))
     full, low = compute_curvature(net, [x]), compute_curvature(net, [x], energy=0.3)
     assert full.diagonal and full.pairs and len(full.blocks) == 6
+    return net, full, low
+
+
+def test_the_step_s_packed_form_is_the_curvature_s_quadratic():
+    """The penalty stacks blocks of one shape and flattens diagonals and norm blocks, and multiplies full-rank
+    factors out with a gradient of its own: the same form and the same gradient, full rank and low rank."""
+    net, full, low = mixed_curvatures()
     for curvatures, routes in (([full], {"dense"}), ([low], {"G first", "A first"}), ([full, low], None)):
         tau = {n: t.requires_grad_() for n, t in vector(net).items()}
         for combine in ("sum", "apart"):
@@ -275,6 +282,24 @@ def test_the_step_s_packed_form_is_the_curvature_s_quadratic():
                 torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6, msg=f"{name}, {combine}")
             if routes is not None:
                 assert {route for route, *_ in penalty._packed.kron} <= routes
+
+
+@pytest.mark.parametrize("rank", ["full", "low"])
+def test_bf16_factors_give_the_form_and_its_gradient_to_bf16_rounding(rank):
+    """``precision = bf16`` multiplies the factors in bfloat16: the value and gradient of the fp32 roots' form to
+    about 1e-2 (bfloat16 keeps 8 bits), and not the fp32 step's bit for bit, so the products really ran in bf16."""
+    net, full, low = mixed_curvatures()
+    curvature = full if rank == "full" else low
+    tau = {n: t.requires_grad_() for n, t in vector(net).items()}
+    bf16, fp32 = (CurvatureRegularizer([curvature], lam=1.0, squared=True, precision=p).loss_of(tau)
+                  for p in ("bf16", "fp32"))
+    want = curvature.quadratic(tau)
+    assert bf16.dtype == torch.float32 and not torch.equal(bf16, fp32)
+    torch.testing.assert_close(bf16, want, rtol=2e-2, atol=0)
+    got, expected = (torch.cat([g.flatten() for g in torch.autograd.grad(v, list(tau.values()))]) for v in (bf16, want))
+    assert (got - expected).norm() / expected.norm() < 2e-2
+    with pytest.raises(ConfigError, match="precision 'fp16'"):
+        CurvatureRegularizer([curvature], lam=1.0, precision="fp16")
 
 
 class SelfAttention(nn.Module):

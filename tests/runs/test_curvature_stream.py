@@ -13,7 +13,7 @@ from editkit.bank.store import Bank
 from editkit.core.curvature import CurvatureRegularizer, compute_curvature
 from editkit.errors import BankError, ConfigError, CorruptVectorError
 from editkit.runs.stream import StreamRunner
-from editkit.train.recipe import Recipe
+from editkit.train.recipe import Recipe, recipe_differences
 
 from helpers.streams import NAMES, data, network, stream
 
@@ -195,3 +195,14 @@ def test_the_recipe_records_the_data_free_fields_only_with_it():
     regularizer = Recipe(penalty="kfac", curvature_combine="apart").curvature_regularizer([])
     assert isinstance(regularizer, CurvatureRegularizer) and regularizer.combine == "apart"
     assert Recipe(penalty="kfac", reg_within_batch=True).labelled_rows(regularizer) == 32  # draws no rows
+
+
+def test_bf16_products_are_another_recipe_and_fp32_is_what_banks_before_the_field_recorded():
+    """A kfac bank written before ``curvature_precision`` existed multiplied in fp32: it omits the field, as an fp32
+    recipe does, and compares equal; bf16 trains another vector, so its bank is from another recipe."""
+    fp32, bf16 = Recipe(penalty="kfac"), Recipe(penalty="kfac", curvature_precision="bf16")
+    assert "curvature_precision" not in fp32.to_dict() and bf16.to_dict()["curvature_precision"] == "bf16"
+    assert recipe_differences(fp32.to_dict(), bf16.to_dict()) == ["curvature_precision"]
+    assert bf16.curvature_regularizer([]).precision == "bf16"
+    with pytest.raises(ConfigError, match="curvature_precision"):
+        Recipe(penalty="kfac", curvature_precision="fp16")

@@ -35,12 +35,14 @@ def test_the_scenarios_own_penalty_is_timed_beside_the_papers_schedules():
         "taujp_kfac": ("taujp", "mixed", 8, True),  # the data-free penalty draws no reg rows: these do not apply
         "taujp_kfac_apart": ("taujp", "mixed", 8, True),
         "taujp_kfac_energy": ("taujp", "mixed", 8, True),
+        "taujp_kfac_bf16": ("taujp", "mixed", 8, True),
         "taujp_from_sum": ("taujp", "mixed", 8, True),  # the scenario's penalty, beside earlier vectors
     }
     assert [label for label, r in recipes.items() if r.from_sum] == ["taujp_from_sum"]
-    assert {label: (r.penalty, r.curvature_combine, r.curvature_energy) for label, r in recipes.items()
-            if r.penalty != "inputs"} == {"taujp_kfac": ("kfac", "sum", 1.0), "taujp_kfac_apart": ("kfac", "apart", 1.0),
-                                          "taujp_kfac_energy": ("kfac", "sum", 0.9)}
+    assert {label: (r.penalty, r.curvature_combine, r.curvature_energy, r.curvature_precision)
+            for label, r in recipes.items() if r.penalty != "inputs"} == {
+        "taujp_kfac": ("kfac", "sum", 1.0, "fp32"), "taujp_kfac_apart": ("kfac", "apart", 1.0, "fp32"),
+        "taujp_kfac_energy": ("kfac", "sum", 0.9, "fp32"), "taujp_kfac_bf16": ("kfac", "sum", 1.0, "bf16")}
     assert all(r.steps == 30 and r.batch_size == 32 for r in recipes.values())
     assert fields(benchmark_script("step_cost").variants(own, 6, 0.9)["taujp_mixed"]) == ("taujp", "mixed", 6, False)
 
