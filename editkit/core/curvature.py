@@ -672,7 +672,7 @@ class _Packed:
         for (groups, d_out, d_in, _), keys in by_shape.items():
             blocks = [[c.blocks[k] for c in curvatures] for k in keys]
             g_t = _padded([[b.G.transpose(1, 2) for b in per_task] for per_task in blocks], rows=True).to(device)
-            a = _padded([[b.A for b in per_task] for per_task in blocks], rows=False).to(device)  # fp32 until used
+            a = _padded([[b.A for b in per_task] for per_task in blocks], rows=False).to(device)
             rank_g, rank_a = g_t.shape[-2], a.shape[-1]
             g_first = rank_g * d_out * d_in + rank_g * d_in * rank_a  # the roots' two products, G's first
             a_first = d_out * d_in * rank_a + rank_g * d_out * rank_a

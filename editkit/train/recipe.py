@@ -118,7 +118,7 @@ class Recipe:
                 "eigenvector above numerical zero, less is cheaper and approximate."})
     curvature_precision: str = choice("fp32", CURVATURE_PRECISIONS,
                                       "kfac: the dtype a step multiplies the factors in: bf16 holds them in "
-                                      "bfloat16 (products accumulate in fp32), 2.5-3.5x faster products where bf16 "
+                                      "bfloat16 (products accumulate in fp32), 2.5-3.7x faster products where bf16 "
                                       "is native (a CPU with AVX512-BF16 or AMX, a GPU) at about 1e-3 of the form's "
                                       "value; the banked factors stay fp32. A bf16 run's autocast multiplies them "
                                       "in bf16 either way.")
